@@ -1,0 +1,86 @@
+package idem
+
+import (
+	"context"
+	"time"
+)
+
+// BeginRequest asks for the right to execute a scoped operation.
+type BeginRequest struct {
+	Scope
+	// RequestHashes is the command's fingerprint under every supported hash
+	// version, current version first. The first one is stored on insert.
+	RequestHashes []string
+	// HashVersion is the version of RequestHashes[0].
+	HashVersion int
+	// Owner names the caller (for diagnostics; ownership itself is the token).
+	Owner string
+	// HomeRegion is recorded on the record.
+	HomeRegion string
+	// LockFor is how long the owner may hold the record before it counts as
+	// stale and a retry may take it over. Measured on the store's clock.
+	LockFor time.Duration
+	// Window is the replay window: how long the record answers retries.
+	Window time.Duration
+}
+
+// Decision is the answer to Begin.
+type Decision struct {
+	Outcome Outcome
+	// Lease is set when the caller now owns the record (OutcomeExecute,
+	// OutcomeRecover, OutcomeExpired): its writes must carry it.
+	Lease Lease
+	// Record is the record as it stood when the decision was made. For
+	// OutcomeRecover it shows the checkpoint the previous owner reached.
+	Record *Record
+	// ExpiredRetry is true when the key had a record past its window and this
+	// request became a new operation.
+	ExpiredRetry bool
+}
+
+// Completion is what an owner stores when an operation finishes.
+type Completion struct {
+	Response     Response
+	ResourceType string
+	ResourceID   string
+}
+
+// Failure is what an owner stores when an operation does not complete.
+// Status must be StatusFailedReplayable (deterministic rejection, replayed),
+// StatusFailedRetryable (no side effect happened; a retry executes again) or
+// StatusUnknown (a side effect may have happened; recovery must ask downstream).
+type Failure struct {
+	Status    Status
+	ErrorCode string
+	// Response is stored for FailedReplayable and replayed as is.
+	Response *Response
+}
+
+// Coordinator is the contract of the idempotency engine, satisfied by the
+// in-process engine over a SQL store and by the HTTP client of a regional
+// node's coordination API, so a service can switch between the two.
+type Coordinator interface {
+	// Begin claims the scoped key (insert first) or reports what the existing
+	// record allows.
+	Begin(ctx context.Context, req BeginRequest) (Decision, error)
+	// Checkpoint records progress. It fails with ErrFenced when lease is no
+	// longer current.
+	Checkpoint(ctx context.Context, lease Lease, cp Checkpoint) error
+	// Complete stores the final answer. It fails with ErrFenced when lease is no
+	// longer current.
+	Complete(ctx context.Context, lease Lease, c Completion) error
+	// Fail stores a classified failure. It fails with ErrFenced when lease is
+	// no longer current.
+	Fail(ctx context.Context, lease Lease, f Failure) error
+	// Get returns the record of scope, or ErrRecordNotFound.
+	Get(ctx context.Context, scope Scope) (*Record, error)
+}
+
+// Sentinel errors, checked with errors.Is.
+var (
+	// ErrFenced: a write carried a fencing token lower than the record's
+	// current one; another owner has taken over.
+	ErrFenced = &Error{Code: ECodeFencingTokenStale, Message: "The fencing token is stale: another owner holds this record."}
+	// ErrRecordNotFound: no record for the scope (or not visible to the caller).
+	ErrRecordNotFound = &Error{Code: ECodeRecordNotFound, Message: "No idempotency record exists for this key."}
+)

@@ -1,0 +1,98 @@
+package idem
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Error codes a client can see. They are part of the API contract: never rename
+// one. The HTTP status for each lives in one table in package region.
+const (
+	// Idempotency contract.
+	ECodeKeyMissing            = "IDEMPOTENCY_KEY_MISSING"
+	ECodeKeyInvalid            = "IDEMPOTENCY_KEY_INVALID"
+	ECodeKeyReused             = "IDEMPOTENCY_KEY_REUSED_WITH_DIFFERENT_REQUEST"
+	ECodeInProgress            = "IDEMPOTENCY_REQUEST_IN_PROGRESS"
+	ECodeRecordNotFound        = "IDEMPOTENCY_RECORD_NOT_FOUND"
+	ECodeFencingTokenStale     = "FENCING_TOKEN_STALE"
+	ECodeOutcomeUnknown        = "PAYMENT_OUTCOME_UNKNOWN"
+	ECodeRoutingLoop           = "IDEMPOTENCY_ROUTING_LOOP"
+	ECodeNotHome               = "TENANT_NOT_SERVED_HERE"
+	ECodeUnauthenticated       = "UNAUTHENTICATED"
+	ECodeRequestMalformed      = "REQUEST_MALFORMED"
+	ECodeValidationFailed      = "REQUEST_VALIDATION_FAILED"
+	ECodeBodyTooLarge          = "REQUEST_BODY_TOO_LARGE"
+	ECodeUnsupportedMediaType  = "UNSUPPORTED_MEDIA_TYPE"
+	ECodeAPIVersionUnsupported = "API_VERSION_UNSUPPORTED"
+	ECodeNotFound              = "NOT_FOUND"
+	ECodeMethodNotAllowed      = "METHOD_NOT_ALLOWED"
+
+	// Payments domain.
+	ECodeDuplicateMerchantRef = "DUPLICATE_MERCHANT_REFERENCE"
+	ECodePaymentNotFound      = "PAYMENT_NOT_FOUND"
+	ECodePaymentDeclined      = "PAYMENT_DECLINED"
+
+	// Infrastructure.
+	ECodeStoreUnavailable = "STORE_UNAVAILABLE"
+	ECodeUnavailable      = "SERVICE_UNAVAILABLE"
+	ECodeInternal         = "INTERNAL"
+)
+
+// Error is an error a client may see: a stable machine-readable Code and a
+// human-readable Message. Internal details never go into Message; they are
+// wrapped in Err and logged.
+type Error struct {
+	Code    string
+	Message string
+	// Err is the underlying cause, if any. It is logged, never sent.
+	Err error
+}
+
+// Errorf returns an *Error with the given code and a formatted message.
+func Errorf(code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// Error implements error.
+func (e *Error) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("%s: %s: %v", e.Code, e.Message, e.Err)
+	}
+	return fmt.Sprintf("%s: %s", e.Code, e.Message)
+}
+
+// Unwrap returns the underlying cause.
+func (e *Error) Unwrap() error { return e.Err }
+
+// Is reports whether target is an *Error with the same code, so that
+// errors.Is(err, &idem.Error{Code: idem.ECodeKeyReused}) works.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Code == e.Code
+}
+
+// ErrorCode returns the code of the first *Error in err's chain, ECodeInternal
+// for any other non-nil error, and "" for nil.
+func ErrorCode(err error) string {
+	if err == nil {
+		return ""
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return ECodeInternal
+}
+
+// ErrorMessage returns the client-safe message of err: the message of the
+// first *Error in its chain, or a generic text for anything else.
+func ErrorMessage(err error) string {
+	if err == nil {
+		return ""
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Message
+	}
+	return "Internal error."
+}

@@ -1,0 +1,51 @@
+// Package cli holds what the commands share: flags that fall back to IDEM_*
+// environment variables, and token lists.
+package cli
+
+import (
+	"flag"
+	"fmt"
+	"strings"
+)
+
+// EnvName returns the environment variable of a flag: IDEM_ + upper case,
+// dashes as underscores ("database-url" -> "IDEM_DATABASE_URL").
+func EnvName(flagName string) string {
+	return "IDEM_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// ApplyEnv sets every flag of fs that was not given on the command line from
+// its environment variable, when that is set. getenv is os.Getenv in
+// production.
+func ApplyEnv(fs *flag.FlagSet, getenv func(string) string) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if given[f.Name] || err != nil {
+			return
+		}
+		if v := getenv(EnvName(f.Name)); v != "" {
+			if e := fs.Set(f.Name, v); e != nil {
+				err = fmt.Errorf("%s=%q: %w", EnvName(f.Name), v, e)
+			}
+		}
+	})
+	return err
+}
+
+// ParseTokens parses "token=tenant,token2=tenant2" into a token -> tenant map.
+func ParseTokens(s string) (map[string]string, error) {
+	out := map[string]string{}
+	if strings.TrimSpace(s) == "" {
+		return out, nil
+	}
+	for _, pair := range strings.Split(s, ",") {
+		token, tenant, ok := strings.Cut(strings.TrimSpace(pair), "=")
+		if !ok || token == "" || tenant == "" {
+			return nil, fmt.Errorf("auth tokens: %q is not token=tenant", pair)
+		}
+		out[token] = tenant
+	}
+	return out, nil
+}

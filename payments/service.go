@@ -1,0 +1,322 @@
+package payments
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/store"
+)
+
+// Defaults of Config.
+const (
+	DefaultWindow        = 24 * time.Hour
+	DefaultLockFor       = 30 * time.Second
+	DefaultSchemaVersion = "v2"
+	// MaxWait caps a client's Prefer: wait.
+	MaxWait = 60 * time.Second
+)
+
+// Config configures a Service.
+type Config struct {
+	// Region is recorded as the home region of new records. Default "local".
+	Region string
+	// Owner names this process in records it owns. Default: Region.
+	Owner string
+	// Window is the replay window. Default DefaultWindow (24h).
+	Window time.Duration
+	// LockFor is how long an owner holds a record before a retry may take it
+	// over. Default DefaultLockFor (30s).
+	LockFor time.Duration
+	// Logger receives conflicts and failures. Default: discard.
+	Logger *slog.Logger
+	// Sleep waits between polls of an in-progress record; injectable for
+	// tests. Default: a context-aware time.Sleep.
+	Sleep func(ctx context.Context, d time.Duration) error
+}
+
+// Service executes create_payment commands.
+type Service struct {
+	store  *store.Store
+	cfg    Config
+	logger *slog.Logger
+}
+
+// NewService returns a Service over st.
+func NewService(st *store.Store, cfg Config) *Service {
+	if cfg.Region == "" {
+		cfg.Region = "local"
+	}
+	if cfg.Owner == "" {
+		cfg.Owner = cfg.Region
+	}
+	if cfg.Window <= 0 {
+		cfg.Window = DefaultWindow
+	}
+	if cfg.LockFor <= 0 {
+		cfg.LockFor = DefaultLockFor
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Sleep == nil {
+		cfg.Sleep = sleep
+	}
+	return &Service{store: st, cfg: cfg, logger: cfg.Logger}
+}
+
+// Window returns the replay window the service publishes.
+func (s *Service) Window() time.Duration { return s.cfg.Window }
+
+// Request is one POST /payments call.
+type Request struct {
+	// Tenant comes from the authenticated principal.
+	Tenant string
+	// Key is the Idempotency-Key header, already validated.
+	Key string
+	// Body is the raw request body.
+	Body []byte
+	// APIVersion is the Api-Version header ("" = DefaultAPIVersion).
+	APIVersion string
+	// Wait is how long the client asked to wait for an in-progress original
+	// (Prefer: wait=N); 0 answers at once.
+	Wait time.Duration
+}
+
+// Result is the answer to a Request.
+type Result struct {
+	Response idem.Response
+	// Replayed is true when Response is a stored answer.
+	Replayed bool
+	// Outcome is what the claim decided (for metrics).
+	Outcome idem.Outcome
+	// ExpiredRetry is true when the key's earlier record had expired and this
+	// request became a new operation.
+	ExpiredRetry bool
+}
+
+// paymentResponse is the v2 response body. Field order is part of the contract.
+type paymentResponse struct {
+	PaymentID         string `json:"paymentId"`
+	Status            string `json:"status"`
+	AccountID         string `json:"accountId"`
+	Amount            string `json:"amount"`
+	Currency          string `json:"currency"`
+	MerchantReference string `json:"merchantReference"`
+	Channel           string `json:"channel"`
+}
+
+// Create executes, replays or refuses a create_payment command. Errors are
+// *idem.Error with a stable code (validation, conflict, in progress, duplicate
+// merchant reference, store unavailable). No record is written for a command
+// that does not parse.
+func (s *Service) Create(ctx context.Context, req Request) (Result, error) {
+	cmd, err := ParseCommand(req.Body, req.APIVersion)
+	if err != nil {
+		return Result{}, err
+	}
+	hashes, err := cmd.Fingerprint()
+	if err != nil {
+		return Result{}, err
+	}
+	begin := idem.BeginRequest{
+		Scope:         idem.Scope{Tenant: req.Tenant, Operation: Operation, Key: req.Key},
+		RequestHashes: hashes,
+		HashVersion:   1,
+		Owner:         s.cfg.Owner,
+		HomeRegion:    s.cfg.Region,
+		LockFor:       s.cfg.LockFor,
+		Window:        s.cfg.Window,
+	}
+	wait := min(req.Wait, MaxWait)
+	poll := 20 * time.Millisecond
+	for {
+		res, err := s.attempt(ctx, begin, cmd)
+		if err == nil || idem.ErrorCode(err) != idem.ECodeInProgress || wait <= 0 {
+			return res, err
+		}
+		d := min(poll, wait)
+		if err := s.cfg.Sleep(ctx, d); err != nil {
+			return res, &idem.Error{Code: idem.ECodeInProgress, Message: "The original request is still in progress.", Err: err}
+		}
+		wait -= d
+		poll = min(poll*2, 500*time.Millisecond)
+	}
+}
+
+// attempt runs one transaction: claim and write, or decide from the existing
+// record.
+func (s *Service) attempt(ctx context.Context, begin idem.BeginRequest, cmd Command) (Result, error) {
+	var res Result
+	err := s.store.ExecTx(ctx, func(tx pgx.Tx) error {
+		res = Result{}
+		p, ev := s.newPayment(begin.Scope, begin.RequestHashes[0], 0, cmd)
+		completion := s.completion(p)
+		inserted, err := store.ClaimWithPayment(ctx, tx, begin, idem.StatusCompleted, idem.CheckpointCompleted, &completion, p, ev)
+		if err != nil {
+			return err
+		}
+		if inserted {
+			res = Result{Response: completion.Response, Outcome: idem.OutcomeExecute}
+			return nil
+		}
+		d, err := store.DecideExisting(ctx, tx, begin)
+		if err != nil {
+			return err
+		}
+		res.Outcome, res.ExpiredRetry = d.Outcome, d.ExpiredRetry
+		switch d.Outcome {
+		case idem.OutcomeReplay:
+			res.Response, res.Replayed = *d.Record.Response, true
+			return nil
+		case idem.OutcomeConflict:
+			return idem.Errorf(idem.ECodeKeyReused, "This idempotency key was already used with a different request.")
+		case idem.OutcomeInProgress:
+			return idem.Errorf(idem.ECodeInProgress, "A request with this idempotency key is still in progress; retry later.")
+		}
+		// Recover or Expired: this transaction owns the record now. The
+		// payment's identity follows the record's generation.
+		p, ev = s.newPayment(begin.Scope, d.Record.RequestHash, d.Record.Generation, cmd)
+		if err := store.InsertPayment(ctx, tx, p, ev); err != nil {
+			return err
+		}
+		completion = s.completion(p)
+		if err := store.CompleteTx(ctx, tx, d.Lease, completion); err != nil {
+			return err
+		}
+		res.Response = completion.Response
+		return nil
+	})
+	if errors.Is(err, store.ErrDuplicateMerchantReference) {
+		return s.rejectDuplicate(ctx, begin, cmd)
+	}
+	if err != nil {
+		if code := idem.ErrorCode(err); code == idem.ECodeKeyReused {
+			s.logger.WarnContext(ctx, "idempotency key reused with a different request",
+				"tenant", begin.Tenant, "operation", begin.Operation, "key", begin.Key)
+		}
+		return res, err
+	}
+	return res, nil
+}
+
+// rejectDuplicate answers a command whose merchant reference already has a
+// payment (sent with a fresh key): a deterministic business rejection, stored
+// as FAILED_REPLAYABLE so that a retry with this key gets the same answer.
+func (s *Service) rejectDuplicate(ctx context.Context, begin idem.BeginRequest, cmd Command) (Result, error) {
+	var res Result
+	err := s.store.ExecTx(ctx, func(tx pgx.Tx) error {
+		existing, err := store.PaymentByMerchantReference(ctx, tx, begin.Tenant, cmd.AccountID, cmd.MerchantReference)
+		if err != nil {
+			return err
+		}
+		body, err := json.Marshal(struct {
+			ErrorCode         string `json:"errorCode"`
+			Message           string `json:"message"`
+			ExistingPaymentID string `json:"existingPaymentId"`
+		}{idem.ECodeDuplicateMerchantRef, "A payment with this merchant reference already exists for the account.", existing.ID})
+		if err != nil {
+			return err
+		}
+		resp := idem.Response{Status: 409, Headers: map[string]string{"Content-Type": "application/json"}, Body: body, SchemaVersion: DefaultSchemaVersion}
+		d, err := store.BeginTx(ctx, tx, begin)
+		if err != nil {
+			return err
+		}
+		res = Result{Outcome: d.Outcome, ExpiredRetry: d.ExpiredRetry}
+		switch d.Outcome {
+		case idem.OutcomeExecute, idem.OutcomeRecover, idem.OutcomeExpired:
+			res.Response = resp
+			return store.FailTx(ctx, tx, d.Lease, idem.Failure{Status: idem.StatusFailedReplayable, ErrorCode: idem.ECodeDuplicateMerchantRef, Response: &resp})
+		case idem.OutcomeReplay:
+			res.Response, res.Replayed = *d.Record.Response, true
+			return nil
+		case idem.OutcomeConflict:
+			return idem.Errorf(idem.ECodeKeyReused, "This idempotency key was already used with a different request.")
+		default:
+			return idem.Errorf(idem.ECodeInProgress, "A request with this idempotency key is still in progress; retry later.")
+		}
+	})
+	return res, err
+}
+
+// PaymentID derives the payment id of a scoped command: the same scope,
+// request hash and generation give the same id in every region.
+func PaymentID(scope idem.Scope, requestHash string, generation int) string {
+	h := sha256.New()
+	for _, part := range []string{scope.Tenant, scope.Operation, scope.Key, requestHash, strconv.Itoa(generation)} {
+		h.Write([]byte(part))
+		h.Write([]byte{0})
+	}
+	return "pay_" + hex.EncodeToString(h.Sum(nil))[:24]
+}
+
+// ProviderKey is the idempotency key the payment provider sees for a payment.
+func ProviderKey(paymentID string) string { return "provider_payment_" + paymentID }
+
+func (s *Service) newPayment(scope idem.Scope, requestHash string, generation int, cmd Command) (store.Payment, store.Event) {
+	id := PaymentID(scope, requestHash, generation)
+	p := store.Payment{
+		Tenant: scope.Tenant, ID: id, AccountID: cmd.AccountID, AmountMinor: cmd.AmountMinor,
+		Currency: cmd.Currency, MerchantReference: cmd.MerchantReference, Channel: cmd.Channel,
+		Status: "PENDING", ProviderKey: ProviderKey(id),
+	}
+	payload, _ := json.Marshal(map[string]string{
+		"eventId": "evt_" + id + "_created", "type": "PaymentCreated", "paymentId": id,
+		"accountId": cmd.AccountID, "amount": cmd.Amount(), "currency": cmd.Currency,
+	})
+	return p, store.Event{ID: "evt_" + id + "_created", Tenant: scope.Tenant, AggregateID: id, Type: "PaymentCreated", Payload: payload}
+}
+
+func (s *Service) completion(p store.Payment) idem.Completion {
+	body, _ := json.Marshal(paymentResponse{
+		PaymentID: p.ID, Status: p.Status, AccountID: p.AccountID, Amount: FormatMinor(p.AmountMinor, p.Currency),
+		Currency: p.Currency, MerchantReference: p.MerchantReference, Channel: p.Channel,
+	})
+	return idem.Completion{
+		Response: idem.Response{
+			Status:        201,
+			Headers:       map[string]string{"Content-Type": "application/json", "Location": "/payments/" + p.ID},
+			Body:          body,
+			SchemaVersion: DefaultSchemaVersion,
+		},
+		ResourceType: "payment",
+		ResourceID:   p.ID,
+	}
+}
+
+// Get returns the tenant's payment as its current representation.
+func (s *Service) Get(ctx context.Context, tenant, id string) ([]byte, error) {
+	p, err := store.GetPayment(ctx, s.store.Pool(), tenant, id)
+	if err != nil {
+		return nil, err
+	}
+	body, err := json.Marshal(paymentResponse{
+		PaymentID: p.ID, Status: p.Status, AccountID: p.AccountID, Amount: FormatMinor(p.AmountMinor, p.Currency),
+		Currency: p.Currency, MerchantReference: p.MerchantReference, Channel: p.Channel,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("payments: encode payment: %w", err)
+	}
+	return body, nil
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,185 @@
+package idem
+
+import (
+	"slices"
+	"time"
+)
+
+// Scope identifies a claimed operation: the tenant (from the authenticated
+// principal, never from a client-chosen field), the operation name and the
+// client's idempotency key. Keys are unique only within their scope.
+type Scope struct {
+	Tenant    string
+	Operation string
+	Key       string
+}
+
+// Status is the internal state of a record. Clients never see it directly; the
+// region package maps each state to an HTTP answer.
+type Status string
+
+// Record states.
+const (
+	// StatusInProgress: an owner holds the record until LockedUntil.
+	StatusInProgress Status = "IN_PROGRESS"
+	// StatusCompleted: the operation finished; its response is replayed.
+	StatusCompleted Status = "COMPLETED"
+	// StatusFailedReplayable: a deterministic rejection; replayed like a success.
+	StatusFailedReplayable Status = "FAILED_REPLAYABLE"
+	// StatusFailedRetryable: failed before any side effect; a retry with the
+	// same key executes again under the same identity.
+	StatusFailedRetryable Status = "FAILED_RETRYABLE"
+	// StatusUnknown: a side effect may have happened but its result was lost;
+	// only recovery (asking downstream) may move it on.
+	StatusUnknown Status = "UNKNOWN_REQUIRES_RECOVERY"
+	// StatusExpired: past the replay window; a retry is a new operation.
+	StatusExpired Status = "EXPIRED"
+)
+
+// Checkpoint is how far an operation got. The payment operation moves
+// RECEIVED -> LOCAL_PAYMENT_CREATED -> PROVIDER_REQUEST_SENT ->
+// PROVIDER_CONFIRMED -> COMPLETED.
+type Checkpoint string
+
+// Checkpoints of the reference payment operation.
+const (
+	CheckpointReceived            Checkpoint = "RECEIVED"
+	CheckpointLocalPaymentCreated Checkpoint = "LOCAL_PAYMENT_CREATED"
+	CheckpointProviderRequestSent Checkpoint = "PROVIDER_REQUEST_SENT"
+	CheckpointProviderConfirmed   Checkpoint = "PROVIDER_CONFIRMED"
+	CheckpointCompleted           Checkpoint = "COMPLETED"
+)
+
+// Response is a stored answer, replayed byte for byte.
+type Response struct {
+	// Status is the HTTP status code of the first answer.
+	Status int
+	// Headers holds the selected headers that are part of the replay contract.
+	Headers map[string]string
+	// Body is the exact body bytes of the first answer.
+	Body []byte
+	// SchemaVersion names the response schema the body was written in (for
+	// example "v2"); see the replay rule in the README.
+	SchemaVersion string
+}
+
+// Record is the durable memory of one scoped operation. All timestamps come
+// from the store's clock.
+type Record struct {
+	Scope
+	// RequestHash is the fingerprint of the first command, prefixed with its
+	// hash version ("v1:...").
+	RequestHash string
+	HashVersion int
+	Status      Status
+	Checkpoint  Checkpoint
+	// Owner names the process that holds (or last held) the record.
+	Owner string
+	// FencingToken increases every time ownership changes hands; writes by an
+	// owner carry it and are rejected when it is no longer current.
+	FencingToken int64
+	// LockedUntil is when the owner's claim goes stale (store clock).
+	LockedUntil *time.Time
+	// Attempts counts executions (first claim plus takeovers).
+	Attempts int
+	// Generation counts how many times the key was reused after its window.
+	Generation   int
+	Response     *Response
+	ResourceType string
+	ResourceID   string
+	ErrorCode    string
+	HomeRegion   string
+	CreatedAt    time.Time
+	UpdatedAt    time.Time
+	ExpiresAt    time.Time
+}
+
+// Lease is the right to write a record: the scope plus the fencing token it
+// was granted under. Every write by an owner carries its Lease.
+type Lease struct {
+	Scope
+	Token int64
+	Owner string
+}
+
+// Outcome is what a request with an idempotency key is allowed to do.
+type Outcome int
+
+// Outcomes of a claim.
+const (
+	// OutcomeExecute: this request owns the key and must perform the operation.
+	OutcomeExecute Outcome = iota + 1
+	// OutcomeReplay: the operation finished; replay the stored response.
+	OutcomeReplay
+	// OutcomeConflict: the key was used with a different command.
+	OutcomeConflict
+	// OutcomeInProgress: another owner holds the key; answer 409 + Retry-After
+	// or wait.
+	OutcomeInProgress
+	// OutcomeRecover: the record is stale, failed retryably or unknown; this
+	// request may take ownership (atomically, fenced) and recover it.
+	OutcomeRecover
+	// OutcomeExpired: the record is past its window; the request is a new
+	// operation and may take the key over (atomically, fenced).
+	OutcomeExpired
+)
+
+var outcomeNames = map[Outcome]string{
+	OutcomeExecute:    "execute",
+	OutcomeReplay:     "replay",
+	OutcomeConflict:   "conflict",
+	OutcomeInProgress: "in_progress",
+	OutcomeRecover:    "recover",
+	OutcomeExpired:    "expired",
+}
+
+// String returns the outcome's metric label.
+func (o Outcome) String() string {
+	if s, ok := outcomeNames[o]; ok {
+		return s
+	}
+	return "unknown"
+}
+
+// Decide says what a request whose command hashes to one of requestHashes may
+// do with the existing record rec, at the store's time now. requestHashes holds
+// the request's fingerprint under every hash version the node supports, so a
+// record written under an older version still compares like with like.
+//
+// Decide reads; it never grants anything. Recover and Expired outcomes are
+// acted on by a conditional, fenced update in the store, which exactly one of
+// many concurrent requests wins.
+func Decide(rec *Record, requestHashes []string, now time.Time) Outcome {
+	if rec.Status == StatusExpired || !rec.ExpiresAt.After(now) {
+		return OutcomeExpired
+	}
+	if !slices.Contains(requestHashes, rec.RequestHash) {
+		return OutcomeConflict
+	}
+	switch rec.Status {
+	case StatusCompleted, StatusFailedReplayable:
+		return OutcomeReplay
+	case StatusFailedRetryable:
+		return OutcomeRecover
+	case StatusInProgress, StatusUnknown:
+		if rec.LockedUntil != nil && rec.LockedUntil.After(now) {
+			return OutcomeInProgress
+		}
+		return OutcomeRecover
+	}
+	return OutcomeConflict
+}
+
+// ValidKey reports whether key is a well-formed idempotency key: 1 to 255
+// visible ASCII characters (0x21-0x7E).
+func ValidKey(key string) bool {
+	if len(key) == 0 || len(key) > 255 {
+		return false
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] < 0x21 || key[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,317 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemcoord/idem"
+)
+
+// Querier is what record and domain functions need from a transaction or pool.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// recordColumns is the select list every record read uses, in scanRecord's order.
+const recordColumns = `tenant_id, operation_name, idempotency_key, request_hash, hash_version,
+	status, checkpoint, owner, fencing_token, locked_until, attempts, generation,
+	response_status, response_headers, response_body, response_schema_version,
+	resource_type, resource_id, error_code, home_region, created_at, updated_at, expires_at`
+
+type rowScanner interface{ Scan(dest ...any) error }
+
+// scanRecord scans recordColumns (and any extra destinations after them).
+func scanRecord(row rowScanner, extra ...any) (*idem.Record, error) {
+	var (
+		r                       idem.Record
+		status, checkpoint      string
+		respStatus              *int32
+		respHeaders             []byte
+		respBody                []byte
+		schema, resType, resID  *string
+		errCode                 *string
+		lockedUntil             *time.Time
+		attempts, generation, v int32
+	)
+	dest := []any{&r.Tenant, &r.Operation, &r.Key, &r.RequestHash, &v,
+		&status, &checkpoint, &r.Owner, &r.FencingToken, &lockedUntil, &attempts, &generation,
+		&respStatus, &respHeaders, &respBody, &schema,
+		&resType, &resID, &errCode, &r.HomeRegion, &r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt}
+	if err := row.Scan(append(dest, extra...)...); err != nil {
+		return nil, err
+	}
+	r.HashVersion, r.Attempts, r.Generation = int(v), int(attempts), int(generation)
+	r.Status, r.Checkpoint, r.LockedUntil = idem.Status(status), idem.Checkpoint(checkpoint), lockedUntil
+	r.ResourceType, r.ResourceID, r.ErrorCode = deref(resType), deref(resID), deref(errCode)
+	if respStatus != nil {
+		r.Response = &idem.Response{Status: int(*respStatus), Body: respBody, SchemaVersion: deref(schema)}
+		if len(respHeaders) > 0 {
+			if err := json.Unmarshal(respHeaders, &r.Response.Headers); err != nil {
+				return nil, fmt.Errorf("store: decode response headers: %w", err)
+			}
+		}
+	}
+	return &r, nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+func validateBegin(req idem.BeginRequest) error {
+	switch {
+	case req.Tenant == "" || req.Operation == "":
+		return idem.Errorf(idem.ECodeValidationFailed, "A scope needs a tenant and an operation.")
+	case !idem.ValidKey(req.Key):
+		return idem.Errorf(idem.ECodeKeyInvalid, "An idempotency key is 1 to 255 visible ASCII characters.")
+	case len(req.RequestHashes) == 0 || req.RequestHashes[0] == "":
+		return idem.Errorf(idem.ECodeValidationFailed, "A request hash is required.")
+	case req.LockFor <= 0 || req.Window <= 0:
+		return idem.Errorf(idem.ECodeValidationFailed, "Lock duration and replay window must be positive.")
+	}
+	return nil
+}
+
+// Begin implements idem.Coordinator: it claims the scoped key with one atomic
+// insert, or decides what the existing record allows. A stale, retryable or
+// expired record is taken over by a conditional update that bumps the fencing
+// token, inside the same serializable transaction, so exactly one of many
+// concurrent requests wins it.
+func (s *Store) Begin(ctx context.Context, req idem.BeginRequest) (idem.Decision, error) {
+	if err := validateBegin(req); err != nil {
+		return idem.Decision{}, err
+	}
+	var d idem.Decision
+	err := s.ExecTx(ctx, func(tx pgx.Tx) error {
+		var err error
+		d, err = BeginTx(ctx, tx, req)
+		return err
+	})
+	if err != nil {
+		return idem.Decision{}, fmt.Errorf("store: begin: %w", err)
+	}
+	return d, nil
+}
+
+// BeginTx is Begin inside the caller's transaction, for operations whose
+// business writes commit together with the claim.
+func BeginTx(ctx context.Context, tx Querier, req idem.BeginRequest) (idem.Decision, error) {
+	row := tx.QueryRow(ctx, `INSERT INTO idempotency_records
+		(tenant_id, operation_name, idempotency_key, request_hash, hash_version, status, checkpoint,
+		 owner, fencing_token, locked_until, home_region, created_at, updated_at, expires_at)
+		VALUES ($1, $2, $3, $4, $5, 'IN_PROGRESS', 'RECEIVED', $6, 1,
+		 now() + $7::INT8 * INTERVAL '1 millisecond', $8, now(), now(), now() + $9::INT8 * INTERVAL '1 millisecond')
+		ON CONFLICT DO NOTHING
+		RETURNING `+recordColumns,
+		req.Tenant, req.Operation, req.Key, req.RequestHashes[0], req.HashVersion,
+		req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds())
+	rec, err := scanRecord(row)
+	switch {
+	case err == nil:
+		return idem.Decision{Outcome: idem.OutcomeExecute, Lease: leaseOf(rec), Record: rec}, nil
+	case !errors.Is(err, pgx.ErrNoRows):
+		return idem.Decision{}, fmt.Errorf("claim: %w", err)
+	}
+	return DecideExisting(ctx, tx, req)
+}
+
+// DecideExisting reads the existing record of req's scope and applies
+// idem.Decide at the store's time, taking ownership when the decision allows.
+func DecideExisting(ctx context.Context, tx Querier, req idem.BeginRequest) (idem.Decision, error) {
+	var now time.Time
+	rec, err := scanRecord(tx.QueryRow(ctx, `SELECT `+recordColumns+`, now()
+		FROM idempotency_records WHERE tenant_id = $1 AND operation_name = $2 AND idempotency_key = $3`,
+		req.Tenant, req.Operation, req.Key), &now)
+	if err != nil {
+		// No row after a conflicting insert means it was deleted in between
+		// (cleanup); the serializable retry sorts it out.
+		return idem.Decision{}, fmt.Errorf("read existing record: %w", err)
+	}
+	outcome := idem.Decide(rec, req.RequestHashes, now)
+	var taken *idem.Record
+	switch outcome {
+	case idem.OutcomeRecover:
+		taken, err = scanRecord(tx.QueryRow(ctx, `UPDATE idempotency_records SET
+			status = 'IN_PROGRESS', owner = $5, fencing_token = fencing_token + 1,
+			locked_until = now() + $6::INT8 * INTERVAL '1 millisecond', attempts = attempts + 1, updated_at = now()
+			WHERE tenant_id = $1 AND operation_name = $2 AND idempotency_key = $3 AND fencing_token = $4
+			RETURNING `+recordColumns,
+			req.Tenant, req.Operation, req.Key, rec.FencingToken, req.Owner, req.LockFor.Milliseconds()))
+	case idem.OutcomeExpired:
+		taken, err = scanRecord(tx.QueryRow(ctx, `UPDATE idempotency_records SET
+			request_hash = $5, hash_version = $6, status = 'IN_PROGRESS', checkpoint = 'RECEIVED',
+			owner = $7, fencing_token = fencing_token + 1,
+			locked_until = now() + $8::INT8 * INTERVAL '1 millisecond', attempts = 1, generation = generation + 1,
+			response_status = NULL, response_headers = NULL, response_body = NULL, response_schema_version = NULL,
+			resource_type = NULL, resource_id = NULL, error_code = NULL, home_region = $9,
+			created_at = now(), updated_at = now(), expires_at = now() + $10::INT8 * INTERVAL '1 millisecond'
+			WHERE tenant_id = $1 AND operation_name = $2 AND idempotency_key = $3 AND fencing_token = $4
+			RETURNING `+recordColumns,
+			req.Tenant, req.Operation, req.Key, rec.FencingToken, req.RequestHashes[0], req.HashVersion,
+			req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds()))
+	default:
+		return idem.Decision{Outcome: outcome, Record: rec}, nil
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Someone else took it between our read and our update. Under
+		// SERIALIZABLE this is reported as 40001 first; keep the guard anyway.
+		return idem.Decision{Outcome: idem.OutcomeInProgress, Record: rec}, nil
+	}
+	if err != nil {
+		return idem.Decision{}, fmt.Errorf("take over record: %w", err)
+	}
+	return idem.Decision{Outcome: outcome, Lease: leaseOf(taken), Record: taken, ExpiredRetry: outcome == idem.OutcomeExpired}, nil
+}
+
+func leaseOf(r *idem.Record) idem.Lease {
+	return idem.Lease{Scope: r.Scope, Token: r.FencingToken, Owner: r.Owner}
+}
+
+// fenced is the WHERE clause of every write by an owner: the record is still
+// open and has not seen a higher fencing token than the writer's ($4). The
+// write then raises the record's token to the writer's (monotonic).
+const fenced = `tenant_id = $1 AND operation_name = $2 AND idempotency_key = $3 AND fencing_token <= $4
+	AND status IN ('IN_PROGRESS', 'UNKNOWN_REQUIRES_RECOVERY')`
+
+func fencedExec(ctx context.Context, q Querier, lease idem.Lease, set string, args ...any) error {
+	all := append([]any{lease.Tenant, lease.Operation, lease.Key, lease.Token}, args...)
+	tag, err := q.Exec(ctx, `UPDATE idempotency_records SET fencing_token = $4, updated_at = now(), `+set+` WHERE `+fenced, all...)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return idem.ErrFenced
+	}
+	return nil
+}
+
+// CheckpointTx records progress under lease in the caller's transaction and
+// extends the owner's lock by lockFor (0 keeps it as is).
+func CheckpointTx(ctx context.Context, q Querier, lease idem.Lease, cp idem.Checkpoint, lockFor time.Duration) error {
+	if lockFor > 0 {
+		return fencedExec(ctx, q, lease, `checkpoint = $5, locked_until = now() + $6::INT8 * INTERVAL '1 millisecond'`, string(cp), lockFor.Milliseconds())
+	}
+	return fencedExec(ctx, q, lease, `checkpoint = $5`, string(cp))
+}
+
+// CompleteTx stores the final answer under lease in the caller's transaction.
+func CompleteTx(ctx context.Context, q Querier, lease idem.Lease, c idem.Completion) error {
+	headers, err := encodeHeaders(c.Response.Headers)
+	if err != nil {
+		return err
+	}
+	return fencedExec(ctx, q, lease, `status = 'COMPLETED', checkpoint = 'COMPLETED', locked_until = NULL,
+		response_status = $5, response_headers = $6, response_body = $7, response_schema_version = $8,
+		resource_type = $9, resource_id = $10, error_code = NULL`,
+		c.Response.Status, headers, c.Response.Body, c.Response.SchemaVersion, nullable(c.ResourceType), nullable(c.ResourceID))
+}
+
+// FailTx stores a classified failure under lease in the caller's transaction.
+func FailTx(ctx context.Context, q Querier, lease idem.Lease, f idem.Failure) error {
+	switch f.Status {
+	case idem.StatusFailedReplayable, idem.StatusFailedRetryable, idem.StatusUnknown:
+	default:
+		return idem.Errorf(idem.ECodeValidationFailed, "A failure must be FAILED_REPLAYABLE, FAILED_RETRYABLE or UNKNOWN_REQUIRES_RECOVERY, not %q.", f.Status)
+	}
+	var (
+		status  *int
+		headers []byte
+		body    []byte
+		schema  *string
+	)
+	if f.Response != nil {
+		h, err := encodeHeaders(f.Response.Headers)
+		if err != nil {
+			return err
+		}
+		status, headers, body, schema = &f.Response.Status, h, f.Response.Body, nullable(f.Response.SchemaVersion)
+	}
+	return fencedExec(ctx, q, lease, `status = $5, locked_until = NULL, error_code = $6,
+		response_status = $7, response_headers = $8, response_body = $9, response_schema_version = $10`,
+		string(f.Status), nullable(f.ErrorCode), status, headers, body, schema)
+}
+
+// Checkpoint implements idem.Coordinator.
+func (s *Store) Checkpoint(ctx context.Context, lease idem.Lease, cp idem.Checkpoint) error {
+	return s.wrapTx(ctx, "checkpoint", func(tx pgx.Tx) error { return CheckpointTx(ctx, tx, lease, cp, 0) })
+}
+
+// Complete implements idem.Coordinator.
+func (s *Store) Complete(ctx context.Context, lease idem.Lease, c idem.Completion) error {
+	return s.wrapTx(ctx, "complete", func(tx pgx.Tx) error { return CompleteTx(ctx, tx, lease, c) })
+}
+
+// Fail implements idem.Coordinator.
+func (s *Store) Fail(ctx context.Context, lease idem.Lease, f idem.Failure) error {
+	return s.wrapTx(ctx, "fail", func(tx pgx.Tx) error { return FailTx(ctx, tx, lease, f) })
+}
+
+func (s *Store) wrapTx(ctx context.Context, what string, fn func(pgx.Tx) error) error {
+	if err := s.ExecTx(ctx, fn); err != nil {
+		return fmt.Errorf("store: %s: %w", what, err)
+	}
+	return nil
+}
+
+// Get implements idem.Coordinator. It returns idem.ErrRecordNotFound when the
+// scope has no record.
+func (s *Store) Get(ctx context.Context, scope idem.Scope) (*idem.Record, error) {
+	rec, err := GetTx(ctx, s.pool, scope)
+	if err != nil {
+		return nil, fmt.Errorf("store: get record: %w", unavailableOr(err))
+	}
+	return rec, nil
+}
+
+// GetTx reads the record of scope through q.
+func GetTx(ctx context.Context, q Querier, scope idem.Scope) (*idem.Record, error) {
+	rec, err := scanRecord(q.QueryRow(ctx, `SELECT `+recordColumns+` FROM idempotency_records
+		WHERE tenant_id = $1 AND operation_name = $2 AND idempotency_key = $3`, scope.Tenant, scope.Operation, scope.Key))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, idem.ErrRecordNotFound
+	}
+	return rec, err
+}
+
+func encodeHeaders(h map[string]string) ([]byte, error) {
+	if len(h) == 0 {
+		return nil, nil
+	}
+	b, err := json.Marshal(h)
+	if err != nil {
+		return nil, fmt.Errorf("store: encode response headers: %w", err)
+	}
+	return b, nil
+}
+
+func nullable(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+var _ idem.Coordinator = (*Store)(nil)
+
+// InProgressAgeMax returns the age, by the store's clock, of the oldest record
+// in IN_PROGRESS (0 when there is none).
+func InProgressAgeMax(ctx context.Context, q Querier) (time.Duration, error) {
+	var ms float64
+	err := q.QueryRow(ctx, `SELECT COALESCE(EXTRACT(EPOCH FROM max(now() - created_at)) * 1000, 0)::FLOAT8
+		FROM idempotency_records WHERE status = 'IN_PROGRESS'`).Scan(&ms)
+	if err != nil {
+		return 0, fmt.Errorf("store: in-progress age: %w", unavailableOr(err))
+	}
+	return time.Duration(ms * float64(time.Millisecond)), nil
+}

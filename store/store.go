@@ -1,0 +1,204 @@
+// Package store keeps idempotency records, and the reference payment domain's
+// tables, on PostgreSQL or CockroachDB through pgx.
+//
+// Every transaction runs at SERIALIZABLE through cockroach-go's
+// crdbpgx.ExecuteTx (see [Store.ExecTx]), and every timestamp is taken from the
+// store's clock (now() in SQL), never from a node's clock. The SQL is kept to
+// the subset that both PostgreSQL and CockroachDB accept; CockroachDB-only DDL
+// (REGIONAL BY ROW, row-level TTL) lives in deploy/cockroach.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"time"
+
+	"github.com/cockroachdb/cockroach-go/v2/crdb"
+	"github.com/cockroachdb/cockroach-go/v2/crdb/crdbpgxv5"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemcoord/idem"
+)
+
+// Options configure Open.
+type Options struct {
+	// MaxConns is the pool size. Default: pgxpool's default (max(4, NumCPU)),
+	// raised to 16.
+	MaxConns int32
+	// Logger receives store diagnostics. Default: discard.
+	Logger *slog.Logger
+	// TxAttempts bounds how many times ExecTx starts a transaction anew after
+	// a serialization failure. Default 30.
+	TxAttempts int
+}
+
+// Store is a connection pool to the idempotency store. It is safe for
+// concurrent use. Close it when done.
+type Store struct {
+	pool       *pgxpool.Pool
+	logger     *slog.Logger
+	txAttempts int
+}
+
+// Open connects to the database at url. It does not apply migrations; call
+// Migrate.
+func Open(ctx context.Context, url string, opts Options) (*Store, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("store: parse database url: %w", err)
+	}
+	cfg.MaxConns = max(cfg.MaxConns, 16)
+	if opts.MaxConns > 0 {
+		cfg.MaxConns = opts.MaxConns
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("store: connect: %w", err)
+	}
+	s := &Store{pool: pool, logger: opts.Logger, txAttempts: opts.TxAttempts}
+	if s.logger == nil {
+		s.logger = slog.New(slog.DiscardHandler)
+	}
+	if s.txAttempts <= 0 {
+		s.txAttempts = 30
+	}
+	return s, nil
+}
+
+// Close closes every connection of the pool.
+func (s *Store) Close() { s.pool.Close() }
+
+// Pool returns the underlying pool, for callers that own tables of their own.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Ping checks that the store answers.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.pool.Ping(ctx); err != nil {
+		return unavailable(fmt.Errorf("store: ping: %w", err))
+	}
+	return nil
+}
+
+// ExecTx runs fn in a SERIALIZABLE transaction through crdbpgx.ExecuteTx and
+// retries it on serialization failures (SQLSTATE 40001) and deadlocks (40P01).
+//
+// crdbpgx retries inside the transaction by rolling back to a savepoint. That
+// is what CockroachDB wants, but on PostgreSQL the transaction keeps its
+// snapshot across a savepoint rollback, so the retry sees the same conflict;
+// and crdb ignores the COMMIT error because on CockroachDB RELEASE has already
+// committed, while on PostgreSQL COMMIT is where SSI may still abort. ExecTx
+// therefore keeps the commit error and starts a fresh transaction (with a
+// jittered pause) whenever the failure is retryable, up to Options.TxAttempts.
+//
+// fn may run several times and must have no effect outside the database.
+// Errors from fn are returned unchanged when not retryable; connection
+// failures are returned as *idem.Error with code STORE_UNAVAILABLE.
+func (s *Store) ExecTx(ctx context.Context, fn func(pgx.Tx) error) error {
+	var err error
+	for attempt := 1; ; attempt++ {
+		c := &commitKeeper{pool: s.pool}
+		err = crdbpgx.ExecuteTx(crdb.WithMaxRetries(ctx, 1), c, pgx.TxOptions{IsoLevel: pgx.Serializable}, fn)
+		if err == nil {
+			err = c.commitErr
+		}
+		if err == nil {
+			return nil
+		}
+		if !retryable(err) || attempt >= s.txAttempts {
+			break
+		}
+		pause := time.Duration(rand.Int64N(int64(time.Millisecond) * int64(min(attempt, 10))))
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("store: transaction: %w", ctx.Err())
+		case <-time.After(pause):
+		}
+	}
+	if isUnavailable(err) {
+		return unavailable(err)
+	}
+	return err
+}
+
+// commitKeeper begins transactions whose Commit error is remembered.
+type commitKeeper struct {
+	pool      *pgxpool.Pool
+	commitErr error
+}
+
+func (c *commitKeeper) Begin(ctx context.Context) (pgx.Tx, error) {
+	return c.BeginTx(ctx, pgx.TxOptions{})
+}
+
+func (c *commitKeeper) BeginTx(ctx context.Context, o pgx.TxOptions) (pgx.Tx, error) {
+	tx, err := c.pool.BeginTx(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	return &keptTx{Tx: tx, keeper: c}, nil
+}
+
+type keptTx struct {
+	pgx.Tx
+	keeper *commitKeeper
+}
+
+func (t *keptTx) Commit(ctx context.Context) error {
+	err := t.Tx.Commit(ctx)
+	t.keeper.commitErr = err
+	return err
+}
+
+// SQLSTATE codes the store acts on.
+const (
+	codeSerializationFailure = "40001"
+	codeDeadlock             = "40P01"
+	codeUniqueViolation      = "23505"
+)
+
+func sqlState(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
+
+func retryable(err error) bool {
+	switch sqlState(err) {
+	case codeSerializationFailure, codeDeadlock:
+		return true
+	}
+	return false
+}
+
+// isUnavailable reports whether err means the store could not be reached or
+// dropped the connection, as opposed to rejecting a statement.
+func isUnavailable(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) {
+		return false
+	}
+	var connErr *pgconn.ConnectError
+	var netErr net.Error
+	if errors.As(err, &connErr) || errors.As(err, &netErr) || pgconn.Timeout(err) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	code := sqlState(err)
+	return len(code) == 5 && (code[:2] == "08" || code == "57P01" || code == "57P03")
+}
+
+func unavailable(err error) error {
+	var e *idem.Error
+	if errors.As(err, &e) {
+		return err
+	}
+	return &idem.Error{Code: idem.ECodeStoreUnavailable, Message: "The idempotency store is unavailable; retry with the same key.", Err: err}
+}
