@@ -1,0 +1,76 @@
+package region
+
+import (
+	"encoding/json"
+	"log/slog"
+	"net/http"
+
+	"github.com/idemcoord/idem"
+)
+
+// codeStatus maps every client-visible error code to its HTTP status. It is
+// the one table; the README lists the same codes.
+var codeStatus = map[string]int{
+	idem.ECodeKeyMissing:            http.StatusBadRequest,
+	idem.ECodeKeyInvalid:            http.StatusBadRequest,
+	idem.ECodeKeyReused:             http.StatusConflict,
+	idem.ECodeInProgress:            http.StatusConflict,
+	idem.ECodeRecordNotFound:        http.StatusNotFound,
+	idem.ECodeFencingTokenStale:     http.StatusConflict,
+	idem.ECodeOutcomeUnknown:        http.StatusAccepted,
+	idem.ECodeRoutingLoop:           http.StatusLoopDetected,
+	idem.ECodeNotHome:               http.StatusServiceUnavailable,
+	idem.ECodeUnauthenticated:       http.StatusUnauthorized,
+	idem.ECodeRequestMalformed:      http.StatusUnprocessableEntity,
+	idem.ECodeValidationFailed:      http.StatusUnprocessableEntity,
+	idem.ECodeBodyTooLarge:          http.StatusRequestEntityTooLarge,
+	idem.ECodeUnsupportedMediaType:  http.StatusUnsupportedMediaType,
+	idem.ECodeAPIVersionUnsupported: http.StatusBadRequest,
+	idem.ECodeNotFound:              http.StatusNotFound,
+	idem.ECodeMethodNotAllowed:      http.StatusMethodNotAllowed,
+	idem.ECodeDuplicateMerchantRef:  http.StatusConflict,
+	idem.ECodePaymentNotFound:       http.StatusNotFound,
+	idem.ECodePaymentDeclined:       http.StatusPaymentRequired,
+	idem.ECodeStoreUnavailable:      http.StatusServiceUnavailable,
+	idem.ECodeUnavailable:           http.StatusServiceUnavailable,
+	idem.ECodeInternal:              http.StatusInternalServerError,
+}
+
+// StatusOf returns the HTTP status of an error code (500 for unknown codes).
+func StatusOf(code string) int {
+	if s, ok := codeStatus[code]; ok {
+		return s
+	}
+	return http.StatusInternalServerError
+}
+
+type errorBody struct {
+	ErrorCode string `json:"errorCode"`
+	Message   string `json:"message"`
+}
+
+// writeError answers err as {"errorCode","message"} with its status. Internal
+// details are logged, never sent.
+func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err error) {
+	code := idem.ErrorCode(err)
+	status := StatusOf(code)
+	if status >= 500 {
+		logger.ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path, "code", code, "err", err)
+	}
+	switch code {
+	case idem.ECodeInProgress, idem.ECodeStoreUnavailable, idem.ECodeUnavailable, idem.ECodeNotHome:
+		w.Header().Set("Retry-After", "1")
+	}
+	writeJSON(w, status, errorBody{ErrorCode: code, Message: idem.ErrorMessage(err)})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, `{"errorCode":"INTERNAL","message":"Internal error."}`, http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
