@@ -31,6 +31,7 @@ const (
 	ECodeDuplicateMerchantRef = "DUPLICATE_MERCHANT_REFERENCE"
 	ECodePaymentNotFound      = "PAYMENT_NOT_FOUND"
 	ECodePaymentDeclined      = "PAYMENT_DECLINED"
+	ECodeProviderUnavailable  = "PROVIDER_UNAVAILABLE"
 
 	// Infrastructure.
 	ECodeStoreUnavailable = "STORE_UNAVAILABLE"

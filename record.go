@@ -36,6 +36,16 @@ const (
 	StatusExpired Status = "EXPIRED"
 )
 
+// Settled reports whether a record in this state has a known outcome
+// (COMPLETED, FAILED_REPLAYABLE, FAILED_RETRYABLE or EXPIRED).
+func (s Status) Settled() bool {
+	switch s {
+	case StatusCompleted, StatusFailedReplayable, StatusFailedRetryable, StatusExpired:
+		return true
+	}
+	return false
+}
+
 // Checkpoint is how far an operation got. The payment operation moves
 // RECEIVED -> LOCAL_PAYMENT_CREATED -> PROVIDER_REQUEST_SENT ->
 // PROVIDER_CONFIRMED -> COMPLETED.
@@ -149,8 +159,13 @@ func (o Outcome) String() string {
 // Decide reads; it never grants anything. Recover and Expired outcomes are
 // acted on by a conditional, fenced update in the store, which exactly one of
 // many concurrent requests wins.
+//
+// A record past its window answers as Expired (the request is a new
+// operation) only once its outcome is settled; a record still IN_PROGRESS or
+// UNKNOWN_REQUIRES_RECOVERY cannot be forgotten, because money may have moved,
+// so it keeps going through recovery whatever its age.
 func Decide(rec *Record, requestHashes []string, now time.Time) Outcome {
-	if rec.Status == StatusExpired || !rec.ExpiresAt.After(now) {
+	if rec.Status == StatusExpired || (!rec.ExpiresAt.After(now) && rec.Status.Settled()) {
 		return OutcomeExpired
 	}
 	if !slices.Contains(requestHashes, rec.RequestHash) {

@@ -315,3 +315,30 @@ func InProgressAgeMax(ctx context.Context, q Querier) (time.Duration, error) {
 	}
 	return time.Duration(ms * float64(time.Millisecond)), nil
 }
+
+// StaleRecords returns up to limit records of operation that nobody is
+// working on: IN_PROGRESS past their lock, or UNKNOWN_REQUIRES_RECOVERY with
+// no lock held, whatever their age (an unsettled record is never forgotten).
+// Oldest first.
+func StaleRecords(ctx context.Context, q Querier, operation string, limit int) ([]*idem.Record, error) {
+	rows, err := q.Query(ctx, `SELECT `+recordColumns+` FROM idempotency_records
+		WHERE operation_name = $1 AND status IN ('IN_PROGRESS', 'UNKNOWN_REQUIRES_RECOVERY')
+		  AND (locked_until IS NULL OR locked_until < now())
+		ORDER BY updated_at LIMIT $2`, operation, limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: stale records: %w", unavailableOr(err))
+	}
+	defer rows.Close()
+	var out []*idem.Record
+	for rows.Next() {
+		rec, err := scanRecord(rows)
+		if err != nil {
+			return nil, fmt.Errorf("store: scan stale record: %w", err)
+		}
+		out = append(out, rec)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: stale records: %w", unavailableOr(err))
+	}
+	return out, nil
+}

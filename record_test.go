@@ -1,0 +1,79 @@
+package idem_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/idemcoord/idem"
+)
+
+func TestDecide(t *testing.T) {
+	now := time.Date(2026, 5, 7, 10, 45, 0, 0, time.UTC)
+	future, past := now.Add(time.Minute), now.Add(-time.Minute)
+	rec := func(status idem.Status, locked *time.Time, expires time.Time) *idem.Record {
+		return &idem.Record{RequestHash: "v1:a", Status: status, LockedUntil: locked, ExpiresAt: expires}
+	}
+	for _, tc := range []struct {
+		name   string
+		rec    *idem.Record
+		hashes []string
+		want   idem.Outcome
+	}{
+		{"completed same command", rec(idem.StatusCompleted, nil, future), []string{"v1:a"}, idem.OutcomeReplay},
+		{"completed different command", rec(idem.StatusCompleted, nil, future), []string{"v1:b"}, idem.OutcomeConflict},
+		{"matched under an older hash version", rec(idem.StatusCompleted, nil, future), []string{"v2:x", "v1:a"}, idem.OutcomeReplay},
+		{"replayable failure", rec(idem.StatusFailedReplayable, nil, future), []string{"v1:a"}, idem.OutcomeReplay},
+		{"retryable failure", rec(idem.StatusFailedRetryable, nil, future), []string{"v1:a"}, idem.OutcomeRecover},
+		{"fresh in progress", rec(idem.StatusInProgress, &future, future), []string{"v1:a"}, idem.OutcomeInProgress},
+		{"stale in progress (the article's 10:45 case)", rec(idem.StatusInProgress, &past, future), []string{"v1:a"}, idem.OutcomeRecover},
+		{"in progress, different command", rec(idem.StatusInProgress, &future, future), []string{"v1:b"}, idem.OutcomeConflict},
+		{"unknown, unlocked", rec(idem.StatusUnknown, nil, future), []string{"v1:a"}, idem.OutcomeRecover},
+		{"unknown, being recovered", rec(idem.StatusUnknown, &future, future), []string{"v1:a"}, idem.OutcomeInProgress},
+		{"completed past window", rec(idem.StatusCompleted, nil, past), []string{"v1:b"}, idem.OutcomeExpired},
+		{"expired status", rec(idem.StatusExpired, nil, past), []string{"v1:a"}, idem.OutcomeExpired},
+		{"unknown past window is not forgotten", rec(idem.StatusUnknown, nil, past), []string{"v1:a"}, idem.OutcomeRecover},
+		{"in progress past window is not forgotten", rec(idem.StatusInProgress, &future, past), []string{"v1:a"}, idem.OutcomeInProgress},
+		{"expires exactly now", rec(idem.StatusCompleted, nil, now), []string{"v1:a"}, idem.OutcomeExpired},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := idem.Decide(tc.rec, tc.hashes, now); got != tc.want {
+				t.Errorf("Decide = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestValidKey(t *testing.T) {
+	for key, want := range map[string]bool{
+		"abc-123": true, "a": true, string(make([]byte, 0)): false, "with space": false,
+		"tab\t": false, "ünïcode": false, "~!@#$%^&*()": true, "\x7f": false,
+	} {
+		if got := idem.ValidKey(key); got != want {
+			t.Errorf("ValidKey(%q) = %v, want %v", key, got, want)
+		}
+	}
+	long := make([]byte, 256)
+	for i := range long {
+		long[i] = 'k'
+	}
+	if idem.ValidKey(string(long)) || !idem.ValidKey(string(long[:255])) {
+		t.Error("ValidKey length bound is not 255")
+	}
+}
+
+func TestErrorCodes(t *testing.T) {
+	err := idem.Errorf(idem.ECodeKeyReused, "reused %d", 1)
+	if idem.ErrorCode(err) != idem.ECodeKeyReused || idem.ErrorMessage(err) != "reused 1" {
+		t.Errorf("code/message = %q/%q", idem.ErrorCode(err), idem.ErrorMessage(err))
+	}
+	if idem.ErrorCode(errPlain{}) != idem.ECodeInternal || idem.ErrorMessage(errPlain{}) != "Internal error." {
+		t.Error("a plain error must map to INTERNAL with a generic message")
+	}
+	if idem.ErrorCode(nil) != "" {
+		t.Error("nil has a code")
+	}
+}
+
+type errPlain struct{}
+
+func (errPlain) Error() string { return "secret detail" }

@@ -1,0 +1,100 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// PruneBodies drops the stored response (body and headers) of up to limit
+// settled records that are past their window and older than bodyRetention,
+// and marks them EXPIRED. Their metadata (scope, request hash, resource,
+// timestamps) stays for diagnostics until DeleteExpired removes it. Records
+// still IN_PROGRESS or UNKNOWN_REQUIRES_RECOVERY are never touched. It
+// returns how many records it pruned.
+func PruneBodies(ctx context.Context, q Querier, bodyRetention time.Duration, limit int) (int, error) {
+	tag, err := q.Exec(ctx, `UPDATE idempotency_records SET response_body = NULL, response_headers = NULL,
+			status = 'EXPIRED', updated_at = now()
+		WHERE (tenant_id, operation_name, idempotency_key) IN (
+			SELECT tenant_id, operation_name, idempotency_key FROM idempotency_records
+			WHERE expires_at <= now() AND created_at <= now() - $1::INT8 * INTERVAL '1 millisecond'
+			  AND status IN ('COMPLETED', 'FAILED_REPLAYABLE', 'FAILED_RETRYABLE')
+			LIMIT $2)`, bodyRetention.Milliseconds(), limit)
+	if err != nil {
+		return 0, fmt.Errorf("store: prune bodies: %w", unavailableOr(err))
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// DeleteExpired deletes up to limit EXPIRED records whose window ended more
+// than metadataRetention ago. It returns how many it deleted.
+func DeleteExpired(ctx context.Context, q Querier, metadataRetention time.Duration, limit int) (int, error) {
+	tag, err := q.Exec(ctx, `DELETE FROM idempotency_records
+		WHERE (tenant_id, operation_name, idempotency_key) IN (
+			SELECT tenant_id, operation_name, idempotency_key FROM idempotency_records
+			WHERE status = 'EXPIRED' AND expires_at <= now() - $1::INT8 * INTERVAL '1 millisecond'
+			LIMIT $2)`, metadataRetention.Milliseconds(), limit)
+	if err != nil {
+		return 0, fmt.Errorf("store: delete expired records: %w", unavailableOr(err))
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// CleanupConfig bounds one cleanup pass.
+type CleanupConfig struct {
+	// BodyRetention: response bodies are dropped this long after a record's
+	// creation, once it is past its window.
+	BodyRetention time.Duration
+	// MetadataRetention: expired metadata is deleted this long after the
+	// window ends.
+	MetadataRetention time.Duration
+	// BatchSize bounds every statement. Default 500.
+	BatchSize int
+	// Pause is slept between batches so cleanup never competes with traffic
+	// for long. Default 50ms.
+	Pause time.Duration
+}
+
+// CleanupResult counts what a pass did.
+type CleanupResult struct {
+	BodiesPruned   int
+	RecordsDeleted int
+	Batches        int
+}
+
+// Cleanup runs batches of PruneBodies then DeleteExpired until a batch comes
+// back short, pausing between batches.
+func (s *Store) Cleanup(ctx context.Context, cfg CleanupConfig) (CleanupResult, error) {
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = 500
+	}
+	if cfg.Pause <= 0 {
+		cfg.Pause = 50 * time.Millisecond
+	}
+	var res CleanupResult
+	for _, step := range []struct {
+		run   func() (int, error)
+		count *int
+	}{
+		{func() (int, error) { return PruneBodies(ctx, s.pool, cfg.BodyRetention, cfg.BatchSize) }, &res.BodiesPruned},
+		{func() (int, error) { return DeleteExpired(ctx, s.pool, cfg.MetadataRetention, cfg.BatchSize) }, &res.RecordsDeleted},
+	} {
+		for {
+			n, err := step.run()
+			if err != nil {
+				return res, err
+			}
+			res.Batches++
+			*step.count += n
+			if n < cfg.BatchSize {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return res, ctx.Err()
+			case <-time.After(cfg.Pause):
+			}
+		}
+	}
+	return res, nil
+}
