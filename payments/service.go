@@ -42,6 +42,18 @@ type Config struct {
 	// Sleep waits between polls of an in-progress record; injectable for
 	// tests. Default: a context-aware time.Sleep.
 	Sleep func(ctx context.Context, d time.Duration) error
+	// Provider is the payment provider. Nil runs the local-only operation:
+	// record, payment and outbox event commit in one transaction.
+	Provider Provider
+	// ProviderTimeout bounds one provider call; it must stay well below
+	// LockFor so that an owner never outlives its lock. Default LockFor/3.
+	ProviderTimeout time.Duration
+	// ResponseSchema is the schema new responses are written in: "v2"
+	// (default) or "v3".
+	ResponseSchema string
+	// ReplayRule decides what a replay of a response stored under an older
+	// schema looks like: ReplayAsStored (default) or ReconstructCurrent.
+	ReplayRule string
 }
 
 // Service executes create_payment commands.
@@ -71,7 +83,29 @@ func NewService(st *store.Store, cfg Config) *Service {
 	if cfg.Sleep == nil {
 		cfg.Sleep = sleep
 	}
+	if cfg.ProviderTimeout <= 0 {
+		cfg.ProviderTimeout = cfg.LockFor / 3
+	}
+	if cfg.ResponseSchema == "" {
+		cfg.ResponseSchema = DefaultSchemaVersion
+	}
+	if cfg.ReplayRule == "" {
+		cfg.ReplayRule = ReplayAsStored
+	}
 	return &Service{store: st, cfg: cfg, logger: cfg.Logger}
+}
+
+// Validate reports a configuration that cannot work.
+func (c Config) Validate() error {
+	if _, ok := renderers[c.ResponseSchema]; c.ResponseSchema != "" && !ok {
+		return fmt.Errorf("payments: unknown response schema %q (want v2 or v3)", c.ResponseSchema)
+	}
+	switch c.ReplayRule {
+	case "", ReplayAsStored, ReconstructCurrent:
+	default:
+		return fmt.Errorf("payments: unknown replay rule %q (want %s or %s)", c.ReplayRule, ReplayAsStored, ReconstructCurrent)
+	}
+	return nil
 }
 
 // Window returns the replay window the service publishes.
@@ -102,17 +136,8 @@ type Result struct {
 	// ExpiredRetry is true when the key's earlier record had expired and this
 	// request became a new operation.
 	ExpiredRetry bool
-}
-
-// paymentResponse is the v2 response body. Field order is part of the contract.
-type paymentResponse struct {
-	PaymentID         string `json:"paymentId"`
-	Status            string `json:"status"`
-	AccountID         string `json:"accountId"`
-	Amount            string `json:"amount"`
-	Currency          string `json:"currency"`
-	MerchantReference string `json:"merchantReference"`
-	Channel           string `json:"channel"`
+	// Unknown is true when the operation entered UNKNOWN_REQUIRES_RECOVERY.
+	Unknown bool
 }
 
 // Create executes, replays or refuses a create_payment command. Errors are
@@ -153,14 +178,20 @@ func (s *Service) Create(ctx context.Context, req Request) (Result, error) {
 	}
 }
 
-// attempt runs one transaction: claim and write, or decide from the existing
-// record.
+// attempt runs one claim. Without a provider the whole operation is one
+// transaction; with one, see attemptWithProvider.
 func (s *Service) attempt(ctx context.Context, begin idem.BeginRequest, cmd Command) (Result, error) {
+	if s.cfg.Provider != nil {
+		return s.attemptWithProvider(ctx, begin, cmd)
+	}
 	var res Result
 	err := s.store.ExecTx(ctx, func(tx pgx.Tx) error {
 		res = Result{}
 		p, ev := s.newPayment(begin.Scope, begin.RequestHashes[0], 0, cmd)
-		completion := s.completion(p)
+		completion, err := s.completion(ctx, tx, p)
+		if err != nil {
+			return err
+		}
 		inserted, err := store.ClaimWithPayment(ctx, tx, begin, idem.StatusCompleted, idem.CheckpointCompleted, &completion, p, ev)
 		if err != nil {
 			return err
@@ -174,14 +205,8 @@ func (s *Service) attempt(ctx context.Context, begin idem.BeginRequest, cmd Comm
 			return err
 		}
 		res.Outcome, res.ExpiredRetry = d.Outcome, d.ExpiredRetry
-		switch d.Outcome {
-		case idem.OutcomeReplay:
-			res.Response, res.Replayed = *d.Record.Response, true
-			return nil
-		case idem.OutcomeConflict:
-			return idem.Errorf(idem.ECodeKeyReused, "This idempotency key was already used with a different request.")
-		case idem.OutcomeInProgress:
-			return idem.Errorf(idem.ECodeInProgress, "A request with this idempotency key is still in progress; retry later.")
+		if done, err := s.answerExisting(ctx, tx, d, &res); done || err != nil {
+			return err
 		}
 		// Recover or Expired: this transaction owns the record now. The
 		// payment's identity follows the record's generation.
@@ -189,24 +214,57 @@ func (s *Service) attempt(ctx context.Context, begin idem.BeginRequest, cmd Comm
 		if err := store.InsertPayment(ctx, tx, p, ev); err != nil {
 			return err
 		}
-		completion = s.completion(p)
+		if completion, err = s.completion(ctx, tx, p); err != nil {
+			return err
+		}
 		if err := store.CompleteTx(ctx, tx, d.Lease, completion); err != nil {
 			return err
 		}
 		res.Response = completion.Response
 		return nil
 	})
+	return s.finishAttempt(ctx, begin, cmd, res, err)
+}
+
+// finishAttempt handles what every attempt ends with: a duplicate merchant
+// reference becomes a stored business rejection, and a reused key is logged.
+func (s *Service) finishAttempt(ctx context.Context, begin idem.BeginRequest, cmd Command, res Result, err error) (Result, error) {
 	if errors.Is(err, store.ErrDuplicateMerchantReference) {
 		return s.rejectDuplicate(ctx, begin, cmd)
 	}
-	if err != nil {
-		if code := idem.ErrorCode(err); code == idem.ECodeKeyReused {
-			s.logger.WarnContext(ctx, "idempotency key reused with a different request",
-				"tenant", begin.Tenant, "operation", begin.Operation, "key", begin.Key)
-		}
-		return res, err
+	if idem.ErrorCode(err) == idem.ECodeKeyReused {
+		s.logger.WarnContext(ctx, "idempotency key reused with a different request",
+			"tenant", begin.Tenant, "operation", begin.Operation, "key", begin.Key)
 	}
-	return res, nil
+	return res, err
+}
+
+// answerExisting answers from a record this request does not own: a replay,
+// a conflict or in progress. It reports done=false when the decision handed
+// ownership to this request.
+func (s *Service) answerExisting(ctx context.Context, q store.Querier, d idem.Decision, res *Result) (bool, error) {
+	switch d.Outcome {
+	case idem.OutcomeReplay:
+		resp, err := s.replay(ctx, q, d.Record)
+		if err != nil {
+			return true, err
+		}
+		res.Response, res.Replayed = resp, true
+		return true, nil
+	case idem.OutcomeConflict:
+		return true, errKeyReused()
+	case idem.OutcomeInProgress:
+		return true, errInProgress()
+	}
+	return false, nil
+}
+
+func errKeyReused() error {
+	return idem.Errorf(idem.ECodeKeyReused, "This idempotency key was already used with a different request.")
+}
+
+func errInProgress() error {
+	return idem.Errorf(idem.ECodeInProgress, "A request with this idempotency key is still in progress; retry later.")
 }
 
 // rejectDuplicate answers a command whose merchant reference already has a
@@ -237,13 +295,9 @@ func (s *Service) rejectDuplicate(ctx context.Context, begin idem.BeginRequest, 
 		case idem.OutcomeExecute, idem.OutcomeRecover, idem.OutcomeExpired:
 			res.Response = resp
 			return store.FailTx(ctx, tx, d.Lease, idem.Failure{Status: idem.StatusFailedReplayable, ErrorCode: idem.ECodeDuplicateMerchantRef, Response: &resp})
-		case idem.OutcomeReplay:
-			res.Response, res.Replayed = *d.Record.Response, true
-			return nil
-		case idem.OutcomeConflict:
-			return idem.Errorf(idem.ECodeKeyReused, "This idempotency key was already used with a different request.")
 		default:
-			return idem.Errorf(idem.ECodeInProgress, "A request with this idempotency key is still in progress; retry later.")
+			_, err := s.answerExisting(ctx, tx, d, &res)
+			return err
 		}
 	})
 	return res, err
@@ -270,28 +324,7 @@ func (s *Service) newPayment(scope idem.Scope, requestHash string, generation in
 		Currency: cmd.Currency, MerchantReference: cmd.MerchantReference, Channel: cmd.Channel,
 		Status: "PENDING", ProviderKey: ProviderKey(id),
 	}
-	payload, _ := json.Marshal(map[string]string{
-		"eventId": "evt_" + id + "_created", "type": "PaymentCreated", "paymentId": id,
-		"accountId": cmd.AccountID, "amount": cmd.Amount(), "currency": cmd.Currency,
-	})
-	return p, store.Event{ID: "evt_" + id + "_created", Tenant: scope.Tenant, AggregateID: id, Type: "PaymentCreated", Payload: payload}
-}
-
-func (s *Service) completion(p store.Payment) idem.Completion {
-	body, _ := json.Marshal(paymentResponse{
-		PaymentID: p.ID, Status: p.Status, AccountID: p.AccountID, Amount: FormatMinor(p.AmountMinor, p.Currency),
-		Currency: p.Currency, MerchantReference: p.MerchantReference, Channel: p.Channel,
-	})
-	return idem.Completion{
-		Response: idem.Response{
-			Status:        201,
-			Headers:       map[string]string{"Content-Type": "application/json", "Location": "/payments/" + p.ID},
-			Body:          body,
-			SchemaVersion: DefaultSchemaVersion,
-		},
-		ResourceType: "payment",
-		ResourceID:   p.ID,
-	}
+	return p, *paymentEvent(p, "PaymentCreated", "created", nil)
 }
 
 // Get returns the tenant's payment as its current representation.
@@ -300,14 +333,7 @@ func (s *Service) Get(ctx context.Context, tenant, id string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	body, err := json.Marshal(paymentResponse{
-		PaymentID: p.ID, Status: p.Status, AccountID: p.AccountID, Amount: FormatMinor(p.AmountMinor, p.Currency),
-		Currency: p.Currency, MerchantReference: p.MerchantReference, Channel: p.Channel,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("payments: encode payment: %w", err)
-	}
-	return body, nil
+	return renderers[s.cfg.ResponseSchema](p)
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

@@ -58,7 +58,7 @@ func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 		logger.ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path, "code", code, "err", err)
 	}
 	switch code {
-	case idem.ECodeInProgress, idem.ECodeStoreUnavailable, idem.ECodeUnavailable, idem.ECodeNotHome:
+	case idem.ECodeInProgress, idem.ECodeStoreUnavailable, idem.ECodeUnavailable, idem.ECodeNotHome, idem.ECodeProviderUnavailable:
 		w.Header().Set("Retry-After", "1")
 	}
 	writeJSON(w, status, errorBody{ErrorCode: code, Message: idem.ErrorMessage(err)})

@@ -59,6 +59,10 @@ type Server struct {
 	ln   net.Listener
 	http *http.Server
 	done chan error
+
+	workerMetrics *workerMetrics
+	workers       workerGroup
+	stopWorkers   context.CancelFunc
 }
 
 // NewServer returns a Server over st and the payment service pay.
@@ -82,7 +86,11 @@ func NewServer(cfg Config, st *store.Store, pay *payments.Service) (*Server, err
 	if err != nil {
 		return nil, fmt.Errorf("region: register metrics: %w", err)
 	}
-	s := &Server{cfg: cfg, store: st, payments: pay, metrics: m, logger: cfg.Logger}
+	wm, err := newWorkerMetrics(cfg.Registry)
+	if err != nil {
+		return nil, fmt.Errorf("region: register metrics: %w", err)
+	}
+	s := &Server{cfg: cfg, store: st, payments: pay, metrics: m, workerMetrics: wm, logger: cfg.Logger}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /payments", s.authenticated(s.handleCreatePayment))
 	mux.HandleFunc("GET /payments/{id}", s.authenticated(s.handleGetPayment))
@@ -131,6 +139,10 @@ func (s *Server) URL() string {
 // Close stops accepting requests and waits, until ctx is done, for running
 // ones to finish.
 func (s *Server) Close(ctx context.Context) error {
+	if s.stopWorkers != nil {
+		s.stopWorkers()
+	}
+	defer s.workers.Wait()
 	if s.http == nil {
 		return nil
 	}
@@ -234,6 +246,9 @@ func (s *Server) observe(operation string, res payments.Result, err error, d tim
 	}
 	if res.ExpiredRetry {
 		s.metrics.expiredRetries.WithLabelValues(operation).Inc()
+	}
+	if res.Unknown {
+		s.metrics.unknownStates.WithLabelValues(operation).Inc()
 	}
 	s.metrics.requests.WithLabelValues(operation, outcome).Inc()
 	s.metrics.latency.WithLabelValues(operation, outcome).Observe(d.Seconds())

@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemcoord/idem/internal/cli"
 	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/provider"
 	"github.com/idemcoord/idem/region"
 	"github.com/idemcoord/idem/store"
 )
@@ -52,6 +53,12 @@ type Main struct {
 	ReplayWindow time.Duration
 	LockFor      time.Duration
 
+	ProviderURL     string
+	ProviderTimeout time.Duration
+	ResponseSchema  string
+	ReplayRule      string
+	Workers         region.WorkerConfig
+
 	logger *slog.Logger
 	store  *store.Store
 	server *region.Server
@@ -71,6 +78,18 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	tokens := fs.String("auth-tokens", "", "bearer tokens and their tenants: token=tenant,token2=tenant2")
 	fs.DurationVar(&m.ReplayWindow, "replay-window", payments.DefaultWindow, "how long a key's record answers retries")
 	fs.DurationVar(&m.LockFor, "lock-timeout", payments.DefaultLockFor, "how long an owner holds a key before a retry may take it over")
+	fs.StringVar(&m.ProviderURL, "provider-url", "", "base URL of the payment provider; empty: payments complete locally in one transaction")
+	fs.DurationVar(&m.ProviderTimeout, "provider-timeout", 0, "bound on one provider call (default: lock-timeout/3)")
+	fs.StringVar(&m.ResponseSchema, "response-schema", payments.DefaultSchemaVersion, "response schema new payments are answered in: v2 or v3")
+	fs.StringVar(&m.ReplayRule, "replay-rule", payments.ReplayAsStored, "what a replay of a response stored under an older schema returns: replay-as-stored or reconstruct-current")
+	bodyRetention := fs.Duration("body-retention", 0, "drop stored response bodies this long after creation, once past the window (default: the replay window; never shorter)")
+	fs.DurationVar(&m.Workers.Cleanup.MetadataRetention, "metadata-retention", 7*24*time.Hour, "keep expired record metadata this long after the window ends")
+	fs.IntVar(&m.Workers.Cleanup.BatchSize, "cleanup-batch", 500, "rows per cleanup statement")
+	fs.DurationVar(&m.Workers.Cleanup.Pause, "cleanup-pause", 50*time.Millisecond, "pause between cleanup batches")
+	fs.DurationVar(&m.Workers.CleanupInterval, "cleanup-interval", time.Minute, "how often cleanup runs (0 disables)")
+	fs.DurationVar(&m.Workers.RecoveryInterval, "recovery-interval", 5*time.Second, "how often stale and unknown payments are reconciled (0 disables)")
+	fs.DurationVar(&m.Workers.OutboxInterval, "outbox-interval", 200*time.Millisecond, "how often the outbox is published and consumed (0 disables)")
+	fs.BoolVar(&m.Workers.DuplicateDelivery, "duplicate-delivery", false, "deliver every outbox event twice (fault injection)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -79,6 +98,13 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	}
 	if m.DatabaseURL == "" {
 		return fmt.Errorf("--database-url (or %s) is required", cli.EnvName("database-url"))
+	}
+	m.Workers.Cleanup.BodyRetention = *bodyRetention
+	if m.Workers.Cleanup.BodyRetention == 0 {
+		m.Workers.Cleanup.BodyRetention = m.ReplayWindow
+	}
+	if m.Workers.Cleanup.BodyRetention < m.ReplayWindow {
+		return fmt.Errorf("--body-retention %v is shorter than --replay-window %v: replays inside the window would lose their body", m.Workers.Cleanup.BodyRetention, m.ReplayWindow)
 	}
 	var err error
 	if m.AuthTokens, err = cli.ParseTokens(*tokens); err != nil {
@@ -102,10 +128,18 @@ func (m *Main) Run(ctx context.Context) error {
 		return err
 	}
 	host, _ := os.Hostname()
-	pay := payments.NewService(st, payments.Config{
+	cfg := payments.Config{
 		Region: m.Region, Owner: fmt.Sprintf("%s/%s/%d", m.Region, host, os.Getpid()),
 		Window: m.ReplayWindow, LockFor: m.LockFor, Logger: m.logger,
-	})
+		ProviderTimeout: m.ProviderTimeout, ResponseSchema: m.ResponseSchema, ReplayRule: m.ReplayRule,
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if m.ProviderURL != "" {
+		cfg.Provider = &provider.Client{BaseURL: m.ProviderURL}
+	}
+	pay := payments.NewService(st, cfg)
 	srv, err := region.NewServer(region.Config{Addr: m.Listen, Region: m.Region, Tokens: m.AuthTokens, Logger: m.logger}, st, pay)
 	if err != nil {
 		return err
@@ -114,6 +148,7 @@ func (m *Main) Run(ctx context.Context) error {
 		return err
 	}
 	m.server = srv
+	srv.StartWorkers(context.WithoutCancel(ctx), m.Workers)
 	m.logger.Info("idemd serving", "region", m.Region, "url", srv.URL(), "replay_window", m.ReplayWindow)
 	return nil
 }

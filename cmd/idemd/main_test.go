@@ -1,0 +1,262 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/internal/pgtest"
+	"github.com/idemcoord/idem/internal/storetest"
+	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/provider"
+	"github.com/idemcoord/idem/store"
+)
+
+var idemdBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "idemd-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	idemdBin = filepath.Join(dir, "idemd")
+	build := exec.Command("go", "build", "-o", idemdBin, ".")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build idemd:", err)
+		os.Exit(1)
+	}
+	code := pgtest.Main(m)
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+const article = `{"accountId":"acc_1","amount":"10.00","currency":"EUR","merchantReference":"invoice-7781"}`
+
+// proc is a real idemd child process.
+type proc struct {
+	t    *testing.T
+	args []string
+	url  string
+	cmd  *exec.Cmd
+	log  *bytes.Buffer
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func startIdemd(t *testing.T, dbURL string, extra ...string) *proc {
+	t.Helper()
+	addr := freeAddr(t)
+	p := &proc{t: t, url: "http://" + addr,
+		args: append([]string{"--listen", addr, "--database-url", dbURL, "--auth-tokens", "tok-a=tenant-a"}, extra...)}
+	p.start()
+	t.Cleanup(p.stop)
+	return p
+}
+
+func (p *proc) start() {
+	p.t.Helper()
+	p.log = &bytes.Buffer{}
+	p.cmd = exec.Command(idemdBin, p.args...)
+	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := p.cmd.Start(); err != nil {
+		p.t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := http.Get(p.url + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	p.stop()
+	p.t.Fatalf("idemd did not become ready:\n%s", p.log)
+}
+
+func (p *proc) kill() {
+	_ = p.cmd.Process.Kill()
+	_, _ = p.cmd.Process.Wait()
+}
+
+func (p *proc) stop() {
+	if p.cmd.ProcessState != nil {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _, _ = p.cmd.Process.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		p.kill()
+		<-done
+	}
+}
+
+func pay(t *testing.T, url, key string) (int, []byte, http.Header) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url+"/payments", strings.NewReader(article))
+	req.Header.Set("Authorization", "Bearer tok-a")
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, nil, nil
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, resp.Header
+}
+
+func openStore(t *testing.T, url string) *store.Store {
+	t.Helper()
+	st, err := store.Open(context.Background(), url, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	return st
+}
+
+// TestTwoProcessesOneDatabase: 50 identical requests split over two idemd
+// processes on one database produce one payment and one outbox event.
+func TestTwoProcessesOneDatabase(t *testing.T) {
+	db := pgtest.NewDatabase(t)
+	nodes := []*proc{startIdemd(t, db), startIdemd(t, db)}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	bodies := map[string]int{}
+	start := make(chan struct{})
+	for i := range 50 {
+		wg.Go(func() {
+			<-start
+			status, body, _ := pay(t, nodes[i%2].url, "two-procs")
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case status == 201:
+				bodies[string(body)]++
+			case status == 409 && bytes.Contains(body, []byte(idem.ECodeInProgress)):
+			default:
+				t.Errorf("answer %d %s", status, body)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if len(bodies) != 1 {
+		t.Errorf("distinct 201 bodies = %d, want 1: %v", len(bodies), bodies)
+	}
+	st := openStore(t, db)
+	for table, want := range map[string]int{"payments": 1, "outbox_events": 1, "idempotency_records": 1} {
+		if n := storetest.Count(t, st, "SELECT count(*) FROM "+table); n != want {
+			t.Errorf("%s has %d rows, want %d", table, n, want)
+		}
+	}
+}
+
+// TestKilledAfterProviderRequestSent: the node is SIGKILLed while the provider
+// is charging; after a restart the recovery worker completes the record with
+// no retry from the client, and a later retry replays the one payment.
+func TestKilledAfterProviderRequestSent(t *testing.T) {
+	db := pgtest.NewDatabase(t)
+	sim, err := provider.NewServer(provider.Config{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(sim.Handler())
+	defer func() { hs.Close(); _ = sim.Close() }()
+	client := &provider.Client{BaseURL: hs.URL}
+	ctx := context.Background()
+	if err := client.SetFault(ctx, provider.Fault{Mode: provider.FaultSlow, Times: 1, Delay: 1500 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	node := startIdemd(t, db, "--provider-url", hs.URL, "--lock-timeout", "3s", "--recovery-interval", "200ms")
+	go pay(t, node.url, "killed-1") // never answered: the node dies mid-call
+
+	st := openStore(t, db)
+	scope := idem.Scope{Tenant: "tenant-a", Operation: payments.Operation, Key: "killed-1"}
+	waitFor(t, 20*time.Second, "record at PROVIDER_REQUEST_SENT", func() bool {
+		rec, err := st.Get(ctx, scope)
+		return err == nil && rec.Checkpoint == idem.CheckpointProviderRequestSent
+	})
+	node.kill()
+	if rec, _ := st.Get(ctx, scope); rec.Status != idem.StatusInProgress {
+		t.Fatalf("after kill: %s, want IN_PROGRESS", rec.Status)
+	}
+	node.start() // same flags, same port
+	waitFor(t, 30*time.Second, "recovery worker to complete the record", func() bool {
+		rec, err := st.Get(ctx, scope)
+		return err == nil && rec.Status == idem.StatusCompleted
+	})
+	rec, _ := st.Get(ctx, scope)
+	counts, err := client.Charges(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if counts.Total != 1 || counts.ByKey[payments.ProviderKey(rec.ResourceID)] != 1 {
+		t.Errorf("charges = %+v, want exactly one for %s", counts, rec.ResourceID)
+	}
+	status, body, h := pay(t, node.url, "killed-1")
+	if status != 201 || h.Get("Idempotent-Replayed") != "true" || !bytes.Contains(body, []byte(rec.ResourceID)) {
+		t.Errorf("client retry = %d %s %v; want a 201 replay of %s", status, body, h, rec.ResourceID)
+	}
+	if n := storetest.Count(t, st, `SELECT count(*) FROM payments`); n != 1 {
+		t.Errorf("%d payments, want 1", n)
+	}
+}
+
+func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestParseFlagsFromEnvironment(t *testing.T) {
+	env := map[string]string{"IDEM_DATABASE_URL": "postgres://x", "IDEM_REPLAY_WINDOW": "2h", "IDEM_AUTH_TOKENS": "a=t1,b=t2"}
+	m := NewMain()
+	if err := m.ParseFlags([]string{"--region", "eu-west"}, func(k string) string { return env[k] }); err != nil {
+		t.Fatal(err)
+	}
+	if m.DatabaseURL != "postgres://x" || m.ReplayWindow != 2*time.Hour || m.Region != "eu-west" || m.AuthTokens["b"] != "t2" {
+		t.Errorf("parsed %+v", m)
+	}
+	if err := NewMain().ParseFlags([]string{"--replay-window", "1h", "--body-retention", "30m", "--database-url", "x"}, func(string) string { return "" }); err == nil {
+		t.Error("a body retention shorter than the window was accepted")
+	}
+	if err := NewMain().ParseFlags(nil, func(string) string { return "" }); err == nil {
+		t.Error("a missing database URL was accepted")
+	}
+}

@@ -1,0 +1,234 @@
+package payments
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/provider"
+	"github.com/idemcoord/idem/store"
+)
+
+// Provider is what the payment operation needs of a payment provider;
+// *provider.Client satisfies it. Errors must wrap provider's sentinels
+// (ErrDeclined, ErrNotFound, ErrUnavailable, ErrStaleToken, ErrAmbiguous) so
+// that failures are classified by behaviour.
+type Provider interface {
+	Charge(ctx context.Context, req provider.ChargeRequest) (provider.Charge, error)
+	Lookup(ctx context.Context, providerKey string) (provider.Charge, error)
+}
+
+// attemptWithProvider runs create_payment when a provider call is part of
+// it. No transaction is held open across the call:
+//
+//  1. one transaction claims the key and commits the payment row, its
+//     PaymentCreated event and checkpoint LOCAL_PAYMENT_CREATED;
+//  2. a fenced write moves to PROVIDER_REQUEST_SENT (extending the lock);
+//  3. the provider is charged with the provider key derived from the payment
+//     id and the owner's fencing token;
+//  4. a second transaction records the result: COMPLETED (payment CONFIRMED,
+//     PaymentConfirmed event), FAILED_REPLAYABLE (declined),
+//     FAILED_RETRYABLE (provider said 5xx: nothing was charged), or
+//     UNKNOWN_REQUIRES_RECOVERY (the answer was lost).
+//
+// A request that takes over a record past PROVIDER_REQUEST_SENT asks the
+// provider first (Lookup by provider key) and only charges when the provider
+// has no charge for the key, with the same key, so it can never charge twice.
+func (s *Service) attemptWithProvider(ctx context.Context, begin idem.BeginRequest, cmd Command) (Result, error) {
+	var (
+		res   Result
+		lease idem.Lease
+		cp    idem.Checkpoint
+		p     store.Payment
+	)
+	err := s.store.ExecTx(ctx, func(tx pgx.Tx) error {
+		res, lease, cp = Result{}, idem.Lease{}, ""
+		var ev store.Event
+		p, ev = s.newPayment(begin.Scope, begin.RequestHashes[0], 0, cmd)
+		inserted, err := store.ClaimWithPayment(ctx, tx, begin, idem.StatusInProgress, idem.CheckpointLocalPaymentCreated, nil, p, ev)
+		if err != nil {
+			return err
+		}
+		if inserted {
+			res.Outcome, cp = idem.OutcomeExecute, idem.CheckpointLocalPaymentCreated
+			lease = idem.Lease{Scope: begin.Scope, Token: 1, Owner: begin.Owner}
+			return nil
+		}
+		d, err := store.DecideExisting(ctx, tx, begin)
+		if err != nil {
+			return err
+		}
+		res.Outcome, res.ExpiredRetry = d.Outcome, d.ExpiredRetry
+		if done, err := s.answerExisting(ctx, tx, d, &res); done || err != nil {
+			return err
+		}
+		lease, cp = d.Lease, d.Record.Checkpoint
+		p, ev = s.newPayment(begin.Scope, d.Record.RequestHash, d.Record.Generation, cmd)
+		if cp == idem.CheckpointReceived {
+			if err := store.InsertPayment(ctx, tx, p, ev); err != nil {
+				return err
+			}
+			cp = idem.CheckpointLocalPaymentCreated
+			return store.CheckpointTx(ctx, tx, lease, cp, 0)
+		}
+		return nil
+	})
+	if err != nil || lease.Token == 0 {
+		return s.finishAttempt(ctx, begin, cmd, res, err)
+	}
+	out, err := s.drive(ctx, lease, cp, p)
+	out.Outcome, out.ExpiredRetry = res.Outcome, res.ExpiredRetry
+	return out, err
+}
+
+// drive takes an owned payment from checkpoint cp to a recorded result.
+func (s *Service) drive(ctx context.Context, lease idem.Lease, cp idem.Checkpoint, p store.Payment) (Result, error) {
+	// The provider call and its recording must not be cut short by a client
+	// that hangs up: the answer is recorded for its retry.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*s.cfg.ProviderTimeout)
+	defer cancel()
+	if cp != idem.CheckpointLocalPaymentCreated {
+		// An earlier owner may have reached the provider: ask before acting.
+		ch, err := s.lookup(ctx, p.ProviderKey)
+		switch {
+		case err == nil:
+			return s.confirm(ctx, lease, p, ch)
+		case !errors.Is(err, provider.ErrNotFound):
+			return s.markUnknown(ctx, lease, p, err)
+		}
+	}
+	if err := s.store.ExecTx(ctx, func(tx pgx.Tx) error {
+		return store.CheckpointTx(ctx, tx, lease, idem.CheckpointProviderRequestSent, s.cfg.LockFor)
+	}); err != nil {
+		return Result{}, fenceAsInProgress(err)
+	}
+	callCtx, cancelCall := context.WithTimeout(ctx, s.cfg.ProviderTimeout)
+	ch, err := s.cfg.Provider.Charge(callCtx, provider.ChargeRequest{
+		ProviderKey: p.ProviderKey, AmountMinor: p.AmountMinor, Currency: p.Currency, AccountID: p.AccountID,
+		FencingToken: lease.Token,
+	})
+	cancelCall()
+	switch {
+	case err == nil:
+		return s.confirm(ctx, lease, p, ch)
+	case errors.Is(err, provider.ErrDeclined):
+		return s.decline(ctx, lease, p)
+	case errors.Is(err, provider.ErrUnavailable):
+		return s.retryable(ctx, lease, err)
+	case errors.Is(err, provider.ErrStaleToken):
+		// A newer owner reached the provider first: it will finish.
+		return Result{}, &idem.Error{Code: idem.ECodeInProgress, Message: "Another owner is completing this request; retry later.", Err: err}
+	default:
+		return s.markUnknown(ctx, lease, p, err)
+	}
+}
+
+func (s *Service) lookup(ctx context.Context, key string) (provider.Charge, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ProviderTimeout)
+	defer cancel()
+	return s.cfg.Provider.Lookup(ctx, key)
+}
+
+// confirm records a charge the provider confirmed.
+func (s *Service) confirm(ctx context.Context, lease idem.Lease, p store.Payment, ch provider.Charge) (Result, error) {
+	if ch.AmountMinor != p.AmountMinor || ch.Currency != p.Currency {
+		return s.markUnknown(ctx, lease, p, fmt.Errorf("provider charge %s is %d %s, payment is %d %s", ch.ChargeID, ch.AmountMinor, ch.Currency, p.AmountMinor, p.Currency))
+	}
+	var res Result
+	err := s.store.ExecTx(ctx, func(tx pgx.Tx) error {
+		if err := store.CheckpointTx(ctx, tx, lease, idem.CheckpointProviderConfirmed, 0); err != nil {
+			return err
+		}
+		completion, err := s.completion(ctx, tx, p)
+		if err != nil {
+			return err
+		}
+		if err := store.CompleteTx(ctx, tx, lease, completion); err != nil {
+			return err
+		}
+		res = Result{Response: completion.Response}
+		return store.SetPaymentStatus(ctx, tx, p.Tenant, p.ID, "CONFIRMED", paymentEvent(p, "PaymentConfirmed", "confirmed", map[string]string{"chargeId": ch.ChargeID}))
+	})
+	return res, fenceAsInProgress(err)
+}
+
+// decline records a business rejection: replayed to every retry.
+func (s *Service) decline(ctx context.Context, lease idem.Lease, p store.Payment) (Result, error) {
+	body, err := json.Marshal(struct {
+		ErrorCode string `json:"errorCode"`
+		Message   string `json:"message"`
+		PaymentID string `json:"paymentId"`
+	}{idem.ECodePaymentDeclined, "The payment provider declined the payment.", p.ID})
+	if err != nil {
+		return Result{}, err
+	}
+	resp := idem.Response{Status: 402, Headers: map[string]string{"Content-Type": "application/json"}, Body: body, SchemaVersion: s.cfg.ResponseSchema}
+	err = s.store.ExecTx(ctx, func(tx pgx.Tx) error {
+		if err := store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusFailedReplayable, ErrorCode: idem.ECodePaymentDeclined, Response: &resp}); err != nil {
+			return err
+		}
+		return store.SetPaymentStatus(ctx, tx, p.Tenant, p.ID, "DECLINED", paymentEvent(p, "PaymentDeclined", "declined", nil))
+	})
+	return Result{Response: resp}, fenceAsInProgress(err)
+}
+
+// retryable records a failure that happened before any side effect: the next
+// retry with the key executes again, with the same payment and provider key.
+func (s *Service) retryable(ctx context.Context, lease idem.Lease, cause error) (Result, error) {
+	err := s.store.ExecTx(ctx, func(tx pgx.Tx) error {
+		return store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusFailedRetryable, ErrorCode: idem.ECodeProviderUnavailable})
+	})
+	if err != nil {
+		return Result{}, fenceAsInProgress(err)
+	}
+	return Result{}, &idem.Error{Code: idem.ECodeProviderUnavailable, Message: "The payment provider is unavailable; nothing was charged. Retry with the same key.", Err: cause}
+}
+
+// markUnknown records that the provider may have charged but the answer was
+// lost. Only recovery (a retry or the recovery worker asking the provider)
+// moves the record on; the client gets 202 with a stable code.
+func (s *Service) markUnknown(ctx context.Context, lease idem.Lease, p store.Payment, cause error) (Result, error) {
+	s.logger.WarnContext(ctx, "payment outcome unknown", "tenant", lease.Tenant, "key", lease.Key, "payment", p.ID, "err", cause)
+	err := s.store.ExecTx(ctx, func(tx pgx.Tx) error {
+		return store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusUnknown, ErrorCode: idem.ECodeOutcomeUnknown})
+	})
+	if err != nil {
+		return Result{}, fenceAsInProgress(err)
+	}
+	return Result{Response: unknownResponse(p.ID), Unknown: true}, nil
+}
+
+func unknownResponse(paymentID string) idem.Response {
+	body, _ := json.Marshal(struct {
+		ErrorCode string `json:"errorCode"`
+		Message   string `json:"message"`
+		PaymentID string `json:"paymentId"`
+	}{idem.ECodeOutcomeUnknown, "The payment was sent to the provider but its outcome is not known yet. Retry with the same key; it will never be charged twice.", paymentID})
+	return idem.Response{Status: 202, Headers: map[string]string{"Content-Type": "application/json", "Retry-After": "1"}, Body: body}
+}
+
+// fenceAsInProgress turns "another owner took over" into the in-progress
+// answer: that owner finishes the operation.
+func fenceAsInProgress(err error) error {
+	if errors.Is(err, idem.ErrFenced) {
+		return &idem.Error{Code: idem.ECodeInProgress, Message: "Another owner is completing this request; retry later.", Err: err}
+	}
+	return err
+}
+
+// paymentEvent builds an outbox event about p. Its id is stable
+// ("evt_<paymentId>_<suffix>"), so consumers can deduplicate by it.
+func paymentEvent(p store.Payment, typ, suffix string, extra map[string]string) *store.Event {
+	id := "evt_" + p.ID + "_" + suffix
+	fields := map[string]string{"eventId": id, "type": typ, "paymentId": p.ID, "accountId": p.AccountID,
+		"amount": FormatMinor(p.AmountMinor, p.Currency), "currency": p.Currency}
+	for k, v := range extra {
+		fields[k] = v
+	}
+	payload, _ := json.Marshal(fields)
+	return &store.Event{ID: id, Tenant: p.Tenant, AggregateID: p.ID, Type: typ, Payload: payload}
+}

@@ -1,0 +1,270 @@
+package payments_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/internal/pgtest"
+	"github.com/idemcoord/idem/internal/storetest"
+	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/provider"
+	"github.com/idemcoord/idem/store"
+)
+
+func TestMain(m *testing.M) {
+	code := pgtest.Main(m)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+const article = `{"accountId":"acc_1","amount":"10.00","currency":"EUR","merchantReference":"invoice-7781"}`
+
+type fixture struct {
+	t        *testing.T
+	st       *store.Store
+	svc      *payments.Service
+	provider *provider.Client
+}
+
+// newFixture starts a real provider simulator over HTTP and a payment
+// service using it, on a fresh database.
+func newFixture(t *testing.T, cfg payments.Config) *fixture {
+	t.Helper()
+	st, _ := storetest.New(t)
+	sim, err := provider.NewServer(provider.Config{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(sim.Handler())
+	t.Cleanup(func() { hs.Close(); _ = sim.Close() })
+	client := &provider.Client{BaseURL: hs.URL}
+	cfg.Provider = client
+	if cfg.LockFor == 0 {
+		cfg.LockFor = 30 * time.Second
+	}
+	return &fixture{t: t, st: st, svc: payments.NewService(st, cfg), provider: client}
+}
+
+func (f *fixture) fault(mode provider.FaultMode, times int, delay time.Duration) {
+	f.t.Helper()
+	if err := f.provider.SetFault(context.Background(), provider.Fault{Mode: mode, Times: times, Delay: delay}); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *fixture) create(key string) (payments.Result, error) {
+	return f.svc.Create(context.Background(), payments.Request{Tenant: "tenant-a", Key: key, Body: []byte(article)})
+}
+
+func (f *fixture) charges() provider.ChargeCounts {
+	f.t.Helper()
+	c, err := f.provider.Charges(context.Background())
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return c
+}
+
+func (f *fixture) record(key string) *idem.Record {
+	f.t.Helper()
+	rec, err := f.st.Get(context.Background(), idem.Scope{Tenant: "tenant-a", Operation: payments.Operation, Key: key})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return rec
+}
+
+func paymentIDOf(t *testing.T, body []byte) string {
+	t.Helper()
+	var v struct{ PaymentID, ID string }
+	if err := json.Unmarshal(body, &v); err != nil {
+		t.Fatalf("body %s: %v", body, err)
+	}
+	return v.PaymentID + v.ID
+}
+
+// TestLostProviderAnswer: the provider charges, the answer is lost, the client
+// retries: one charge, the same payment id, and the final answer replayed.
+func TestLostProviderAnswer(t *testing.T) {
+	f := newFixture(t, payments.Config{})
+	f.fault(provider.FaultLoseAnswer, 1, 0)
+	first, err := f.create("abc-123")
+	if err != nil || first.Response.Status != 202 || !first.Unknown || !bytes.Contains(first.Response.Body, []byte(idem.ECodeOutcomeUnknown)) {
+		t.Fatalf("first = %d %s, %v; want 202 %s", first.Response.Status, first.Response.Body, err, idem.ECodeOutcomeUnknown)
+	}
+	id := paymentIDOf(t, first.Response.Body)
+	if rec := f.record("abc-123"); rec.Status != idem.StatusUnknown || rec.Checkpoint != idem.CheckpointProviderRequestSent {
+		t.Fatalf("record = %s/%s, want UNKNOWN at PROVIDER_REQUEST_SENT", rec.Status, rec.Checkpoint)
+	}
+	retry, err := f.create("abc-123")
+	if err != nil || retry.Response.Status != 201 || paymentIDOf(t, retry.Response.Body) != id {
+		t.Fatalf("retry = %d %s, %v; want 201 for %s", retry.Response.Status, retry.Response.Body, err, id)
+	}
+	again, err := f.create("abc-123")
+	if err != nil || !again.Replayed || !bytes.Equal(again.Response.Body, retry.Response.Body) {
+		t.Errorf("second retry = %+v, %v; want a replay of %s", again, err, retry.Response.Body)
+	}
+	c := f.charges()
+	if c.Total != 1 || c.ByKey[payments.ProviderKey(id)] != 1 {
+		t.Errorf("provider charges = %+v, want exactly one for %s", c, payments.ProviderKey(id))
+	}
+	if n := storetest.Count(t, f.st, `SELECT count(*) FROM payments WHERE status = 'CONFIRMED'`); n != 1 {
+		t.Errorf("%d confirmed payments, want 1", n)
+	}
+}
+
+// TestDeclineReplayed: a decline is a deterministic business rejection,
+// replayed to every retry without asking the provider again.
+func TestDeclineReplayed(t *testing.T) {
+	f := newFixture(t, payments.Config{})
+	f.fault(provider.FaultDecline, 1, 0)
+	first, err := f.create("k-decline")
+	if err != nil || first.Response.Status != 402 || !bytes.Contains(first.Response.Body, []byte(idem.ECodePaymentDeclined)) {
+		t.Fatalf("first = %d %s, %v; want 402 PAYMENT_DECLINED", first.Response.Status, first.Response.Body, err)
+	}
+	retry, err := f.create("k-decline")
+	if err != nil || !retry.Replayed || retry.Response.Status != 402 || !bytes.Equal(retry.Response.Body, first.Response.Body) {
+		t.Errorf("retry = %d %s replayed=%v, %v; want the same 402 replayed", retry.Response.Status, retry.Response.Body, retry.Replayed, err)
+	}
+	if rec := f.record("k-decline"); rec.Status != idem.StatusFailedReplayable {
+		t.Errorf("record status = %s, want FAILED_REPLAYABLE", rec.Status)
+	}
+	if c := f.charges(); c.Total != 0 {
+		t.Errorf("charges = %+v, want none", c)
+	}
+}
+
+// TestProvider5xxRetriedWithSameKey: a 5xx before any charge is retryable; the
+// retry executes again with the same payment id and provider key.
+func TestProvider5xxRetriedWithSameKey(t *testing.T) {
+	f := newFixture(t, payments.Config{})
+	f.fault(provider.FaultFail, 1, 0)
+	_, err := f.create("k-5xx")
+	if idem.ErrorCode(err) != idem.ECodeProviderUnavailable {
+		t.Fatalf("first = %v, want %s", err, idem.ECodeProviderUnavailable)
+	}
+	rec := f.record("k-5xx")
+	if rec.Status != idem.StatusFailedRetryable {
+		t.Fatalf("record = %s, want FAILED_RETRYABLE", rec.Status)
+	}
+	retry, err := f.create("k-5xx")
+	if err != nil || retry.Response.Status != 201 || retry.Replayed {
+		t.Fatalf("retry = %+v, %v; want a fresh 201", retry, err)
+	}
+	id := paymentIDOf(t, retry.Response.Body)
+	if id != rec.ResourceID {
+		t.Errorf("retry paid %s, the first attempt had %s", id, rec.ResourceID)
+	}
+	if c := f.charges(); c.Total != 1 || c.ByKey[payments.ProviderKey(id)] != 1 {
+		t.Errorf("charges = %+v, want one for %s", c, payments.ProviderKey(id))
+	}
+	if n := storetest.Count(t, f.st, `SELECT count(*) FROM payments`); n != 1 {
+		t.Errorf("%d payments, want 1", n)
+	}
+}
+
+// TestRecoveryWorkerSettlesUnknown: nobody retries; the worker asks the
+// provider and completes the record, so the client's later retry replays.
+func TestRecoveryWorkerSettlesUnknown(t *testing.T) {
+	f := newFixture(t, payments.Config{})
+	f.fault(provider.FaultLoseAnswer, 1, 0)
+	first, _ := f.create("k-worker")
+	if !first.Unknown {
+		t.Fatalf("first = %+v, want unknown", first)
+	}
+	out, err := f.svc.RecoverBatch(context.Background(), 10)
+	if err != nil || out[payments.RecoveryCompleted] != 1 {
+		t.Fatalf("RecoverBatch = %v, %v; want 1 completed", out, err)
+	}
+	if rec := f.record("k-worker"); rec.Status != idem.StatusCompleted || rec.Attempts != 2 {
+		t.Errorf("record = %s attempts %d, want COMPLETED after one recovery", rec.Status, rec.Attempts)
+	}
+	retry, err := f.create("k-worker")
+	if err != nil || !retry.Replayed || retry.Response.Status != 201 {
+		t.Errorf("retry = %+v, %v; want a 201 replay", retry, err)
+	}
+	if c := f.charges(); c.Total != 1 {
+		t.Errorf("charges = %+v, want 1", c)
+	}
+	if out, _ := f.svc.RecoverBatch(context.Background(), 10); len(out) != 0 {
+		t.Errorf("second pass found work: %v", out)
+	}
+}
+
+// TestRecoveryWorkerLeavesUnreachableProviderUnknown: a record whose provider
+// cannot be asked stays UNKNOWN and is never guessed.
+func TestRecoveryWorkerLeavesUnreachableProviderUnknown(t *testing.T) {
+	f := newFixture(t, payments.Config{ProviderTimeout: 500 * time.Millisecond})
+	f.fault(provider.FaultLoseAnswer, 1, 0)
+	if first, _ := f.create("k-down"); !first.Unknown {
+		t.Fatalf("first = %+v, want unknown", first)
+	}
+	down := payments.NewService(f.st, payments.Config{Provider: &provider.Client{BaseURL: "http://127.0.0.1:1"}, LockFor: 30 * time.Second, ProviderTimeout: 500 * time.Millisecond})
+	out, err := down.RecoverBatch(context.Background(), 10)
+	if err != nil || out[payments.RecoveryUnknown] != 1 {
+		t.Fatalf("RecoverBatch = %v, %v; want 1 unknown", out, err)
+	}
+	if rec := f.record("k-down"); rec.Status != idem.StatusUnknown {
+		t.Errorf("record = %s, want UNKNOWN_REQUIRES_RECOVERY", rec.Status)
+	}
+}
+
+// TestReplayAcrossSchemaChange: a payment answered in v2, then the node is
+// redeployed with v3. replay-as-stored returns the v2 bytes; the
+// reconstruct-current rule rebuilds the v3 representation.
+func TestReplayAcrossSchemaChange(t *testing.T) {
+	st, _ := storetest.New(t)
+	req := payments.Request{Tenant: "tenant-a", Key: "deploy-1", Body: []byte(article)}
+	v2 := payments.NewService(st, payments.Config{ResponseSchema: "v2"})
+	first, err := v2.Create(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := paymentIDOf(t, first.Response.Body)
+
+	asStored := payments.NewService(st, payments.Config{ResponseSchema: "v3"})
+	got, err := asStored.Create(context.Background(), req)
+	if err != nil || !got.Replayed || !bytes.Equal(got.Response.Body, first.Response.Body) || got.Response.SchemaVersion != "v2" {
+		t.Errorf("replay-as-stored = %s (%s), %v; want the v2 bytes %s", got.Response.Body, got.Response.SchemaVersion, err, first.Response.Body)
+	}
+
+	current := payments.NewService(st, payments.Config{ResponseSchema: "v3", ReplayRule: payments.ReconstructCurrent})
+	got, err = current.Create(context.Background(), req)
+	if err != nil || !got.Replayed || got.Response.Status != 201 {
+		t.Fatalf("reconstruct-current = %+v, %v", got, err)
+	}
+	var v3 map[string]any
+	if err := json.Unmarshal(got.Response.Body, &v3); err != nil {
+		t.Fatal(err)
+	}
+	if v3["id"] != id || v3["state"] != "PENDING" || v3["createdAt"] == nil || v3["paymentId"] != nil {
+		t.Errorf("reconstructed body = %s, want v3 with id %s", got.Response.Body, id)
+	}
+	// A new payment under v3 is answered (and stored) in v3.
+	fresh, err := current.Create(context.Background(), payments.Request{Tenant: "tenant-a", Key: "deploy-2",
+		Body: []byte(strings.Replace(article, "invoice-7781", "invoice-7782", 1))})
+	if err != nil || fresh.Response.SchemaVersion != "v3" || !bytes.Contains(fresh.Response.Body, []byte(`"state":"PENDING"`)) {
+		t.Errorf("v3 create = %s (%s), %v", fresh.Response.Body, fresh.Response.SchemaVersion, err)
+	}
+	if err := (payments.Config{ResponseSchema: "v9"}).Validate(); err == nil {
+		t.Error("unknown schema accepted")
+	}
+	if err := (payments.Config{ReplayRule: "guess"}).Validate(); err == nil {
+		t.Error("unknown replay rule accepted")
+	}
+}

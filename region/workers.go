@@ -1,0 +1,118 @@
+package region
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemcoord/idem/store"
+)
+
+// WorkerConfig configures a node's background workers. A zero interval
+// disables that worker.
+type WorkerConfig struct {
+	// RecoveryInterval is how often stale and unknown payments are
+	// reconciled with the provider. Suggested: 5s.
+	RecoveryInterval time.Duration
+	// RecoveryBatch bounds one recovery pass. Default 50.
+	RecoveryBatch int
+	// CleanupInterval is how often expired records are pruned and deleted.
+	// Suggested: 1m.
+	CleanupInterval time.Duration
+	// Cleanup bounds what a cleanup pass does.
+	Cleanup store.CleanupConfig
+	// OutboxInterval is how often the outbox is published and consumers and
+	// the email sender run. Suggested: 200ms.
+	OutboxInterval time.Duration
+	// OutboxBatch bounds one publish or consume batch. Default 100.
+	OutboxBatch int
+	// DuplicateDelivery delivers every outbox event twice (a fault the chaos
+	// harness and tests use to prove that consumers deduplicate).
+	DuplicateDelivery bool
+}
+
+type workerMetrics struct {
+	recovery       *prometheus.CounterVec
+	bodiesPruned   prometheus.Counter
+	recordsDeleted prometheus.Counter
+	workerErrors   *prometheus.CounterVec
+}
+
+func newWorkerMetrics(reg prometheus.Registerer) (*workerMetrics, error) {
+	m := &workerMetrics{
+		recovery: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idempotency_recovery_total", Help: "Records handled by the recovery worker, by outcome (completed, released, declined, unknown, skipped).",
+		}, []string{"outcome"}),
+		bodiesPruned: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idempotency_cleanup_bodies_pruned_total", Help: "Response bodies dropped from records past their window.",
+		}),
+		recordsDeleted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idempotency_cleanup_records_deleted_total", Help: "Expired record metadata deleted.",
+		}),
+		workerErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idempotency_worker_errors_total", Help: "Failed background worker passes, by worker.",
+		}, []string{"worker"}),
+	}
+	for _, c := range []prometheus.Collector{m.recovery, m.bodiesPruned, m.recordsDeleted, m.workerErrors} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// StartWorkers starts the node's background workers: recovery, cleanup and
+// the outbox. They stop when ctx is done or the server is closed; Close waits
+// for them.
+func (s *Server) StartWorkers(ctx context.Context, cfg WorkerConfig) {
+	if cfg.RecoveryBatch <= 0 {
+		cfg.RecoveryBatch = 50
+	}
+	if cfg.OutboxBatch <= 0 {
+		cfg.OutboxBatch = 100
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	s.stopWorkers = cancel
+	s.every(ctx, "recovery", cfg.RecoveryInterval, func(ctx context.Context) error {
+		out, err := s.payments.RecoverBatch(ctx, cfg.RecoveryBatch)
+		for outcome, n := range out {
+			s.workerMetrics.recovery.WithLabelValues(outcome).Add(float64(n))
+		}
+		return err
+	})
+	s.every(ctx, "cleanup", cfg.CleanupInterval, func(ctx context.Context) error {
+		res, err := s.store.Cleanup(ctx, cfg.Cleanup)
+		s.workerMetrics.bodiesPruned.Add(float64(res.BodiesPruned))
+		s.workerMetrics.recordsDeleted.Add(float64(res.RecordsDeleted))
+		return err
+	})
+	s.startOutbox(ctx, cfg)
+}
+
+// every runs fn every interval until ctx is done; failures are logged and
+// counted, never fatal.
+func (s *Server) every(ctx context.Context, name string, interval time.Duration, fn func(context.Context) error) {
+	if interval <= 0 {
+		return
+	}
+	s.workers.Go(func() {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if err := fn(ctx); err != nil && ctx.Err() == nil {
+				s.workerMetrics.workerErrors.WithLabelValues(name).Inc()
+				s.logger.WarnContext(ctx, "background worker failed", "worker", name, "err", err)
+			}
+		}
+	})
+}
+
+// workerGroup is embedded in Server.
+type workerGroup = sync.WaitGroup
