@@ -281,8 +281,8 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 			t.Errorf("concurrent Migrate: %v", err)
 		}
 	}
-	if n := storetest.Count(t, st, `SELECT count(*) FROM schema_migrations`); n != 2 {
-		t.Errorf("schema_migrations has %d rows, want 2", n)
+	if n := storetest.Count(t, st, `SELECT count(*) FROM schema_migrations`); n != 3 {
+		t.Errorf("schema_migrations has %d rows, want 3", n)
 	}
 }
 

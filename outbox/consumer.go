@@ -1,0 +1,295 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemcoord/idem/store"
+)
+
+// Inbox statuses (consumer_inbox.status).
+const (
+	// InboxProcessed marks a message whose handler's effect committed.
+	InboxProcessed = "PROCESSED"
+	// InboxRejected marks a message its handler refused for good (see
+	// Reject); error_code says why.
+	InboxRejected = "REJECTED"
+)
+
+// ErrUnknownConsumer is returned (wrapped) by ConsumeBatch for a consumer
+// name with no handler.
+var ErrUnknownConsumer = errors.New("unknown consumer")
+
+// Message is one delivery of an outbox event to a consumer.
+type Message struct {
+	// DeliveryID identifies this delivery (queue_messages.delivery_id).
+	DeliveryID string
+	// Consumer is the consumer the message was delivered to.
+	Consumer string
+	// ID is the message id: the outbox event id. Several deliveries may
+	// carry the same ID.
+	ID string
+	// Type is the event type, such as PaymentConfirmed.
+	Type string
+	// Tenant is the tenant the event belongs to.
+	Tenant string
+	// Payload is the event's JSON payload.
+	Payload json.RawMessage
+	// EnqueuedAt is when the publisher enqueued the delivery (store clock).
+	EnqueuedAt time.Time
+}
+
+// Handler applies a message's durable effect through q, which is the
+// consumer's transaction: the effect commits with the message's inbox row or
+// not at all. A handler runs at most once per (consumer, message) to
+// completion, but may run again after a failure or a retried transaction, so
+// it must have no effect outside q. It returns Reject for a message it can
+// never process; any other error leaves the message pending for a later
+// batch.
+type Handler func(ctx context.Context, q store.Querier, msg Message) error
+
+// RejectError is a handler's verdict that a message can never be processed
+// (a malformed payload, an event type it does not handle). The message is
+// recorded in the inbox as REJECTED with Code, and its delivery is marked
+// processed.
+type RejectError struct {
+	// Code is stored as consumer_inbox.error_code.
+	Code string
+	// Err is the reason, if any.
+	Err error
+}
+
+// Reject returns a *RejectError with code and reason err (which may be nil).
+func Reject(code string, err error) error { return &RejectError{Code: code, Err: err} }
+
+// Error implements error.
+func (e *RejectError) Error() string {
+	if e.Err == nil {
+		return "outbox: message rejected: " + e.Code
+	}
+	return fmt.Sprintf("outbox: message rejected: %s: %v", e.Code, e.Err)
+}
+
+// Unwrap returns the reason.
+func (e *RejectError) Unwrap() error { return e.Err }
+
+// HandlerError reports a handler failure for one delivery, whose message was
+// left pending.
+type HandlerError struct {
+	// Consumer is the consumer whose handler failed.
+	Consumer string
+	// MessageID is the message (outbox event) id.
+	MessageID string
+	// DeliveryID is the delivery that stays pending.
+	DeliveryID string
+	// Err is the handler's error.
+	Err error
+}
+
+// Error implements error.
+func (e *HandlerError) Error() string {
+	return fmt.Sprintf("outbox: consumer %s: message %s (delivery %s): %v", e.Consumer, e.MessageID, e.DeliveryID, e.Err)
+}
+
+// Unwrap returns the handler's error.
+func (e *HandlerError) Unwrap() error { return e.Err }
+
+// Stats counts what one ConsumeBatch committed.
+type Stats struct {
+	// Processed counts deliveries whose handler ran and whose effect
+	// committed.
+	Processed int
+	// Duplicates counts deliveries of messages the consumer had already
+	// processed (or rejected): they were only marked processed.
+	Duplicates int
+	// Rejected counts deliveries whose handler returned Reject.
+	Rejected int
+	// Failed counts deliveries whose handler failed; they stay pending.
+	Failed int
+}
+
+// ConsumerOption configures Consumers.
+type ConsumerOption func(*Consumers)
+
+// WithHandler registers h as the handler of consumer name, replacing a
+// built-in one of the same name.
+func WithHandler(name string, h Handler) ConsumerOption {
+	return func(c *Consumers) { c.handlers[name] = h }
+}
+
+// Consumers runs consumers' handlers over their queued deliveries. Any number
+// of Consumers may run the same consumer at once, on any nodes. It is safe
+// for concurrent use.
+type Consumers struct {
+	st       *store.Store
+	handlers map[string]Handler
+}
+
+// NewConsumers returns the built-in consumers (ConsumerLedger with
+// HandleLedger, ConsumerReceiptEmail with HandleReceiptEmail) plus those of
+// opts.
+func NewConsumers(st *store.Store, opts ...ConsumerOption) *Consumers {
+	c := &Consumers{st: st, handlers: map[string]Handler{
+		ConsumerLedger:       HandleLedger,
+		ConsumerReceiptEmail: HandleReceiptEmail,
+	}}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
+}
+
+// ConsumeBatch processes up to limit of consumer's pending deliveries, oldest
+// first, in one transaction (fewer round trips and commits than one per
+// message; concurrent batches take disjoint rows through FOR UPDATE SKIP
+// LOCKED). For each delivery it inserts the (consumer, message) inbox row
+// first: a conflict means a duplicate, which is only marked processed;
+// otherwise the handler runs in the same transaction and the delivery is
+// marked processed, so the effect, the inbox row and the mark commit
+// together.
+//
+// Each delivery runs under a savepoint. When a handler fails, its delivery
+// is rolled back to that savepoint (no inbox row, no partial effect, still
+// pending) and the rest of the batch commits: ConsumeBatch then returns the
+// committed Stats together with an error joining one *HandlerError per
+// failure. When a handler returns Reject, the message is recorded as REJECTED
+// and its delivery processed. A serialization failure, a lost connection or
+// a cancelled context aborts the whole batch (the store retries
+// serialization failures); ConsumeBatch then returns zero Stats and the error.
+func (c *Consumers) ConsumeBatch(ctx context.Context, consumer string, limit int) (Stats, error) {
+	h, ok := c.handlers[consumer]
+	if !ok {
+		return Stats{}, fmt.Errorf("outbox: consume %q: %w", consumer, ErrUnknownConsumer)
+	}
+	if limit < 1 {
+		return Stats{}, fmt.Errorf("outbox: consume %s: %w", consumer, errInvalidLimit)
+	}
+	var (
+		stats    Stats
+		failures []error
+	)
+	err := c.st.ExecTx(ctx, func(tx pgx.Tx) error {
+		stats, failures = Stats{}, nil
+		msgs, err := pendingDeliveries(ctx, tx, consumer, limit)
+		if err != nil {
+			return err
+		}
+		done := make([]string, 0, len(msgs))
+		for _, m := range msgs {
+			res, err := deliver(ctx, tx, h, m)
+			if err != nil {
+				return err
+			}
+			switch {
+			case res.duplicate:
+				stats.Duplicates++
+			case res.rejected:
+				stats.Rejected++
+			case res.failure != nil:
+				stats.Failed++
+				failures = append(failures, &HandlerError{Consumer: consumer, MessageID: m.ID, DeliveryID: m.DeliveryID, Err: res.failure})
+				continue // still pending
+			default:
+				stats.Processed++
+			}
+			done = append(done, m.DeliveryID)
+		}
+		if len(done) == 0 {
+			return nil
+		}
+		_, err = tx.Exec(ctx, `UPDATE queue_messages SET processed_at = now() WHERE delivery_id = ANY ($1::UUID[])`, done)
+		return err
+	})
+	if err != nil {
+		return Stats{}, fmt.Errorf("outbox: consume %s: %w", consumer, err)
+	}
+	return stats, errors.Join(failures...)
+}
+
+// pendingDeliveries locks up to limit of consumer's unprocessed deliveries
+// that no concurrent batch holds.
+func pendingDeliveries(ctx context.Context, tx pgx.Tx, consumer string, limit int) ([]Message, error) {
+	rows, err := tx.Query(ctx, `SELECT delivery_id::TEXT, message_id, event_type, tenant_id, payload, enqueued_at
+		FROM queue_messages
+		WHERE consumer_name = $1 AND processed_at IS NULL
+		ORDER BY enqueued_at
+		LIMIT $2
+		FOR UPDATE SKIP LOCKED`, consumer, limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Message, error) {
+		m := Message{Consumer: consumer}
+		var payload []byte
+		err := row.Scan(&m.DeliveryID, &m.ID, &m.Type, &m.Tenant, &payload, &m.EnqueuedAt)
+		m.Payload = payload
+		return m, err
+	})
+}
+
+// result is what became of one delivery.
+type result struct {
+	duplicate, rejected bool
+	failure             error // the handler's error; the delivery stays pending
+}
+
+// deliver claims m's inbox row and runs h, under a savepoint of tx. A
+// non-nil error aborts the batch.
+func deliver(ctx context.Context, tx pgx.Tx, h Handler, m Message) (result, error) {
+	sp, err := tx.Begin(ctx) // SAVEPOINT
+	if err != nil {
+		return result{}, err
+	}
+	tag, err := sp.Exec(ctx, `INSERT INTO consumer_inbox (consumer_name, message_id, status, processed_at)
+		VALUES ($1, $2, $3, now()) ON CONFLICT (consumer_name, message_id) DO NOTHING`, m.Consumer, m.ID, InboxProcessed)
+	if err != nil {
+		return result{}, err // the transaction is rolled back as a whole
+	}
+	if tag.RowsAffected() == 0 {
+		return result{duplicate: true}, sp.Commit(ctx) // RELEASE SAVEPOINT
+	}
+	herr := h(ctx, sp, m)
+	if herr == nil {
+		return result{}, sp.Commit(ctx)
+	}
+	if abortsBatch(ctx, herr) {
+		return result{}, herr
+	}
+	if err := sp.Rollback(ctx); err != nil { // ROLLBACK TO SAVEPOINT
+		return result{}, fmt.Errorf("roll back failed delivery %s: %w (handler: %w)", m.DeliveryID, err, herr)
+	}
+	var rej *RejectError
+	if !errors.As(herr, &rej) {
+		return result{failure: herr}, nil
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO consumer_inbox (consumer_name, message_id, status, processed_at, error_code)
+		VALUES ($1, $2, $3, now(), $4) ON CONFLICT (consumer_name, message_id) DO NOTHING`, m.Consumer, m.ID, InboxRejected, rej.Code); err != nil {
+		return result{}, err
+	}
+	return result{rejected: true}, nil
+}
+
+// abortsBatch reports whether a handler's error must abort the whole batch
+// rather than fail one delivery: the transaction can no longer commit (a
+// serialization failure or deadlock, which the store retries), the
+// connection is gone, or the caller gave up.
+func abortsBatch(ctx context.Context, err error) bool {
+	if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		class := pgErr.Code[:min(2, len(pgErr.Code))]
+		return class == "40" || class == "08" || class == "57" || class == "53"
+	}
+	var netErr net.Error
+	return errors.As(err, &netErr) || pgconn.Timeout(err) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+}
