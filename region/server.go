@@ -95,6 +95,7 @@ func NewServer(cfg Config, st *store.Store, pay *payments.Service) (*Server, err
 	mux.HandleFunc("POST /payments", s.authenticated(s.handleCreatePayment))
 	mux.HandleFunc("GET /payments/{id}", s.authenticated(s.handleGetPayment))
 	mux.HandleFunc("GET /v1/idempotency/records/{operation}/{key}", s.authenticated(s.handleGetRecord))
+	s.registerCoordination(mux)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "region": cfg.Region})
