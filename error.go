@@ -18,6 +18,7 @@ const (
 	ECodeOutcomeUnknown        = "PAYMENT_OUTCOME_UNKNOWN"
 	ECodeRoutingLoop           = "IDEMPOTENCY_ROUTING_LOOP"
 	ECodeNotHome               = "TENANT_NOT_SERVED_HERE"
+	ECodeReconciliationPending = "IDEMPOTENCY_RECONCILIATION_PENDING"
 	ECodeUnauthenticated       = "UNAUTHENTICATED"
 	ECodeRequestMalformed      = "REQUEST_MALFORMED"
 	ECodeValidationFailed      = "REQUEST_VALIDATION_FAILED"

@@ -38,7 +38,11 @@ type Provider interface {
 // A request that takes over a record past PROVIDER_REQUEST_SENT asks the
 // provider first (Lookup by provider key) and only charges when the provider
 // has no charge for the key, with the same key, so it can never charge twice.
-func (s *Service) attemptWithProvider(ctx context.Context, begin idem.BeginRequest, cmd Command) (Result, error) {
+//
+// When uncertain (see Request.Uncertain), a fresh claim is treated like a
+// takeover past PROVIDER_REQUEST_SENT: the provider is asked first, so a
+// charge the old region made is found, not repeated.
+func (s *Service) attemptWithProvider(ctx context.Context, begin idem.BeginRequest, cmd Command, uncertain bool) (Result, error) {
 	var (
 		res   Result
 		lease idem.Lease
@@ -55,6 +59,9 @@ func (s *Service) attemptWithProvider(ctx context.Context, begin idem.BeginReque
 		}
 		if inserted {
 			res.Outcome, cp = idem.OutcomeExecute, idem.CheckpointLocalPaymentCreated
+			if uncertain {
+				cp = idem.CheckpointProviderRequestSent
+			}
 			lease = idem.Lease{Scope: begin.Scope, Token: 1, Owner: begin.Owner}
 			return nil
 		}

@@ -124,6 +124,13 @@ type Request struct {
 	// Wait is how long the client asked to wait for an in-progress original
 	// (Prefer: wait=N); 0 answers at once.
 	Wait time.Duration
+	// Uncertain is set when the tenant failed over to this region within the
+	// replay window and the old region's records were not handed over: a key
+	// unknown here may have been executed there. With a provider, a new claim
+	// asks the provider before it charges; without one there is nothing to
+	// ask, so a new key is refused (503 IDEMPOTENCY_RECONCILIATION_PENDING)
+	// until the handover or the window's end.
+	Uncertain bool
 }
 
 // Result is the answer to a Request.
@@ -165,7 +172,7 @@ func (s *Service) Create(ctx context.Context, req Request) (Result, error) {
 	wait := min(req.Wait, MaxWait)
 	poll := 20 * time.Millisecond
 	for {
-		res, err := s.attempt(ctx, begin, cmd)
+		res, err := s.attempt(ctx, begin, cmd, req.Uncertain)
 		if err == nil || idem.ErrorCode(err) != idem.ECodeInProgress || wait <= 0 {
 			return res, err
 		}
@@ -180,9 +187,17 @@ func (s *Service) Create(ctx context.Context, req Request) (Result, error) {
 
 // attempt runs one claim. Without a provider the whole operation is one
 // transaction; with one, see attemptWithProvider.
-func (s *Service) attempt(ctx context.Context, begin idem.BeginRequest, cmd Command) (Result, error) {
+func (s *Service) attempt(ctx context.Context, begin idem.BeginRequest, cmd Command, uncertain bool) (Result, error) {
 	if s.cfg.Provider != nil {
-		return s.attemptWithProvider(ctx, begin, cmd)
+		return s.attemptWithProvider(ctx, begin, cmd, uncertain)
+	}
+	if uncertain {
+		if _, err := s.store.Get(ctx, begin.Scope); errors.Is(err, idem.ErrRecordNotFound) {
+			return Result{}, idem.Errorf(idem.ECodeReconciliationPending,
+				"This tenant moved regions recently and this key may have been used in its old region; retry after the handover.")
+		} else if err != nil {
+			return Result{}, err
+		}
 	}
 	var res Result
 	err := s.store.ExecTx(ctx, func(tx pgx.Tx) error {

@@ -20,6 +20,7 @@ var codeStatus = map[string]int{
 	idem.ECodeOutcomeUnknown:        http.StatusAccepted,
 	idem.ECodeRoutingLoop:           http.StatusLoopDetected,
 	idem.ECodeNotHome:               http.StatusServiceUnavailable,
+	idem.ECodeReconciliationPending: http.StatusServiceUnavailable,
 	idem.ECodeUnauthenticated:       http.StatusUnauthorized,
 	idem.ECodeRequestMalformed:      http.StatusUnprocessableEntity,
 	idem.ECodeValidationFailed:      http.StatusUnprocessableEntity,
@@ -58,7 +59,7 @@ func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 		logger.ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path, "code", code, "err", err)
 	}
 	switch code {
-	case idem.ECodeInProgress, idem.ECodeStoreUnavailable, idem.ECodeUnavailable, idem.ECodeNotHome, idem.ECodeProviderUnavailable:
+	case idem.ECodeInProgress, idem.ECodeStoreUnavailable, idem.ECodeUnavailable, idem.ECodeNotHome, idem.ECodeProviderUnavailable, idem.ECodeReconciliationPending:
 		w.Header().Set("Retry-After", "1")
 	}
 	writeJSON(w, status, errorBody{ErrorCode: code, Message: idem.ErrorMessage(err)})

@@ -20,6 +20,7 @@ type metrics struct {
 	unknownStates     *prometheus.CounterVec
 	latency           *prometheus.HistogramVec
 	httpDuration      *prometheus.HistogramVec
+	forwarded         *prometheus.CounterVec
 	inProgressAgeDesc *prometheus.Desc
 	store             *store.Store
 }
@@ -52,12 +53,15 @@ func newMetrics(reg prometheus.Registerer, st *store.Store) (*metrics, error) {
 			Name: "http_request_duration_seconds", Help: "HTTP request latency, by route and status code.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}, []string{"route", "code"}),
+		forwarded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idempotency_forwarded_total", Help: "Requests forwarded to the tenant's home region, by home region.",
+		}, []string{"home_region"}),
 		inProgressAgeDesc: prometheus.NewDesc("idempotency_in_progress_age_max_seconds",
 			"Age of the oldest record in IN_PROGRESS, by the store's clock (0 when none).", nil, nil),
 		store: st,
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.replays, m.conflicts, m.inProgress, m.expiredRetries,
-		m.unknownStates, m.latency, m.httpDuration, m} {
+		m.unknownStates, m.latency, m.httpDuration, m.forwarded, m} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/routing"
 	"github.com/idemcoord/idem/store"
 )
 
@@ -44,6 +45,11 @@ type Config struct {
 	// Registry receives the node's metrics and serves /metrics. Default: a
 	// new registry.
 	Registry *prometheus.Registry
+	// Router decides which tenants this node serves and forwards the rest
+	// to their home region. Nil serves every tenant here (single region).
+	Router *routing.Router
+	// NodeID names the node in Idem-Forwarded-By. Default: Region.
+	NodeID string
 }
 
 // Server is a regional node's HTTP server. Create it with NewServer, start it
@@ -60,7 +66,8 @@ type Server struct {
 	http *http.Server
 	done chan error
 
-	workerMetrics *workerMetrics
+	forwardTransport http.RoundTripper
+	workerMetrics    *workerMetrics
 	workers       workerGroup
 	stopWorkers   context.CancelFunc
 }
@@ -82,6 +89,9 @@ func NewServer(cfg Config, st *store.Store, pay *payments.Service) (*Server, err
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
+	if cfg.NodeID == "" {
+		cfg.NodeID = cfg.Region
+	}
 	m, err := newMetrics(cfg.Registry, st)
 	if err != nil {
 		return nil, fmt.Errorf("region: register metrics: %w", err)
@@ -90,7 +100,8 @@ func NewServer(cfg Config, st *store.Store, pay *payments.Service) (*Server, err
 	if err != nil {
 		return nil, fmt.Errorf("region: register metrics: %w", err)
 	}
-	s := &Server{cfg: cfg, store: st, payments: pay, metrics: m, workerMetrics: wm, logger: cfg.Logger}
+	s := &Server{cfg: cfg, store: st, payments: pay, metrics: m, workerMetrics: wm, logger: cfg.Logger,
+		forwardTransport: http.DefaultTransport.(*http.Transport).Clone()}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /payments", s.authenticated(s.handleCreatePayment))
 	mux.HandleFunc("GET /payments/{id}", s.authenticated(s.handleGetPayment))
@@ -175,7 +186,7 @@ func (s *Server) authenticated(h tenantHandler) http.HandlerFunc {
 			writeError(w, r, s.logger, idem.Errorf(idem.ECodeUnauthenticated, "A valid bearer token is required."))
 			return
 		}
-		h(w, r, tenant)
+		s.routed(h)(w, r, tenant)
 	}
 }
 
@@ -208,6 +219,7 @@ func (s *Server) handleCreatePayment(w http.ResponseWriter, r *http.Request, ten
 	}
 	res, err := s.payments.Create(r.Context(), payments.Request{
 		Tenant: tenant, Key: key[0], Body: body, APIVersion: r.Header.Get("Api-Version"), Wait: preferWait(r.Header),
+		Uncertain: routeOf(r.Context()).Uncertain,
 	})
 	s.observe(payments.Operation, res, err, time.Since(start))
 	window := strconv.FormatInt(int64(s.payments.Window()/time.Second), 10)

@@ -1,0 +1,31 @@
+package routing
+
+import "strings"
+
+// Key layout in etcd.
+const (
+	// PlacementPrefix + tenant holds a tenant's placement.
+	PlacementPrefix = "/idem/placement/tenants/"
+	// RegionsPrefix + region + "/nodes/" + node id holds a live node.
+	RegionsPrefix = "/idem/regions/"
+	// FailoverPrefix + tenant records the tenant's last failover.
+	FailoverPrefix = "/idem/failovers/"
+	// LocksPrefix + tenant/operation/key/ holds recovery fencing locks.
+	LocksPrefix = "/idem/locks/"
+)
+
+// NodeKey returns the liveness key of a node.
+func NodeKey(region, nodeID string) string { return RegionsPrefix + region + "/nodes/" + nodeID }
+
+// RegionNodesPrefix returns the prefix of a region's node keys.
+func RegionNodesPrefix(region string) string { return RegionsPrefix + region + "/nodes/" }
+
+// parseNodeKey splits /idem/regions/<region>/nodes/<id>.
+func parseNodeKey(key string) (region, id string, ok bool) {
+	rest, ok := strings.CutPrefix(key, RegionsPrefix)
+	if !ok {
+		return "", "", false
+	}
+	region, id, ok = strings.Cut(rest, "/nodes/")
+	return region, id, ok && region != "" && id != ""
+}

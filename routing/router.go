@@ -1,0 +1,162 @@
+package routing
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/idemcoord/idem"
+)
+
+// StoreMode is how regions share idempotency records.
+type StoreMode string
+
+// Store modes.
+const (
+	// RegionLocal: each region has its own store; a tenant's records live in
+	// its home region's store and requests are forwarded there.
+	RegionLocal StoreMode = "region-local"
+	// Global: every region writes to one strongly consistent store
+	// (CockroachDB); no forwarding is needed for correctness.
+	Global StoreMode = "global"
+)
+
+// ParseStoreMode parses a --store-mode value.
+func ParseStoreMode(s string) (StoreMode, error) {
+	switch StoreMode(s) {
+	case RegionLocal, Global:
+		return StoreMode(s), nil
+	}
+	return "", fmt.Errorf("routing: unknown store mode %q (want %s or %s)", s, RegionLocal, Global)
+}
+
+// Lease is what the router needs of the node's liveness lease: whether its
+// local deadline has passed.
+type Lease interface {
+	Valid() bool
+}
+
+// Route is where a request for a tenant must be served.
+type Route struct {
+	Placement Placement
+	// ForwardTo is the base URL of a home-region node to forward to; empty
+	// means serve here.
+	ForwardTo string
+	// Uncertain is true when the tenant failed over to this region within
+	// the replay window and the old region's records were not handed over
+	// yet: a key this region has no record of may have been accepted by the
+	// old region, so it must be reconciled downstream before it executes.
+	Uncertain bool
+}
+
+// RouterConfig configures a Router.
+type RouterConfig struct {
+	Region string
+	Mode   StoreMode
+	// RouteToHome forwards to the home region in Global mode too (a latency
+	// choice: with REGIONAL BY ROW the home region's writes stay local).
+	RouteToHome bool
+	// Window is the replay window (bounds the uncertainty after a failover).
+	Window time.Duration
+	// Now is the node's clock (only used against failover times). Default
+	// time.Now.
+	Now func() time.Time
+}
+
+// Router decides, per tenant, whether this node serves a request or forwards
+// it to the tenant's home region.
+type Router struct {
+	cli   *clientv3.Client
+	m     *Map
+	lease Lease
+	cfg   RouterConfig
+	// servingFrom is the etcd revision at which this node (re)registered;
+	// the node serves home tenants only once its map has caught up to it.
+	servingFrom atomic.Int64
+}
+
+// NewRouter returns a Router over the map m, serving home tenants while
+// lease is valid.
+func NewRouter(cli *clientv3.Client, m *Map, lease Lease, cfg RouterConfig) *Router {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Mode == "" {
+		cfg.Mode = RegionLocal
+	}
+	return &Router{cli: cli, m: m, lease: lease, cfg: cfg}
+}
+
+// Map returns the router's map.
+func (r *Router) Map() *Map { return r.m }
+
+// Region returns the router's region.
+func (r *Router) Region() string { return r.cfg.Region }
+
+// Mode returns the store mode.
+func (r *Router) Mode() StoreMode { return r.cfg.Mode }
+
+// Register publishes this node (id, url) under its region, bound to leaseID,
+// and remembers the revision from which it may serve.
+func (r *Router) Register(ctx context.Context, leaseID clientv3.LeaseID, nodeID, url string) error {
+	val, _ := json.Marshal(nodeValue{URL: url})
+	resp, err := r.cli.Put(ctx, NodeKey(r.cfg.Region, nodeID), string(val), clientv3.WithLease(leaseID))
+	if err != nil {
+		return fmt.Errorf("routing: register node: %w", err)
+	}
+	r.servingFrom.Store(resp.Header.Revision)
+	return nil
+}
+
+// Route decides where tenant's request is served. A tenant without a
+// placement is placed in this node's region (one atomic create in etcd).
+// Errors are *idem.Error with code TENANT_NOT_SERVED_HERE when this node may
+// not serve and cannot forward.
+func (r *Router) Route(ctx context.Context, tenant string) (Route, error) {
+	p, ok := r.m.Placement(tenant)
+	if !ok {
+		var err error
+		if p, err = ClaimPlacement(ctx, r.cli, tenant, r.cfg.Region); err != nil {
+			return Route{}, &idem.Error{Code: idem.ECodeUnavailable, Message: "The control plane is unavailable; retry with the same key.", Err: err}
+		}
+	}
+	rt := Route{Placement: p}
+	home := p.Region == r.cfg.Region
+	if r.cfg.Mode == Global && (!r.cfg.RouteToHome || home) {
+		return rt, nil
+	}
+	if !home {
+		nodes := r.m.Nodes(p.Region)
+		if len(nodes) == 0 {
+			if r.cfg.Mode == Global {
+				return rt, nil // the global store is safe anywhere
+			}
+			return Route{}, idem.Errorf(idem.ECodeNotHome, "The home region %s of this tenant has no live node; retry later.", p.Region)
+		}
+		rt.ForwardTo = nodes[rand.IntN(len(nodes))]
+		return rt, nil
+	}
+	if r.lease == nil || !r.lease.Valid() {
+		return Route{}, idem.Errorf(idem.ECodeNotHome, "Region %s does not hold its lease; it is not serving its tenants now.", r.cfg.Region)
+	}
+	if from := r.servingFrom.Load(); r.m.Revision() < from {
+		wctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		if err := r.m.WaitRevision(wctx, from); err != nil {
+			return Route{}, idem.Errorf(idem.ECodeNotHome, "Region %s is catching up with the control plane; retry later.", r.cfg.Region)
+		}
+		// The placement may have moved while we were catching up.
+		if p2, ok := r.m.Placement(tenant); ok && p2.Region != r.cfg.Region {
+			return r.Route(ctx, tenant)
+		}
+	}
+	if f, ok := r.m.Failover(tenant); ok && f.To == r.cfg.Region && !f.HandedOver && r.cfg.Now().Sub(f.At) < r.cfg.Window {
+		rt.Uncertain = true
+	}
+	return rt, nil
+}
