@@ -68,8 +68,8 @@ type Server struct {
 
 	forwardTransport http.RoundTripper
 	workerMetrics    *workerMetrics
-	workers       workerGroup
-	stopWorkers   context.CancelFunc
+	workers          workerGroup
+	stopWorkers      context.CancelFunc
 }
 
 // NewServer returns a Server over st and the payment service pay.

@@ -24,10 +24,15 @@ func (s *Store) Migrate(ctx context.Context) error {
 		version    INT         NOT NULL PRIMARY KEY,
 		name       TEXT        NOT NULL,
 		applied_at TIMESTAMPTZ NOT NULL DEFAULT now())`
-	// Concurrent CREATE TABLE IF NOT EXISTS can race in the catalog on
-	// PostgreSQL; a unique violation there means another process won.
-	if _, err := s.pool.Exec(ctx, ddl); err != nil && sqlState(err) != codeUniqueViolation {
-		return fmt.Errorf("store: create schema_migrations: %w", unavailableOr(err))
+	// Concurrent CREATE TABLE IF NOT EXISTS can race in PostgreSQL's
+	// catalog; a unique violation or "already exists" there means another
+	// process won, which is what we wanted.
+	if _, err := s.pool.Exec(ctx, ddl); err != nil {
+		switch sqlState(err) {
+		case codeUniqueViolation, "42710", "42P07":
+		default:
+			return fmt.Errorf("store: create schema_migrations: %w", unavailableOr(err))
+		}
 	}
 	files, err := fs.Glob(migrationFS, "migrations/*.sql")
 	if err != nil {

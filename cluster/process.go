@@ -1,0 +1,390 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+const (
+	// readyPoll is the delay between readiness probes.
+	readyPoll = 25 * time.Millisecond
+	// probeTimeout bounds one readiness probe.
+	probeTimeout = 2 * time.Second
+	// logTailBytes is how much of a node's log errors quote.
+	logTailBytes = 4096
+)
+
+// errAddrInUse marks a node that exited during startup because its port
+// was taken.
+var errAddrInUse = errors.New("address already in use")
+
+// Process is one idemd child process of a Cluster: a fixed command line
+// (region, database, listen address, tokens, extra arguments) that can be
+// started, signalled, killed and started again on the same port. Its
+// methods are safe for concurrent use. A Process belongs to its Cluster,
+// whose Stop stops it; there is nothing to close.
+type Process struct {
+	region       string
+	index        int
+	path         string
+	args         []string // without --listen
+	env          []string
+	addr         string // host:port; fixed after the cluster has started
+	logPath      string
+	readyTimeout time.Duration
+	stopGrace    time.Duration
+	log          *slog.Logger
+
+	mu     sync.Mutex // guards cur, addr and closed
+	cur    *run       // nil before the first start
+	closed bool       // the cluster is stopping: no more starts
+}
+
+// run is one execution of a Process's command.
+type run struct {
+	cmd      *exec.Cmd
+	pid      int
+	logStart int64         // offset of this run's output in the log file
+	done     chan struct{} // closed once the child has been reaped
+	err      error         // cmd.Wait's result; read after done is closed
+}
+
+func (r *run) exited() bool {
+	select {
+	case <-r.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Name returns "<region>-<index>", which also names the log file.
+func (p *Process) Name() string { return fmt.Sprintf("%s-%d", p.region, p.index) }
+
+// Region returns the node's region.
+func (p *Process) Region() string { return p.region }
+
+// Index returns the node's index within its region, from 0.
+func (p *Process) Index() int { return p.index }
+
+// Addr returns the node's listen address, 127.0.0.1:PORT. It stays the same
+// across restarts.
+func (p *Process) Addr() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.addr
+}
+
+// URL returns the node's base URL, http://127.0.0.1:PORT.
+func (p *Process) URL() string { return "http://" + p.Addr() }
+
+// LogPath returns the file that receives the node's stdout and stderr. Every
+// start appends a "=== cluster:" marker line and then the node's output.
+func (p *Process) LogPath() string { return p.logPath }
+
+// Pid returns the process id of the most recently started child, which may
+// have exited since (see Running), or 0 if it was never started.
+func (p *Process) Pid() int {
+	if r := p.current(); r != nil {
+		return r.pid
+	}
+	return 0
+}
+
+// Running reports whether the most recently started child has not exited
+// yet (a stopped, SIGSTOPped child counts as running).
+func (p *Process) Running() bool {
+	r := p.current()
+	return r != nil && !r.exited()
+}
+
+// Exited returns a channel closed once the most recently started child has
+// exited and been reaped. A later Restart does not close or reuse it: call
+// Exited again for the new child. Before the first start it returns a
+// closed channel.
+func (p *Process) Exited() <-chan struct{} {
+	if r := p.current(); r != nil {
+		return r.done
+	}
+	c := make(chan struct{})
+	close(c)
+	return c
+}
+
+// Wait waits until the most recently started child exits or ctx ends. It
+// returns the child's exit error (nil for exit status 0, an *exec.ExitError
+// otherwise) or ctx.Err().
+func (p *Process) Wait(ctx context.Context) error {
+	r := p.current()
+	if r == nil {
+		return nil
+	}
+	select {
+	case <-r.done:
+		return r.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Signal sends sig to the child's process group (the child and anything it
+// started), for example syscall.SIGSTOP and syscall.SIGCONT to pause and
+// resume a node. The error wraps os.ErrProcessDone if the child is not
+// running.
+func (p *Process) Signal(sig syscall.Signal) error {
+	r := p.current()
+	if r == nil || r.exited() {
+		return fmt.Errorf("cluster: signal node %s: %w", p.Name(), os.ErrProcessDone)
+	}
+	if err := syscall.Kill(-r.pid, sig); err != nil {
+		if errors.Is(err, syscall.ESRCH) {
+			return fmt.Errorf("cluster: signal node %s: %w", p.Name(), os.ErrProcessDone)
+		}
+		return fmt.Errorf("cluster: signal node %s: %w", p.Name(), err)
+	}
+	return nil
+}
+
+// Kill sends SIGKILL to the child's process group and returns once the
+// child has been reaped: a crash, as far as the node is concerned. It
+// returns nil if the child had already exited.
+func (p *Process) Kill() error {
+	r := p.current()
+	if r == nil || r.exited() {
+		return nil
+	}
+	if err := p.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return err
+	}
+	<-r.done
+	return nil
+}
+
+// Stop shuts the child down gracefully: SIGTERM (and SIGCONT, in case it is
+// paused), then SIGKILL once the cluster's stop grace period has passed or
+// ctx has ended. It returns once the child has been reaped; nil if the child
+// exited with status 0 on SIGTERM or had already exited, an error if it had
+// to be killed or exited with another status.
+func (p *Process) Stop(ctx context.Context) error {
+	r := p.current()
+	if r == nil || r.exited() {
+		return nil
+	}
+	_ = p.Signal(syscall.SIGTERM)
+	_ = p.Signal(syscall.SIGCONT)
+	grace := time.NewTimer(p.stopGrace)
+	defer grace.Stop()
+	var why string
+	select {
+	case <-r.done:
+		if r.err != nil {
+			return fmt.Errorf("cluster: node %s exited with %w on SIGTERM\n%s", p.Name(), r.err, p.logTail(r))
+		}
+		return nil
+	case <-grace.C:
+		why = fmt.Sprintf("did not exit within %v of SIGTERM", p.stopGrace)
+	case <-ctx.Done():
+		why = fmt.Sprintf("did not exit on SIGTERM before the context ended (%v)", ctx.Err())
+	}
+	if err := p.Kill(); err != nil {
+		return err
+	}
+	return fmt.Errorf("cluster: node %s %s; killed", p.Name(), why)
+}
+
+// Restart starts the node's command again, on the same port, and waits
+// until it is ready; if the child is still running it is stopped first as by
+// Stop. Use it after Kill to simulate a node coming back after a crash. ctx
+// bounds stopping and the readiness wait (itself bounded by the cluster's
+// ready timeout); if the new child does not become ready it is killed and
+// the error quotes the end of its log. Restart fails once the cluster's Stop
+// has begun.
+func (p *Process) Restart(ctx context.Context) error {
+	if err := p.Stop(ctx); err != nil {
+		p.log.Warn("cluster: restart: stop", "node", p.Name(), "err", err)
+	}
+	if err := p.start(); err != nil {
+		return err
+	}
+	if err := p.WaitReady(ctx); err != nil {
+		_ = p.Kill()
+		return err
+	}
+	return nil
+}
+
+// WaitReady polls the node's GET /readyz until it answers 200. It fails if
+// the child exits first, if ctx ends, or after the cluster's ready timeout;
+// the error then quotes the end of the node's log.
+func (p *Process) WaitReady(ctx context.Context) error {
+	r := p.current()
+	if r == nil {
+		return fmt.Errorf("cluster: node %s was never started", p.Name())
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.readyTimeout)
+	defer cancel()
+	tr := &http.Transport{DisableKeepAlives: true}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: probeTimeout}
+	url := p.URL() + "/readyz"
+	tick := time.NewTicker(readyPoll)
+	defer tick.Stop()
+	var last error
+	for {
+		last = probe(ctx, client, url)
+		if last == nil {
+			return nil
+		}
+		select {
+		case <-r.done:
+			tail := p.logTail(r)
+			if strings.Contains(tail, "address already in use") {
+				return fmt.Errorf("cluster: node %s on %s: %w\n%s", p.Name(), p.Addr(), errAddrInUse, tail)
+			}
+			return fmt.Errorf("cluster: node %s exited before it was ready (%v)\n%s", p.Name(), r.err, tail)
+		case <-ctx.Done():
+			return fmt.Errorf("cluster: node %s not ready: %w (last probe: %v)\n%s", p.Name(), ctx.Err(), last, p.logTail(r))
+		case <-tick.C:
+		}
+	}
+}
+
+// probe asks url once and returns nil on 200.
+func probe(ctx context.Context, client *http.Client, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s: %s", url, resp.Status, bytes.TrimSpace(body))
+	}
+	return nil
+}
+
+func (p *Process) current() *run {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cur
+}
+
+// close prevents later starts; Cluster.Stop calls it before stopping the
+// node, so that a concurrent Restart cannot leave a child behind.
+func (p *Process) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+}
+
+// setAddr changes the listen address before the first successful start.
+func (p *Process) setAddr(addr string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.addr = addr
+}
+
+// start starts the command without waiting for readiness. It fails if the
+// previous child is still running.
+func (p *Process) start() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return fmt.Errorf("cluster: start node %s: the cluster is stopped", p.Name())
+	}
+	if p.cur != nil && !p.cur.exited() {
+		return fmt.Errorf("cluster: start node %s: already running as pid %d", p.Name(), p.cur.pid)
+	}
+	logf, err := os.OpenFile(p.logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return fmt.Errorf("cluster: start node %s: %w", p.Name(), err)
+	}
+	defer logf.Close() // the child has its own descriptor once started
+	logStart, err := logf.Seek(0, io.SeekEnd)
+	if err != nil {
+		return fmt.Errorf("cluster: start node %s: %w", p.Name(), err)
+	}
+	fmt.Fprintf(logf, "=== cluster: %s starting node %s on %s\n", time.Now().Format(time.RFC3339Nano), p.Name(), p.addr)
+
+	cmd := exec.Command(p.path, append([]string{"--listen", p.addr}, p.args...)...)
+	cmd.Env = p.env
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	r := &run{cmd: cmd, logStart: logStart, done: make(chan struct{})}
+	if err := startLocked(r); err != nil {
+		return fmt.Errorf("cluster: start node %s: %w", p.Name(), err)
+	}
+	p.cur = r
+	p.log.Debug("cluster: node started", "node", p.Name(), "pid", r.pid, "addr", p.addr)
+	return nil
+}
+
+// startLocked starts r.cmd from a goroutine locked to its OS thread, which
+// stays alive until the child has been reaped. Pdeathsig is delivered when
+// the thread that forked the child exits, and Go ends a thread when a
+// goroutine exits while locked to it; keeping the thread locked to this
+// goroutine means only the death of this process kills the child. On
+// success r.pid is set and r.done is closed once the child is reaped.
+func startLocked(r *run) error {
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := r.cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		r.pid = r.cmd.Process.Pid
+		started <- nil
+		r.err = r.cmd.Wait()
+		close(r.done)
+	}()
+	return <-started
+}
+
+// logTail returns the end of what run r wrote to the log.
+func (p *Process) logTail(r *run) string {
+	f, err := os.Open(p.logPath)
+	if err != nil {
+		return fmt.Sprintf("(no node log: %v)", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Sprintf("(node log: %v)", err)
+	}
+	from := max(r.logStart, fi.Size()-logTailBytes)
+	b := make([]byte, max(fi.Size()-from, 0))
+	n, _ := f.ReadAt(b, from)
+	return fmt.Sprintf("node log %s (tail):\n%s", p.logPath, bytes.TrimSpace(b[:n]))
+}
+
+// freeAddr returns 127.0.0.1:PORT for a port that was free a moment ago.
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("cluster: pick a free port: %w", err)
+	}
+	addr := l.Addr().String()
+	if err := l.Close(); err != nil {
+		return "", fmt.Errorf("cluster: pick a free port: %w", err)
+	}
+	return addr, nil
+}

@@ -1,0 +1,88 @@
+// Command idemctl operates the idempotency coordination service: it starts a
+// local cluster, applies migrations, runs benchmarks and serves the payment
+// provider simulator. Run "idemctl help" for the list of commands.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"syscall"
+)
+
+// command is one idemctl subcommand.
+type command struct {
+	summary string
+	run     func(ctx context.Context, args []string, env *Env) error
+}
+
+// Env is what a command may use of its surroundings, injected for tests.
+type Env struct {
+	Stdout, Stderr io.Writer
+	Getenv         func(string) string
+}
+
+func commands() map[string]command {
+	return map[string]command{
+		"up":       {"start a local cluster (PostgreSQL + idemd nodes) and print its endpoints", runUp},
+		"migrate":  {"apply the store's migrations to --database-url", runMigrate},
+		"bench":    {"benchmark the payment write with and without the idempotency layer", runBench},
+		"provider": {"serve the payment provider simulator", runProvider},
+	}
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	env := &Env{Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv}
+	os.Exit(Run(ctx, os.Args[1:], env))
+}
+
+// Run runs the subcommand named by args[0] and returns the exit code.
+func Run(ctx context.Context, args []string, env *Env) int {
+	cmds := commands()
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		usage(env.Stdout, cmds)
+		return 0
+	}
+	cmd, ok := cmds[args[0]]
+	if !ok {
+		fmt.Fprintf(env.Stderr, "idemctl: unknown command %q\n\n", args[0])
+		usage(env.Stderr, cmds)
+		return 2
+	}
+	if err := cmd.run(ctx, args[1:], env); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		var usageErr usageError
+		if errors.As(err, &usageErr) {
+			fmt.Fprintf(env.Stderr, "idemctl %s: %v\n", args[0], err)
+			return 2
+		}
+		fmt.Fprintf(env.Stderr, "idemctl %s: %v\n", args[0], err)
+		return 1
+	}
+	return 0
+}
+
+// usageError marks a command-line mistake (exit status 2).
+type usageError struct{ error }
+
+func usage(w io.Writer, cmds map[string]command) {
+	fmt.Fprintln(w, "usage: idemctl <command> [flags]\n\ncommands:")
+	names := make([]string, 0, len(cmds))
+	for n := range cmds {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-10s %s\n", n, cmds[n].summary)
+	}
+	fmt.Fprintln(w, "\nEvery flag can also be set as IDEM_<FLAG> (--database-url as IDEM_DATABASE_URL).")
+}

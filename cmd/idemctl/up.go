@@ -1,0 +1,205 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/idemcoord/idem/cluster"
+	"github.com/idemcoord/idem/internal/cli"
+	"github.com/idemcoord/idem/internal/pgserver"
+)
+
+const (
+	// upStartTimeout bounds the start of the whole cluster.
+	upStartTimeout = 2 * time.Minute
+	// upStopTimeout bounds its shutdown; nodes get cluster.DefaultStopGrace
+	// of it before they are killed.
+	upStopTimeout = time.Minute
+)
+
+// runUp implements "idemctl up": it starts a local cluster (PostgreSQL and
+// idemd nodes), writes <state-dir>/cluster.json once every node is ready,
+// prints the endpoints and dev tokens, and runs until ctx ends (SIGINT or
+// SIGTERM), when it stops every process it started and returns nil.
+func runUp(ctx context.Context, args []string, env *Env) error {
+	fs := flag.NewFlagSet("up", flag.ContinueOnError)
+	fs.SetOutput(env.Stderr)
+	stateDir := fs.String("state-dir", "", "directory for cluster.json, node logs and PostgreSQL's data, kept and reused (default: a temporary directory removed on exit)")
+	dbURL := fs.String("database-url", "", "use this PostgreSQL or CockroachDB server instead of starting one; a database per region is created on it")
+	regions := fs.String("regions", cluster.DefaultRegion, "comma-separated region names")
+	nodes := fs.Int("nodes-per-region", cluster.DefaultNodesPerRegion, "idemd nodes per region")
+	idemd := fs.String("idemd", "", "path of the idemd binary (default: next to idemctl, then ./bin, then PATH)")
+	window := fs.Duration("replay-window", 0, "replay window of every node (default: idemd's default)")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: idemctl up [flags]\n\nStarts PostgreSQL and idemd nodes locally and runs until interrupted.\n\nflags:")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err}
+	}
+	if err := cli.ApplyEnv(fs, env.Getenv); err != nil {
+		return usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("unexpected arguments: %q", fs.Args())}
+	}
+	regionList := upSplitList(*regions)
+	if len(regionList) == 0 {
+		return usageError{errors.New("--regions names no region")}
+	}
+	if *nodes < 1 {
+		return usageError{fmt.Errorf("--nodes-per-region %d: want at least 1", *nodes)}
+	}
+	if *window < 0 {
+		return usageError{fmt.Errorf("--replay-window %v is negative", *window)}
+	}
+	if *idemd == "" {
+		p, err := cluster.FindBinary("idemd")
+		if err != nil {
+			return fmt.Errorf("%w; or pass --idemd", err)
+		}
+		*idemd = p
+	}
+
+	stderr := &upSyncWriter{w: env.Stderr}
+	logger := slog.New(slog.NewTextHandler(stderr, nil))
+	startCtx, cancel := context.WithTimeout(ctx, upStartTimeout)
+	defer cancel()
+	began := time.Now()
+	c, err := cluster.Start(startCtx, cluster.Config{
+		StateDir:       *stateDir,
+		Regions:        regionList,
+		NodesPerRegion: *nodes,
+		IdemdPath:      *idemd,
+		DatabaseURL:    *dbURL,
+		ReplayWindow:   *window,
+		Logger:         logger,
+	})
+	if err != nil {
+		if errors.Is(err, pgserver.ErrNotInstalled) {
+			return fmt.Errorf("%w\n(or use an existing server: idemctl up --database-url postgres://...)", err)
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("interrupted while starting: %w", err)
+		}
+		return err
+	}
+	printUpSummary(env.Stdout, c, *stateDir == "", time.Since(began))
+
+	// Report nodes that die on their own while the cluster runs.
+	watchCtx, stopWatching := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for _, p := range c.Nodes() {
+		wg.Go(func() {
+			err := p.Wait(watchCtx)
+			if watchCtx.Err() != nil {
+				return
+			}
+			if err == nil {
+				err = errors.New("exit status 0")
+			}
+			fmt.Fprintf(stderr, "idemctl up: node %s (%s) exited unexpectedly: %v; see %s\n", p.Name(), p.URL(), err, p.LogPath())
+		})
+	}
+	<-ctx.Done()
+	stopWatching()
+	wg.Wait()
+
+	fmt.Fprintln(stderr, "idemctl up: stopping the cluster")
+	stopCtx, cancelStop := context.WithTimeout(context.Background(), upStopTimeout)
+	defer cancelStop()
+	if err := c.Stop(stopCtx); err != nil {
+		return fmt.Errorf("stop: %w", err)
+	}
+	return nil
+}
+
+// upSplitList splits a comma-separated list, dropping empty items.
+func upSplitList(s string) []string {
+	var out []string
+	for _, item := range strings.Split(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
+}
+
+// printUpSummary prints the endpoints, databases, tokens and a request to try.
+func printUpSummary(w io.Writer, c *cluster.Cluster, tempState bool, took time.Duration) {
+	info := c.Info()
+	nodes := len(c.Nodes()) / max(len(info.Regions), 1)
+	fmt.Fprintf(w, "idem cluster ready in %v: %s, %s each\n\n",
+		took.Round(10*time.Millisecond), upPlural(len(info.Regions), "region"), upPlural(nodes, "node"))
+
+	width := 0
+	for _, r := range info.Regions {
+		width = max(width, len(r.Name))
+	}
+	fmt.Fprintln(w, "Regions:")
+	for _, r := range info.Regions {
+		fmt.Fprintf(w, "  %-*s  %s\n", width, r.Name, strings.Join(r.Nodes, "  "))
+	}
+	fmt.Fprintln(w, "\nDatabase:")
+	for _, r := range info.Regions {
+		fmt.Fprintf(w, "  %-*s  %s\n", width, r.Name, r.DatabaseURL)
+	}
+
+	tenants := make([]string, 0, len(info.Tokens))
+	for t := range info.Tokens {
+		tenants = append(tenants, t)
+	}
+	sort.Strings(tenants)
+	fmt.Fprintln(w, "\nDev tokens:")
+	for _, t := range tenants {
+		fmt.Fprintf(w, "  %s  %s\n", t, info.Tokens[t])
+	}
+
+	state := c.StatePath()
+	if tempState {
+		fmt.Fprintf(w, "\nState: %s, node logs in %s (temporary: removed on exit)\n", state, filepath.Join(c.StateDir(), "logs"))
+	} else {
+		fmt.Fprintf(w, "\nState: %s, node logs in %s\n", state, filepath.Join(c.StateDir(), "logs"))
+	}
+
+	if len(info.Regions) > 0 && len(tenants) > 0 {
+		fmt.Fprintf(w, "\nTry:\n  curl -s -X POST %s/payments -H 'Authorization: Bearer %s' -H 'Idempotency-Key: abc-123' -H 'Content-Type: application/json' -d '%s'\n",
+			info.Regions[0].URL, info.Tokens[tenants[0]], upSamplePayment)
+	}
+	fmt.Fprintln(w, "\nPress Ctrl-C to stop.")
+}
+
+// upSamplePayment is the body of the example request.
+const upSamplePayment = `{"accountId":"acc_1","amount":"10.00","currency":"EUR","merchantReference":"invoice-7781"}`
+
+func upPlural(n int, word string) string {
+	if n == 1 {
+		return fmt.Sprintf("1 %s", word)
+	}
+	return fmt.Sprintf("%d %ss", n, word)
+}
+
+// upSyncWriter serializes writes to w, which the logger and the node
+// watchers share.
+type upSyncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *upSyncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
