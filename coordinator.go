@@ -22,6 +22,15 @@ type BeginRequest struct {
 	LockFor time.Duration
 	// Window is the replay window: how long the record answers retries.
 	Window time.Duration
+	// ExternalFencing makes recovery takeovers depend on an external lock
+	// service (etcd): without a FencingToken, Begin reports OutcomeRecover
+	// but takes no ownership (Lease is zero), so the caller can acquire the
+	// scope's lock and call Begin again with its token.
+	ExternalFencing bool
+	// FencingToken is the token of an external lock on the scope (the lock
+	// key's etcd create revision). A takeover sets the record's token to it,
+	// and only if it is higher than the record's current token.
+	FencingToken int64
 }
 
 // Decision is the answer to Begin.

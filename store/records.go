@@ -142,12 +142,20 @@ func DecideExisting(ctx context.Context, tx Querier, req idem.BeginRequest) (ide
 	var taken *idem.Record
 	switch outcome {
 	case idem.OutcomeRecover:
+		if req.ExternalFencing && req.FencingToken == 0 {
+			return idem.Decision{Outcome: outcome, Record: rec}, nil
+		}
+		if req.FencingToken != 0 && req.FencingToken <= rec.FencingToken {
+			return idem.Decision{}, fmt.Errorf("take over with token %d, record has %d: %w", req.FencingToken, rec.FencingToken, idem.ErrFenced)
+		}
+		// $7 = 0: the store's own counter; otherwise the external token.
 		taken, err = scanRecord(tx.QueryRow(ctx, `UPDATE idempotency_records SET
-			status = 'IN_PROGRESS', owner = $5, fencing_token = fencing_token + 1,
+			status = 'IN_PROGRESS', owner = $5,
+			fencing_token = CASE WHEN $7::INT8 > 0 THEN $7::INT8 ELSE fencing_token + 1 END,
 			locked_until = now() + $6::INT8 * INTERVAL '1 millisecond', attempts = attempts + 1, updated_at = now()
 			WHERE tenant_id = $1 AND operation_name = $2 AND idempotency_key = $3 AND fencing_token = $4
 			RETURNING `+recordColumns,
-			req.Tenant, req.Operation, req.Key, rec.FencingToken, req.Owner, req.LockFor.Milliseconds()))
+			req.Tenant, req.Operation, req.Key, rec.FencingToken, req.Owner, req.LockFor.Milliseconds(), req.FencingToken))
 	case idem.OutcomeExpired:
 		taken, err = scanRecord(tx.QueryRow(ctx, `UPDATE idempotency_records SET
 			request_hash = $5, hash_version = $6, status = 'IN_PROGRESS', checkpoint = 'RECEIVED',

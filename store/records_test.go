@@ -327,3 +327,51 @@ func runConcurrently(t *testing.T, n int, fn func() (idem.Outcome, error)) map[i
 	wg.Wait()
 	return counts
 }
+
+// TestExternalFencingTokens: with an external lock service, a takeover needs
+// its token, sets the record's token to it, and a lower token never wins.
+func TestExternalFencingTokens(t *testing.T) {
+	ctx := context.Background()
+	st, _ := storetest.New(t)
+	first, err := st.Begin(ctx, beginReq("ext", "v1:a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := func() {
+		storetest.Exec(t, st, `UPDATE idempotency_records SET locked_until = now() - INTERVAL '1 second' WHERE idempotency_key = 'ext'`)
+	}
+	stale()
+	req := beginReq("ext", "v1:a")
+	req.ExternalFencing = true
+	d, err := st.Begin(ctx, req)
+	if err != nil || d.Outcome != idem.OutcomeRecover || d.Lease.Token != 0 {
+		t.Fatalf("Begin without token = %+v, %v; want recover without a lease", d, err)
+	}
+	if rec, _ := st.Get(ctx, req.Scope); rec.FencingToken != first.Lease.Token {
+		t.Fatalf("record token moved to %d without a lock", rec.FencingToken)
+	}
+	req.FencingToken = 100
+	d, err = st.Begin(ctx, req)
+	if err != nil || d.Outcome != idem.OutcomeRecover || d.Lease.Token != 100 {
+		t.Fatalf("Begin with token 100 = %+v, %v; want ownership under 100", d, err)
+	}
+	if err := st.Checkpoint(ctx, first.Lease, idem.CheckpointProviderRequestSent); !errors.Is(err, idem.ErrFenced) {
+		t.Errorf("original owner write = %v, want ErrFenced", err)
+	}
+	stale()
+	req.FencingToken = 50
+	if _, err := st.Begin(ctx, req); !errors.Is(err, idem.ErrFenced) {
+		t.Errorf("takeover with a lower token = %v, want ErrFenced", err)
+	}
+	req.FencingToken = 200
+	d2, err := st.Begin(ctx, req)
+	if err != nil || d2.Lease.Token != 200 {
+		t.Fatalf("takeover with 200 = %+v, %v", d2, err)
+	}
+	if err := st.Complete(ctx, d.Lease, completion(`{"by":100}`)); !errors.Is(err, idem.ErrFenced) {
+		t.Errorf("owner 100 completing after 200 took over = %v, want ErrFenced", err)
+	}
+	if err := st.Complete(ctx, d2.Lease, completion(`{"by":200}`)); err != nil {
+		t.Errorf("owner 200 Complete: %v", err)
+	}
+}
