@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/fencing"
 	"github.com/idemcoord/idem/provider"
 	"github.com/idemcoord/idem/store"
 )
@@ -42,7 +43,7 @@ type Provider interface {
 // When uncertain (see Request.Uncertain), a fresh claim is treated like a
 // takeover past PROVIDER_REQUEST_SENT: the provider is asked first, so a
 // charge the old region made is found, not repeated.
-func (s *Service) attemptWithProvider(ctx context.Context, begin idem.BeginRequest, cmd Command, uncertain bool) (Result, error) {
+func (s *Service) attemptWithProvider(ctx context.Context, begin idem.BeginRequest, cmd Command, uncertain bool, lock *fencing.Lock) (Result, error) {
 	var (
 		res   Result
 		lease idem.Lease
@@ -73,6 +74,9 @@ func (s *Service) attemptWithProvider(ctx context.Context, begin idem.BeginReque
 		if done, err := s.answerExisting(ctx, tx, d, &res); done || err != nil {
 			return err
 		}
+		if d.Lease.Token == 0 {
+			return errNeedsLock
+		}
 		lease, cp = d.Lease, d.Record.Checkpoint
 		p, ev = s.newPayment(begin.Scope, d.Record.RequestHash, d.Record.Generation, cmd)
 		if cp == idem.CheckpointReceived {
@@ -87,13 +91,16 @@ func (s *Service) attemptWithProvider(ctx context.Context, begin idem.BeginReque
 	if err != nil || lease.Token == 0 {
 		return s.finishAttempt(ctx, begin, cmd, res, err)
 	}
-	out, err := s.drive(ctx, lease, cp, p)
+	out, err := s.drive(ctx, lease, cp, p, lock)
 	out.Outcome, out.ExpiredRetry = res.Outcome, res.ExpiredRetry
 	return out, err
 }
 
-// drive takes an owned payment from checkpoint cp to a recorded result.
-func (s *Service) drive(ctx context.Context, lease idem.Lease, cp idem.Checkpoint, p store.Payment) (Result, error) {
+// drive takes an owned payment from checkpoint cp to a recorded result. With
+// an external lock, the owner checks the lock's local deadline before the
+// provider call; the provider and the store still reject its token if a newer
+// owner took over after that check (a pause between check and act).
+func (s *Service) drive(ctx context.Context, lease idem.Lease, cp idem.Checkpoint, p store.Payment, lock *fencing.Lock) (Result, error) {
 	// The provider call and its recording must not be cut short by a client
 	// that hangs up: the answer is recorded for its retry.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*s.cfg.ProviderTimeout)
@@ -111,8 +118,12 @@ func (s *Service) drive(ctx context.Context, lease idem.Lease, cp idem.Checkpoin
 	if err := s.store.ExecTx(ctx, func(tx pgx.Tx) error {
 		return store.CheckpointTx(ctx, tx, lease, idem.CheckpointProviderRequestSent, s.cfg.LockFor)
 	}); err != nil {
-		return Result{}, fenceAsInProgress(err)
+		return Result{}, s.fenceAsInProgress(err)
 	}
+	if err := checkLock(lock); err != nil {
+		return Result{}, err
+	}
+	s.cfg.Failpoints.Eval(ctx, "before-provider-call")
 	callCtx, cancelCall := context.WithTimeout(ctx, s.cfg.ProviderTimeout)
 	ch, err := s.cfg.Provider.Charge(callCtx, provider.ChargeRequest{
 		ProviderKey: p.ProviderKey, AmountMinor: p.AmountMinor, Currency: p.Currency, AccountID: p.AccountID,
@@ -128,6 +139,8 @@ func (s *Service) drive(ctx context.Context, lease idem.Lease, cp idem.Checkpoin
 		return s.retryable(ctx, lease, err)
 	case errors.Is(err, provider.ErrStaleToken):
 		// A newer owner reached the provider first: it will finish.
+		s.logger.WarnContext(ctx, "provider rejected a stale fencing token", "tenant", lease.Tenant, "key", lease.Key, "token", lease.Token)
+		s.fenced()
 		return Result{}, &idem.Error{Code: idem.ECodeInProgress, Message: "Another owner is completing this request; retry later.", Err: err}
 	default:
 		return s.markUnknown(ctx, lease, p, err)
@@ -160,7 +173,7 @@ func (s *Service) confirm(ctx context.Context, lease idem.Lease, p store.Payment
 		res = Result{Response: completion.Response}
 		return store.SetPaymentStatus(ctx, tx, p.Tenant, p.ID, "CONFIRMED", paymentEvent(p, "PaymentConfirmed", "confirmed", map[string]string{"chargeId": ch.ChargeID}))
 	})
-	return res, fenceAsInProgress(err)
+	return res, s.fenceAsInProgress(err)
 }
 
 // decline records a business rejection: replayed to every retry.
@@ -180,7 +193,7 @@ func (s *Service) decline(ctx context.Context, lease idem.Lease, p store.Payment
 		}
 		return store.SetPaymentStatus(ctx, tx, p.Tenant, p.ID, "DECLINED", paymentEvent(p, "PaymentDeclined", "declined", nil))
 	})
-	return Result{Response: resp}, fenceAsInProgress(err)
+	return Result{Response: resp}, s.fenceAsInProgress(err)
 }
 
 // retryable records a failure that happened before any side effect: the next
@@ -190,7 +203,7 @@ func (s *Service) retryable(ctx context.Context, lease idem.Lease, cause error) 
 		return store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusFailedRetryable, ErrorCode: idem.ECodeProviderUnavailable})
 	})
 	if err != nil {
-		return Result{}, fenceAsInProgress(err)
+		return Result{}, s.fenceAsInProgress(err)
 	}
 	return Result{}, &idem.Error{Code: idem.ECodeProviderUnavailable, Message: "The payment provider is unavailable; nothing was charged. Retry with the same key.", Err: cause}
 }
@@ -204,7 +217,7 @@ func (s *Service) markUnknown(ctx context.Context, lease idem.Lease, p store.Pay
 		return store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusUnknown, ErrorCode: idem.ECodeOutcomeUnknown})
 	})
 	if err != nil {
-		return Result{}, fenceAsInProgress(err)
+		return Result{}, s.fenceAsInProgress(err)
 	}
 	return Result{Response: unknownResponse(p.ID), Unknown: true}, nil
 }
@@ -220,8 +233,10 @@ func unknownResponse(paymentID string) idem.Response {
 
 // fenceAsInProgress turns "another owner took over" into the in-progress
 // answer: that owner finishes the operation.
-func fenceAsInProgress(err error) error {
+func (s *Service) fenceAsInProgress(err error) error {
 	if errors.Is(err, idem.ErrFenced) {
+		s.logger.Warn("store rejected a stale fencing token", "err", err)
+		s.fenced()
 		return &idem.Error{Code: idem.ECodeInProgress, Message: "Another owner is completing this request; retry later.", Err: err}
 	}
 	return err

@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/fencing"
 	"github.com/idemcoord/idem/store"
 )
 
@@ -54,16 +55,39 @@ func (s *Service) RecoverBatch(ctx context.Context, limit int) (map[string]int, 
 }
 
 func (s *Service) recoverOne(ctx context.Context, rec *idem.Record) (string, error) {
-	d, err := s.store.Begin(ctx, idem.BeginRequest{
+	begin := idem.BeginRequest{
 		Scope: rec.Scope, RequestHashes: []string{rec.RequestHash}, HashVersion: rec.HashVersion,
 		Owner: s.cfg.Owner + "/recovery", HomeRegion: rec.HomeRegion, LockFor: s.cfg.LockFor, Window: s.cfg.Window,
+		ExternalFencing: s.cfg.Locker != nil,
+	}
+	var outcome string
+	_, err := s.withLock(ctx, begin, func(b idem.BeginRequest, lock *fencing.Lock) (Result, error) {
+		d, err := s.store.Begin(ctx, b)
+		if err != nil {
+			return Result{}, err
+		}
+		if d.Outcome != idem.OutcomeRecover {
+			outcome = RecoverySkipped
+			return Result{}, nil
+		}
+		if d.Lease.Token == 0 {
+			return Result{}, errNeedsLock
+		}
+		outcome, err = s.recoverOwned(ctx, d, lock)
+		return Result{}, err
 	})
-	if err != nil {
+	switch {
+	case idem.ErrorCode(err) == idem.ECodeInProgress:
+		return RecoverySkipped, nil
+	case err != nil:
 		return "", err
 	}
-	if d.Outcome != idem.OutcomeRecover {
-		return RecoverySkipped, nil
-	}
+	return outcome, nil
+}
+
+// recoverOwned finishes a record this worker owns (d.Lease).
+func (s *Service) recoverOwned(ctx context.Context, d idem.Decision, lock *fencing.Lock) (string, error) {
+	rec := d.Record
 	lease := d.Lease
 	if d.Record.ResourceID == "" {
 		// Claimed but no payment was ever written: nothing happened downstream.
@@ -83,7 +107,7 @@ func (s *Service) recoverOne(ctx context.Context, rec *idem.Record) (string, err
 	}
 	// The request reached (or may have reached) the provider: ask it, and
 	// finish with the same provider key if it has no charge.
-	res, err := s.drive(ctx, lease, d.Record.Checkpoint, p)
+	res, err := s.drive(ctx, lease, d.Record.Checkpoint, p, lock)
 	switch {
 	case idem.ErrorCode(err) == idem.ECodeProviderUnavailable:
 		return RecoveryReleased, nil

@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/fencing"
+	"github.com/idemcoord/idem/internal/failpoint"
 	"github.com/idemcoord/idem/store"
 )
 
@@ -54,6 +56,15 @@ type Config struct {
 	// ReplayRule decides what a replay of a response stored under an older
 	// schema looks like: ReplayAsStored (default) or ReconstructCurrent.
 	ReplayRule string
+	// Locker, when set, fences recovery through an external lock service
+	// (etcd): a takeover first locks the scope, and the lock's token is what
+	// the record and the provider see. Nil uses the store's own counter.
+	Locker Locker
+	// Failpoints pauses the operation at named points (tests, chaos runs).
+	Failpoints *failpoint.Set
+	// OnFenced is called when a write or provider call of this process was
+	// rejected because a newer owner holds the record. Optional.
+	OnFenced func()
 }
 
 // Service executes create_payment commands.
@@ -168,11 +179,15 @@ func (s *Service) Create(ctx context.Context, req Request) (Result, error) {
 		HomeRegion:    s.cfg.Region,
 		LockFor:       s.cfg.LockFor,
 		Window:        s.cfg.Window,
+
+		ExternalFencing: s.cfg.Locker != nil,
 	}
 	wait := min(req.Wait, MaxWait)
 	poll := 20 * time.Millisecond
 	for {
-		res, err := s.attempt(ctx, begin, cmd, req.Uncertain)
+		res, err := s.withLock(ctx, begin, func(b idem.BeginRequest, lock *fencing.Lock) (Result, error) {
+			return s.attempt(ctx, b, cmd, req.Uncertain, lock)
+		})
 		if err == nil || idem.ErrorCode(err) != idem.ECodeInProgress || wait <= 0 {
 			return res, err
 		}
@@ -187,9 +202,9 @@ func (s *Service) Create(ctx context.Context, req Request) (Result, error) {
 
 // attempt runs one claim. Without a provider the whole operation is one
 // transaction; with one, see attemptWithProvider.
-func (s *Service) attempt(ctx context.Context, begin idem.BeginRequest, cmd Command, uncertain bool) (Result, error) {
+func (s *Service) attempt(ctx context.Context, begin idem.BeginRequest, cmd Command, uncertain bool, lock *fencing.Lock) (Result, error) {
 	if s.cfg.Provider != nil {
-		return s.attemptWithProvider(ctx, begin, cmd, uncertain)
+		return s.attemptWithProvider(ctx, begin, cmd, uncertain, lock)
 	}
 	if uncertain {
 		if _, err := s.store.Get(ctx, begin.Scope); errors.Is(err, idem.ErrRecordNotFound) {
@@ -223,6 +238,9 @@ func (s *Service) attempt(ctx context.Context, begin idem.BeginRequest, cmd Comm
 		if done, err := s.answerExisting(ctx, tx, d, &res); done || err != nil {
 			return err
 		}
+		if d.Lease.Token == 0 {
+			return errNeedsLock
+		}
 		// Recover or Expired: this transaction owns the record now. The
 		// payment's identity follows the record's generation.
 		p, ev = s.newPayment(begin.Scope, d.Record.RequestHash, d.Record.Generation, cmd)
@@ -250,6 +268,10 @@ func (s *Service) finishAttempt(ctx context.Context, begin idem.BeginRequest, cm
 	if idem.ErrorCode(err) == idem.ECodeKeyReused {
 		s.logger.WarnContext(ctx, "idempotency key reused with a different request",
 			"tenant", begin.Tenant, "operation", begin.Operation, "key", begin.Key)
+	}
+	if errors.Is(err, idem.ErrFenced) {
+		s.fenced()
+		err = &idem.Error{Code: idem.ECodeInProgress, Message: "Another owner holds this request; retry later.", Err: err}
 	}
 	return res, err
 }
@@ -349,6 +371,13 @@ func (s *Service) Get(ctx context.Context, tenant, id string) ([]byte, error) {
 		return nil, err
 	}
 	return renderers[s.cfg.ResponseSchema](p)
+}
+
+// fenced reports a rejected write or call of this process.
+func (s *Service) fenced() {
+	if s.cfg.OnFenced != nil {
+		s.cfg.OnFenced()
+	}
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

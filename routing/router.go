@@ -2,10 +2,8 @@ package routing
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -35,10 +33,12 @@ func ParseStoreMode(s string) (StoreMode, error) {
 	return "", fmt.Errorf("routing: unknown store mode %q (want %s or %s)", s, RegionLocal, Global)
 }
 
-// Lease is what the router needs of the node's liveness lease: whether its
-// local deadline has passed.
+// Lease is what the router needs of the node's liveness lease (a
+// *Membership): whether its local deadline has passed, and the etcd revision
+// of the node's latest registration.
 type Lease interface {
 	Valid() bool
+	ServingFrom() int64
 }
 
 // Route is where a request for a tenant must be served.
@@ -75,9 +75,6 @@ type Router struct {
 	m     *Map
 	lease Lease
 	cfg   RouterConfig
-	// servingFrom is the etcd revision at which this node (re)registered;
-	// the node serves home tenants only once its map has caught up to it.
-	servingFrom atomic.Int64
 }
 
 // NewRouter returns a Router over the map m, serving home tenants while
@@ -100,18 +97,6 @@ func (r *Router) Region() string { return r.cfg.Region }
 
 // Mode returns the store mode.
 func (r *Router) Mode() StoreMode { return r.cfg.Mode }
-
-// Register publishes this node (id, url) under its region, bound to leaseID,
-// and remembers the revision from which it may serve.
-func (r *Router) Register(ctx context.Context, leaseID clientv3.LeaseID, nodeID, url string) error {
-	val, _ := json.Marshal(nodeValue{URL: url})
-	resp, err := r.cli.Put(ctx, NodeKey(r.cfg.Region, nodeID), string(val), clientv3.WithLease(leaseID))
-	if err != nil {
-		return fmt.Errorf("routing: register node: %w", err)
-	}
-	r.servingFrom.Store(resp.Header.Revision)
-	return nil
-}
 
 // Route decides where tenant's request is served. A tenant without a
 // placement is placed in this node's region (one atomic create in etcd).
@@ -144,7 +129,9 @@ func (r *Router) Route(ctx context.Context, tenant string) (Route, error) {
 	if r.lease == nil || !r.lease.Valid() {
 		return Route{}, idem.Errorf(idem.ECodeNotHome, "Region %s does not hold its lease; it is not serving its tenants now.", r.cfg.Region)
 	}
-	if from := r.servingFrom.Load(); r.m.Revision() < from {
+	// The node serves home tenants only once its map has caught up with its
+	// latest registration (a placement may have moved while it was away).
+	if from := r.lease.ServingFrom(); r.m.Revision() < from {
 		wctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
 		if err := r.m.WaitRevision(wctx, from); err != nil {

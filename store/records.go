@@ -187,14 +187,16 @@ func leaseOf(r *idem.Record) idem.Lease {
 }
 
 // fenced is the WHERE clause of every write by an owner: the record is still
-// open and has not seen a higher fencing token than the writer's ($4). The
-// write then raises the record's token to the writer's (monotonic).
-const fenced = `tenant_id = $1 AND operation_name = $2 AND idempotency_key = $3 AND fencing_token <= $4
+// open and its token is the writer's ($4). Tokens only ever rise (a takeover
+// sets a higher one), so a writer whose token is lower than the highest the
+// record has seen is rejected; a token the record never granted (higher, or
+// forged by a remote caller) is rejected too.
+const fenced = `tenant_id = $1 AND operation_name = $2 AND idempotency_key = $3 AND fencing_token = $4
 	AND status IN ('IN_PROGRESS', 'UNKNOWN_REQUIRES_RECOVERY')`
 
 func fencedExec(ctx context.Context, q Querier, lease idem.Lease, set string, args ...any) error {
 	all := append([]any{lease.Tenant, lease.Operation, lease.Key, lease.Token}, args...)
-	tag, err := q.Exec(ctx, `UPDATE idempotency_records SET fencing_token = $4, updated_at = now(), `+set+` WHERE `+fenced, all...)
+	tag, err := q.Exec(ctx, `UPDATE idempotency_records SET updated_at = now(), `+set+` WHERE `+fenced, all...)
 	if err != nil {
 		return err
 	}

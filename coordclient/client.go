@@ -1,0 +1,353 @@
+// Package coordclient is the Go client of a regional node's coordination API
+// (POST /v1/coordination/{operation}/{key}/begin, .../checkpoint, .../complete,
+// .../fail and GET /v1/coordination/{operation}/{key}; see
+// docs/coordination-openapi.yaml).
+//
+// *Client satisfies idem.Coordinator, so a Go service can switch between the
+// in-process engine (*store.Store) and a remote node without other changes.
+// The differences a caller can see:
+//
+//   - The tenant is the bearer token's. BeginRequest.Tenant and Scope.Tenant
+//     are ignored when talking to the node; the Lease and Record the client
+//     returns echo the caller's value so that Lease.Scope equals the scope it
+//     asked for, but they say nothing about what the node decided.
+//   - Only RequestHashes[0] is sent (as requestHash); the node derives the
+//     hash version from its "v<N>:" prefix, so BeginRequest.HashVersion is not
+//     sent either. A record stored under an older hash version answers
+//     "conflict" where the in-process engine would compare older versions too.
+//   - LockFor and Window travel as whole seconds, rounded up; the node
+//     accepts 1s-1h and 1s-30d. BeginRequest.HomeRegion is the node's region.
+//     An empty Owner becomes "coord/<tenant>".
+//   - Decision.Record.Response is filled only on OutcomeReplay (and by Get),
+//     where the node sends the stored response.
+//   - Errors are *idem.Error with the node's code, so errors.Is(err,
+//     idem.ErrFenced) and errors.Is(err, idem.ErrRecordNotFound) work as with
+//     the engine. A request that did not get an answer from the node (network
+//     failure, cancelled context, a proxy's non-JSON 5xx) is
+//     *idem.Error{Code: idem.ECodeUnavailable} wrapping the cause; after such an
+//     error on Begin the node may have granted a lease the caller never saw,
+//     which a later Begin reports as in progress until the lock times out.
+package coordclient
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/idemcoord/idem"
+)
+
+// maxAnswerBytes bounds what the client reads from one answer.
+const maxAnswerBytes = 4 << 20
+
+// Client calls a node's coordination API. The zero value is not usable: set
+// BaseURL and Token. It is safe for concurrent use.
+type Client struct {
+	// BaseURL is the node's URL, e.g. "https://eu.idem.example"; a path
+	// prefix is kept.
+	BaseURL string
+	// Token is the bearer token; it decides the tenant.
+	Token string
+	// HTTP sends the requests. Default http.DefaultClient. Timeouts come from
+	// it and from each call's context.
+	HTTP *http.Client
+}
+
+var _ idem.Coordinator = (*Client)(nil)
+
+// --- wire types (docs/coordination-openapi.yaml) ---
+
+type wireResponse struct {
+	Status        int               `json:"status"`
+	Headers       map[string]string `json:"headers,omitempty"`
+	Body          []byte            `json:"body"`
+	SchemaVersion string            `json:"schemaVersion,omitempty"`
+}
+
+type wireRecord struct {
+	Operation             string     `json:"operation"`
+	Key                   string     `json:"key"`
+	Status                string     `json:"status"`
+	Checkpoint            string     `json:"checkpoint"`
+	RequestHash           string     `json:"requestHash"`
+	HashVersion           int        `json:"hashVersion"`
+	Owner                 string     `json:"owner"`
+	FencingToken          int64      `json:"fencingToken"`
+	LockedUntil           *time.Time `json:"lockedUntil"`
+	Attempts              int        `json:"attempts"`
+	Generation            int        `json:"generation"`
+	ResponseStatus        int        `json:"responseStatus"`
+	ResponseSchemaVersion string     `json:"responseSchemaVersion"`
+	ResourceType          string     `json:"resourceType"`
+	ResourceID            string     `json:"resourceId"`
+	ErrorCode             string     `json:"errorCode"`
+	HomeRegion            string     `json:"homeRegion"`
+	CreatedAt             time.Time  `json:"createdAt"`
+	UpdatedAt             time.Time  `json:"updatedAt"`
+	ExpiresAt             time.Time  `json:"expiresAt"`
+}
+
+type beginBody struct {
+	RequestHash        string `json:"requestHash"`
+	LockTimeoutSeconds int64  `json:"lockTimeoutSeconds"`
+	WindowSeconds      int64  `json:"windowSeconds"`
+	Owner              string `json:"owner,omitempty"`
+}
+
+type beginAnswer struct {
+	Outcome      string        `json:"outcome"`
+	FencingToken int64         `json:"fencingToken"`
+	Record       *wireRecord   `json:"record"`
+	Response     *wireResponse `json:"response"`
+	ExpiredRetry bool          `json:"expiredRetry"`
+}
+
+type recordAnswer struct {
+	Record   *wireRecord   `json:"record"`
+	Response *wireResponse `json:"response"`
+}
+
+type checkpointBody struct {
+	FencingToken int64  `json:"fencingToken"`
+	Checkpoint   string `json:"checkpoint"`
+}
+
+type completeBody struct {
+	FencingToken int64        `json:"fencingToken"`
+	Response     wireResponse `json:"response"`
+	ResourceType string       `json:"resourceType,omitempty"`
+	ResourceID   string       `json:"resourceId,omitempty"`
+}
+
+type failBody struct {
+	FencingToken int64         `json:"fencingToken"`
+	Status       string        `json:"status"`
+	ErrorCode    string        `json:"errorCode,omitempty"`
+	Response     *wireResponse `json:"response,omitempty"`
+}
+
+type errorAnswer struct {
+	ErrorCode string `json:"errorCode"`
+	Message   string `json:"message"`
+}
+
+var outcomes = map[string]idem.Outcome{
+	idem.OutcomeExecute.String():    idem.OutcomeExecute,
+	idem.OutcomeReplay.String():     idem.OutcomeReplay,
+	idem.OutcomeConflict.String():   idem.OutcomeConflict,
+	idem.OutcomeInProgress.String(): idem.OutcomeInProgress,
+	idem.OutcomeRecover.String():    idem.OutcomeRecover,
+	idem.OutcomeExpired.String():    idem.OutcomeExpired,
+}
+
+// --- idem.Coordinator ---
+
+// Begin implements idem.Coordinator. req.Tenant and req.HashVersion are not
+// sent (see the package documentation); RequestHashes[0] is.
+func (c *Client) Begin(ctx context.Context, req idem.BeginRequest) (idem.Decision, error) {
+	if err := checkScope(req.Scope); err != nil {
+		return idem.Decision{}, err
+	}
+	if len(req.RequestHashes) == 0 || req.RequestHashes[0] == "" {
+		return idem.Decision{}, idem.Errorf(idem.ECodeValidationFailed, "A request hash is required.")
+	}
+	var ans beginAnswer
+	err := c.call(ctx, http.MethodPost, req.Scope, "/begin", beginBody{
+		RequestHash:        req.RequestHashes[0],
+		LockTimeoutSeconds: ceilSeconds(req.LockFor),
+		WindowSeconds:      ceilSeconds(req.Window),
+		Owner:              req.Owner,
+	}, &ans)
+	if err != nil {
+		return idem.Decision{}, err
+	}
+	outcome, ok := outcomes[ans.Outcome]
+	if !ok || ans.Record == nil {
+		return idem.Decision{}, protocolError(fmt.Errorf("begin answered outcome %q with record %v", ans.Outcome, ans.Record != nil))
+	}
+	rec := recordOf(req.Tenant, ans.Record, ans.Response)
+	d := idem.Decision{Outcome: outcome, Record: rec, ExpiredRetry: ans.ExpiredRetry}
+	if ans.FencingToken > 0 {
+		d.Lease = idem.Lease{Scope: req.Scope, Token: ans.FencingToken, Owner: rec.Owner}
+	}
+	return d, nil
+}
+
+// Checkpoint implements idem.Coordinator. Only lease's operation, key and
+// token are sent.
+func (c *Client) Checkpoint(ctx context.Context, lease idem.Lease, cp idem.Checkpoint) error {
+	if err := checkScope(lease.Scope); err != nil {
+		return err
+	}
+	return c.call(ctx, http.MethodPost, lease.Scope, "/checkpoint", checkpointBody{FencingToken: lease.Token, Checkpoint: string(cp)}, nil)
+}
+
+// Complete implements idem.Coordinator.
+func (c *Client) Complete(ctx context.Context, lease idem.Lease, done idem.Completion) error {
+	if err := checkScope(lease.Scope); err != nil {
+		return err
+	}
+	return c.call(ctx, http.MethodPost, lease.Scope, "/complete", completeBody{
+		FencingToken: lease.Token, Response: *wireOf(&done.Response),
+		ResourceType: done.ResourceType, ResourceID: done.ResourceID,
+	}, nil)
+}
+
+// Fail implements idem.Coordinator.
+func (c *Client) Fail(ctx context.Context, lease idem.Lease, f idem.Failure) error {
+	if err := checkScope(lease.Scope); err != nil {
+		return err
+	}
+	return c.call(ctx, http.MethodPost, lease.Scope, "/fail", failBody{
+		FencingToken: lease.Token, Status: string(f.Status), ErrorCode: f.ErrorCode, Response: wireOf(f.Response),
+	}, nil)
+}
+
+// Get implements idem.Coordinator: the record of scope (in the token's
+// tenant) with its stored response, or an error matching idem.ErrRecordNotFound.
+func (c *Client) Get(ctx context.Context, scope idem.Scope) (*idem.Record, error) {
+	if err := checkScope(scope); err != nil {
+		return nil, err
+	}
+	var ans recordAnswer
+	if err := c.call(ctx, http.MethodGet, scope, "", nil, &ans); err != nil {
+		return nil, err
+	}
+	if ans.Record == nil {
+		return nil, protocolError(errors.New("record answer without a record"))
+	}
+	return recordOf(scope.Tenant, ans.Record, ans.Response), nil
+}
+
+// --- plumbing ---
+
+// checkScope refuses locally what the node would refuse anyway, and what
+// could not be put in a URL path (an empty segment would be redirected).
+func checkScope(s idem.Scope) error {
+	if s.Operation == "" {
+		return idem.Errorf(idem.ECodeValidationFailed, "A scope needs an operation.")
+	}
+	if !idem.ValidKey(s.Key) {
+		return idem.Errorf(idem.ECodeKeyInvalid, "An idempotency key is 1 to 255 visible ASCII characters.")
+	}
+	return nil
+}
+
+// segment escapes one path segment, including "." and ".." (which a path
+// cleaner would otherwise resolve).
+func segment(s string) string {
+	if s == "." || s == ".." {
+		return strings.Repeat("%2E", len(s))
+	}
+	return url.PathEscape(s)
+}
+
+func (c *Client) call(ctx context.Context, method string, scope idem.Scope, suffix string, in, out any) error {
+	target := strings.TrimRight(c.BaseURL, "/") + "/v1/coordination/" + segment(scope.Operation) + "/" + segment(scope.Key) + suffix
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return &idem.Error{Code: idem.ECodeValidationFailed, Message: "The request cannot be encoded as JSON.", Err: err}
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, target, body)
+	if err != nil {
+		return &idem.Error{Code: idem.ECodeInternal, Message: "The coordination request cannot be built.", Err: fmt.Errorf("coordclient: %w", err)}
+	}
+	req.Header.Set("Authorization", "Bearer "+c.Token)
+	req.Header.Set("Accept", "application/json")
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	hc := c.HTTP
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return unavailable(fmt.Errorf("coordclient: %s %s: %w", method, req.URL.Path, err))
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes+1))
+	if err != nil {
+		return unavailable(fmt.Errorf("coordclient: %s %s: read answer: %w", method, req.URL.Path, err))
+	}
+	if len(raw) > maxAnswerBytes {
+		return protocolError(fmt.Errorf("%s %s: answer larger than %d bytes", method, req.URL.Path, maxAnswerBytes))
+	}
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+		if out == nil {
+			return nil
+		}
+		if err := json.Unmarshal(raw, out); err != nil {
+			return protocolError(fmt.Errorf("%s %s: decode %d answer: %w", method, req.URL.Path, resp.StatusCode, err))
+		}
+		return nil
+	}
+	cause := fmt.Errorf("coordclient: %s %s: HTTP %d", method, req.URL.Path, resp.StatusCode)
+	var e errorAnswer
+	if json.Unmarshal(raw, &e) == nil && e.ErrorCode != "" {
+		return &idem.Error{Code: e.ErrorCode, Message: e.Message, Err: cause}
+	}
+	// Not the node's error contract: a proxy or load balancer answered.
+	if resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests {
+		return unavailable(cause)
+	}
+	return protocolError(cause)
+}
+
+func unavailable(err error) error {
+	return &idem.Error{Code: idem.ECodeUnavailable, Message: "The coordination node could not be reached; retry with the same key.", Err: err}
+}
+
+func protocolError(err error) error {
+	return &idem.Error{Code: idem.ECodeInternal, Message: "The coordination node gave an unexpected answer.", Err: fmt.Errorf("coordclient: %w", err)}
+}
+
+// ceilSeconds rounds d up to whole seconds (0 for d <= 0, which the node
+// rejects as the engine does).
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+func wireOf(r *idem.Response) *wireResponse {
+	if r == nil {
+		return nil
+	}
+	body := r.Body
+	if body == nil {
+		body = []byte{}
+	}
+	return &wireResponse{Status: r.Status, Headers: r.Headers, Body: body, SchemaVersion: r.SchemaVersion}
+}
+
+func recordOf(tenant string, w *wireRecord, resp *wireResponse) *idem.Record {
+	r := &idem.Record{
+		Scope:       idem.Scope{Tenant: tenant, Operation: w.Operation, Key: w.Key},
+		RequestHash: w.RequestHash, HashVersion: w.HashVersion,
+		Status: idem.Status(w.Status), Checkpoint: idem.Checkpoint(w.Checkpoint),
+		Owner: w.Owner, FencingToken: w.FencingToken, LockedUntil: w.LockedUntil,
+		Attempts: w.Attempts, Generation: w.Generation,
+		ResourceType: w.ResourceType, ResourceID: w.ResourceID, ErrorCode: w.ErrorCode, HomeRegion: w.HomeRegion,
+		CreatedAt: w.CreatedAt, UpdatedAt: w.UpdatedAt, ExpiresAt: w.ExpiresAt,
+	}
+	if resp != nil {
+		r.Response = &idem.Response{Status: resp.Status, Headers: resp.Headers, Body: resp.Body, SchemaVersion: resp.SchemaVersion}
+		if len(r.Response.Headers) == 0 {
+			r.Response.Headers = nil
+		}
+	}
+	return r
+}

@@ -1,0 +1,422 @@
+package fencing
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/idemcoord/idem/internal/etcdtest"
+)
+
+func TestGrantValidatesOptions(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	ctx := testCtx(t)
+	cases := []struct {
+		name string
+		ttl  time.Duration
+		opts []Option
+	}{
+		{"ttl below 1s", 500 * time.Millisecond, nil},
+		{"negative margin", 5 * time.Second, []Option{WithMargin(-time.Second)}},
+		{"margin equals ttl", 5 * time.Second, []Option{WithMargin(5 * time.Second)}},
+		{"zero interval", 5 * time.Second, []Option{WithKeepAliveInterval(0)}},
+		{"interval reaches deadline", 5 * time.Second, []Option{WithMargin(time.Second), WithKeepAliveInterval(4 * time.Second)}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			l, err := Grant(ctx, cli, tc.ttl, tc.opts...)
+			if err == nil {
+				_ = l.Close(ctx)
+				t.Fatalf("Grant succeeded, want an error")
+			}
+		})
+	}
+	// No lease may have been granted by the failed calls.
+	resp, err := cli.Leases(ctx)
+	if err != nil {
+		t.Fatalf("Leases: %v", err)
+	}
+	if len(resp.Leases) != 0 {
+		t.Fatalf("%d leases granted by invalid Grant calls, want 0", len(resp.Leases))
+	}
+}
+
+func TestGrantDefaults(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	clock := newFakeClock()
+	t0 := clock.Now()
+	// 2.5s rounds up to 3s.
+	l := grant(t, cli, 2500*time.Millisecond, WithClock(clock.Now))
+	if got, want := l.TTL(), 3*time.Second; got != want {
+		t.Fatalf("TTL = %v, want %v", got, want)
+	}
+	// The grant's send time starts the deadline; default margin TTL/5.
+	if got, want := l.Deadline(), t0.Add(3*time.Second-600*time.Millisecond); !got.Equal(want) {
+		t.Fatalf("Deadline = %v, want grant send time + TTL - TTL/5 = %v", got, want)
+	}
+	if got, want := l.Remaining(), 2400*time.Millisecond; got != want {
+		t.Fatalf("Remaining = %v, want %v", got, want)
+	}
+	ttl, err := cli.TimeToLive(testCtx(t), l.ID())
+	if err != nil {
+		t.Fatalf("TimeToLive: %v", err)
+	}
+	if ttl.GrantedTTL != 3 {
+		t.Fatalf("etcd granted TTL %ds, want 3s", ttl.GrantedTTL)
+	}
+}
+
+// The owner goes quiet at its local deadline with no help from etcd:
+// etcd is stopped first, then the (fake) clock is moved to the deadline.
+func TestLocalDeadlineWithoutEtcd(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	clock := newFakeClock()
+	t0 := clock.Now()
+	o := newOwnerWithClient(t, cli, 5*time.Second, WithClock(clock.Now))
+	lk, err := o.locker.TryLock(testCtx(t), "deadline")
+	if err != nil {
+		t.Fatalf("TryLock: %v", err)
+	}
+	want := t0.Add(5*time.Second - time.Second)
+	if got := o.lease.Deadline(); !got.Equal(want) {
+		t.Fatalf("Deadline = %v, want %v", got, want)
+	}
+
+	// Close the lease (no revoke reaches etcd) at the end, before cleanup.
+	defer func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		_ = o.lease.Close(ctx)
+	}()
+	srv.Stop() // etcd is never asked again
+
+	clock.Advance(want.Sub(clock.Now()) - time.Nanosecond)
+	if !o.lease.Valid() || !lk.Valid() {
+		t.Fatalf("invalid 1ns before the deadline")
+	}
+	if err := lk.Check(); err != nil {
+		t.Fatalf("Check 1ns before the deadline: %v", err)
+	}
+	if got := o.lease.Remaining(); got != time.Nanosecond {
+		t.Fatalf("Remaining = %v, want 1ns", got)
+	}
+	if isClosed(o.lease.Done()) {
+		t.Fatalf("Done closed before the deadline")
+	}
+
+	clock.Advance(time.Nanosecond)
+	if o.lease.Valid() {
+		t.Fatalf("lease Valid at the deadline")
+	}
+	if lk.Valid() {
+		t.Fatalf("lock Valid at the deadline")
+	}
+	if err := lk.Check(); !errors.Is(err, ErrLeaseExpired) {
+		t.Fatalf("Check at the deadline = %v, want ErrLeaseExpired", err)
+	}
+	if got := o.lease.Remaining(); got != 0 {
+		t.Fatalf("Remaining = %v, want 0", got)
+	}
+	waitClosed(t, o.lease.Done(), time.Second, "Done")
+	if _, err := o.locker.TryLock(testCtx(t), "other"); !errors.Is(err, ErrLeaseExpired) {
+		t.Fatalf("TryLock on an expired lease = %v, want ErrLeaseExpired", err)
+	}
+	if _, err := NewLocker(cli, o.lease, testPrefix); !errors.Is(err, ErrLeaseExpired) {
+		t.Fatalf("NewLocker on an expired lease = %v, want ErrLeaseExpired", err)
+	}
+	// Dead for good, even if the clock went back.
+	clock.Advance(-time.Hour)
+	if o.lease.Valid() {
+		t.Fatalf("lease revived")
+	}
+}
+
+// Done closes by itself — its timer, with nobody calling Valid and no
+// keepalive answered — when the clock jumps past the deadline. Before
+// that, successful keepalives at a frozen clock leave the deadline put.
+func TestDoneClosesOnItsOwnAfterClockJump(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	clock := newFakeClock()
+	l := grant(t, cli, 2*time.Second, WithClock(clock.Now), WithKeepAliveInterval(100*time.Millisecond))
+	deadline := l.Deadline()
+	time.Sleep(300 * time.Millisecond) // a few keepalives at frozen time
+	if !l.Deadline().Equal(deadline) {
+		t.Fatalf("Deadline moved from %v to %v with a frozen clock", deadline, l.Deadline())
+	}
+	defer func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		_ = l.Close(ctx)
+	}()
+	srv.Stop() // no keepalive succeeds from here on
+	clock.Advance(time.Hour)
+	if isClosed(l.Done()) {
+		t.Fatal("Done closed before its timer could fire")
+	}
+	// The timer was last armed for the fake remaining time, 1.6s real.
+	waitClosed(t, l.Done(), 5*time.Second, "Done")
+	if err := l.Check(); !errors.Is(err, ErrLeaseExpired) {
+		t.Fatalf("Check = %v, want ErrLeaseExpired", err)
+	}
+}
+
+// gatedRecv makes a keepalive round trip slow on the fake clock: the
+// response is held until the test opens the gate, and the clock advances
+// by delay before it is delivered.
+type gatedRecv struct {
+	grpc.ClientStream
+	gate  <-chan struct{}
+	clock *fakeClock
+	delay time.Duration
+	sends chan<- time.Time
+}
+
+func (s *gatedRecv) SendMsg(m any) error {
+	select {
+	case s.sends <- s.clock.Now():
+	default:
+	}
+	return s.ClientStream.SendMsg(m)
+}
+
+func (s *gatedRecv) RecvMsg(m any) error {
+	select {
+	case <-s.gate:
+	case <-s.Context().Done():
+		return s.Context().Err()
+	}
+	s.clock.Advance(s.delay)
+	return s.ClientStream.RecvMsg(m)
+}
+
+func TestDeadlineFromKeepAliveSendTime(t *testing.T) {
+	srv := etcdtest.Start(t)
+	clock := newFakeClock()
+	gate := make(chan struct{}, 1)
+	sends := make(chan time.Time, 16)
+	const delay = 700 * time.Millisecond
+	cfg := srv.Config()
+	cfg.DialOptions = []grpc.DialOption{grpc.WithChainStreamInterceptor(streamHook(keepAliveMethod,
+		func(s grpc.ClientStream) grpc.ClientStream {
+			return &gatedRecv{ClientStream: s, gate: gate, clock: clock, delay: delay, sends: sends}
+		}, nil))}
+	cli := etcdtest.NewClient(t, cfg)
+
+	const ttl, margin = 3 * time.Second, 600 * time.Millisecond
+	l := grant(t, cli, ttl, WithClock(clock.Now), WithMargin(margin),
+		WithKeepAliveInterval(50*time.Millisecond))
+	initial := l.Deadline()
+
+	// Time passes before the first keepalive is sent.
+	clock.Advance(time.Second)
+	var sent time.Time
+	select {
+	case sent = <-sends:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no keepalive sent")
+	}
+	if want := initial.Add(time.Second - (ttl - margin)); !sent.Equal(want) {
+		t.Fatalf("keepalive sent at %v, want %v", sent, want)
+	}
+	gate <- struct{}{} // deliver one response, 700ms (fake) after sending
+
+	deadlineBy := time.Now().Add(5 * time.Second)
+	for l.Deadline().Equal(initial) {
+		if time.Now().After(deadlineBy) {
+			t.Fatal("Deadline not renewed after a successful keepalive")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	received := sent.Add(delay)
+	if got, want := l.Deadline(), sent.Add(ttl-margin); !got.Equal(want) {
+		t.Fatalf("Deadline = %v, want send time + TTL - margin = %v (receive-time based would be %v)",
+			got, want, received.Add(ttl-margin))
+	}
+	if now := clock.Now(); !now.Equal(received) {
+		t.Fatalf("clock = %v, want %v (the round trip took %v)", now, received, delay)
+	}
+	// Later attempts are held at the gate and time out: no more renewals.
+	time.Sleep(200 * time.Millisecond)
+	if got, want := l.Deadline(), sent.Add(ttl-margin); !got.Equal(want) {
+		t.Fatalf("Deadline moved to %v without a response, want %v", got, want)
+	}
+	if !l.Valid() {
+		t.Fatal("lease invalid before its deadline")
+	}
+}
+
+// With the real clock and etcd gone, the lease stays valid until its
+// local deadline and not a moment longer.
+func TestLocalDeadlineRealClockEtcdStopped(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	l := grant(t, cli, 2*time.Second, WithKeepAliveInterval(100*time.Millisecond))
+	time.Sleep(250 * time.Millisecond) // let a keepalive or two land
+	defer func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		_ = l.Close(ctx)
+	}()
+	srv.Stop()
+	stopped := time.Now()
+	if !l.Valid() {
+		t.Fatal("lease invalid right after etcd stopped")
+	}
+	deadline := l.Deadline()
+	if d := deadline.Sub(stopped); d <= 0 || d > 1600*time.Millisecond {
+		t.Fatalf("deadline %v after etcd stopped, want in (0, TTL-margin]", d)
+	}
+	waitClosed(t, l.Done(), 5*time.Second, "Done")
+	closed := time.Now()
+	if closed.Before(deadline) {
+		t.Fatalf("Done closed %v before the deadline", deadline.Sub(closed))
+	}
+	if late := closed.Sub(deadline); late > time.Second {
+		t.Fatalf("Done closed %v after the deadline", late)
+	}
+	if err := l.Check(); !errors.Is(err, ErrLeaseExpired) {
+		t.Fatalf("Check = %v, want ErrLeaseExpired", err)
+	}
+}
+
+func TestLeaseRevokedExternally(t *testing.T) {
+	srv := etcdtest.Start(t)
+	a := newOwner(t, srv, 5*time.Second, WithKeepAliveInterval(100*time.Millisecond))
+	lk, err := a.locker.TryLock(testCtx(t), "revoked")
+	if err != nil {
+		t.Fatalf("TryLock: %v", err)
+	}
+	admin := srv.Client(t)
+	if _, err := admin.Revoke(testCtx(t), a.lease.ID()); err != nil {
+		t.Fatalf("Revoke: %v", err)
+	}
+	waitClosed(t, a.lease.Done(), 3*time.Second, "Done after external revoke")
+	if a.lease.Valid() {
+		t.Fatal("lease Valid after external revoke")
+	}
+	if time.Until(a.lease.Deadline()) <= 0 {
+		t.Fatal("test too slow: deadline passed, cannot tell loss from expiry")
+	}
+	if err := a.lease.Check(); !errors.Is(err, ErrLeaseExpired) {
+		t.Fatalf("lease Check = %v, want ErrLeaseExpired", err)
+	}
+	if err := lk.Check(); !errors.Is(err, ErrLeaseExpired) {
+		t.Fatalf("lock Check = %v, want ErrLeaseExpired", err)
+	}
+	// The revoke deleted the lock key, so a second owner gets the key at
+	// once, with a higher token.
+	b := newOwner(t, srv, 5*time.Second)
+	lk2, err := b.locker.TryLock(testCtx(t), "revoked")
+	if err != nil {
+		t.Fatalf("second owner TryLock: %v", err)
+	}
+	if lk2.Token() <= lk.Token() {
+		t.Fatalf("second token %d not above first %d", lk2.Token(), lk.Token())
+	}
+	if err := lk.Unlock(testCtx(t)); err != nil {
+		t.Fatalf("Unlock of a lost lock: %v", err)
+	}
+	if !keyExists(t, admin, lk2.Key()) {
+		t.Fatal("stale Unlock deleted the new owner's key")
+	}
+}
+
+func TestLeaseCloseRevokes(t *testing.T) {
+	srv := etcdtest.Start(t)
+	a := newOwner(t, srv, 30*time.Second)
+	lk, err := a.locker.TryLock(testCtx(t), "closed")
+	if err != nil {
+		t.Fatalf("TryLock: %v", err)
+	}
+	if err := a.lease.Close(testCtx(t)); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if !isClosed(a.lease.Done()) || a.lease.Valid() || lk.Valid() {
+		t.Fatal("lease or lock still alive after Close")
+	}
+	if err := lk.Check(); !errors.Is(err, ErrLeaseExpired) {
+		t.Fatalf("Check = %v, want ErrLeaseExpired", err)
+	}
+	if err := a.lease.Close(testCtx(t)); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	admin := srv.Client(t)
+	ttl, err := admin.TimeToLive(testCtx(t), a.lease.ID())
+	if err != nil {
+		t.Fatalf("TimeToLive: %v", err)
+	}
+	if ttl.TTL != -1 {
+		t.Fatalf("lease TTL in etcd %d after Close, want -1 (revoked)", ttl.TTL)
+	}
+	if keyExists(t, admin, lk.Key()) {
+		t.Fatal("lock key survived the revoke")
+	}
+	// A 30s lease would block for 30s had it not been revoked.
+	b := newOwner(t, srv, 5*time.Second)
+	if _, err := b.locker.TryLock(testCtx(t), "closed"); err != nil {
+		t.Fatalf("TryLock after Close: %v", err)
+	}
+}
+
+// Closing the client ends the lease locally at once (it can no longer be
+// renewed), while etcd keeps it until its TTL runs out.
+func TestClientCloseEndsLease(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	l := grant(t, cli, 5*time.Second)
+	if err := cli.Close(); err != nil {
+		t.Fatalf("client Close: %v", err)
+	}
+	waitClosed(t, l.Done(), 3*time.Second, "Done after client Close")
+	if err := l.Check(); !errors.Is(err, ErrLeaseExpired) {
+		t.Fatalf("Check = %v, want ErrLeaseExpired", err)
+	}
+	if err := l.Close(testCtx(t)); err == nil {
+		t.Fatal("Close revoked through a closed client")
+	}
+	ttl, err := srv.Client(t).TimeToLive(testCtx(t), l.ID())
+	if err != nil {
+		t.Fatalf("TimeToLive: %v", err)
+	}
+	if ttl.TTL <= 0 {
+		t.Fatalf("lease gone from etcd (TTL %d); only its owner's client closed", ttl.TTL)
+	}
+}
+
+// Many goroutines read the lease while it renews and dies.
+func TestLeaseConcurrentReaders(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client(t)
+	clock := newFakeClock()
+	l := grant(t, cli, 2*time.Second, WithClock(clock.Now), WithKeepAliveInterval(20*time.Millisecond))
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for range 8 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_ = l.Valid()
+				_ = l.Remaining()
+				_ = l.Deadline()
+				_ = l.Check()
+			}
+		})
+	}
+	time.Sleep(100 * time.Millisecond)
+	clock.Advance(time.Hour)
+	waitClosed(t, l.Done(), 5*time.Second, "Done")
+	close(stop)
+	wg.Wait()
+}
