@@ -21,6 +21,7 @@ type metrics struct {
 	latency           *prometheus.HistogramVec
 	httpDuration      *prometheus.HistogramVec
 	forwarded         *prometheus.CounterVec
+	fenced            prometheus.Counter
 	inProgressAgeDesc *prometheus.Desc
 	store             *store.Store
 }
@@ -56,12 +57,15 @@ func newMetrics(reg prometheus.Registerer, st *store.Store) (*metrics, error) {
 		forwarded: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idempotency_forwarded_total", Help: "Requests forwarded to the tenant's home region, by home region.",
 		}, []string{"home_region"}),
+		fenced: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idempotency_fenced_total", Help: "Writes or provider calls of this node rejected because a newer owner held the record.",
+		}),
 		inProgressAgeDesc: prometheus.NewDesc("idempotency_in_progress_age_max_seconds",
 			"Age of the oldest record in IN_PROGRESS, by the store's clock (0 when none).", nil, nil),
 		store: st,
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.replays, m.conflicts, m.inProgress, m.expiredRetries,
-		m.unknownStates, m.latency, m.httpDuration, m.forwarded, m} {
+		m.unknownStates, m.latency, m.httpDuration, m.forwarded, m.fenced, m} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

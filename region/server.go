@@ -50,6 +50,8 @@ type Config struct {
 	Router *routing.Router
 	// NodeID names the node in Idem-Forwarded-By. Default: Region.
 	NodeID string
+	// Listener, if set, is served instead of listening on Addr.
+	Listener net.Listener
 }
 
 // Server is a regional node's HTTP server. Create it with NewServer, start it
@@ -127,11 +129,15 @@ func NewServer(cfg Config, st *store.Store, pay *payments.Service) (*Server, err
 // Handler returns the node's HTTP handler.
 func (s *Server) Handler() http.Handler { return s.handler }
 
-// Open starts listening on Config.Addr and serving in the background.
+// Open starts listening on Config.Addr (or serves Config.Listener) and
+// serving in the background.
 func (s *Server) Open() error {
-	ln, err := net.Listen("tcp", s.cfg.Addr)
-	if err != nil {
-		return fmt.Errorf("region: listen: %w", err)
+	ln := s.cfg.Listener
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", s.cfg.Addr); err != nil {
+			return fmt.Errorf("region: listen: %w", err)
+		}
 	}
 	s.ln = ln
 	s.http = &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second}
@@ -237,6 +243,10 @@ func (s *Server) handleCreatePayment(w http.ResponseWriter, r *http.Request, ten
 	w.WriteHeader(res.Response.Status)
 	_, _ = w.Write(res.Response.Body)
 }
+
+// Fenced counts a write or provider call of this node that was rejected
+// because a newer owner held the record (idempotency_fenced_total).
+func (s *Server) Fenced() { s.metrics.fenced.Inc() }
 
 // observe counts an idempotent request's outcome.
 func (s *Server) observe(operation string, res payments.Result, err error, d time.Duration) {

@@ -10,15 +10,22 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
 	"github.com/idemcoord/idem/internal/cli"
+	"github.com/idemcoord/idem/internal/failpoint"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/provider"
 	"github.com/idemcoord/idem/region"
+	"github.com/idemcoord/idem/routing"
 	"github.com/idemcoord/idem/store"
 )
 
@@ -53,15 +60,26 @@ type Main struct {
 	ReplayWindow time.Duration
 	LockFor      time.Duration
 
+	EtcdEndpoints  []string
+	StoreMode      routing.StoreMode
+	RouteToHome    bool
+	NodeID         string
+	AdvertiseURL   string
+	RegionLeaseTTL time.Duration
+	Failpoints     *failpoint.Set
+
 	ProviderURL     string
 	ProviderTimeout time.Duration
 	ResponseSchema  string
 	ReplayRule      string
 	Workers         region.WorkerConfig
 
-	logger *slog.Logger
-	store  *store.Store
-	server *region.Server
+	logger     *slog.Logger
+	store      *store.Store
+	server     *region.Server
+	etcd       *clientv3.Client
+	routes     *routing.Map
+	membership *routing.Membership
 }
 
 // NewMain returns a Main with defaults.
@@ -82,6 +100,12 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	fs.DurationVar(&m.ProviderTimeout, "provider-timeout", 0, "bound on one provider call (default: lock-timeout/3)")
 	fs.StringVar(&m.ResponseSchema, "response-schema", payments.DefaultSchemaVersion, "response schema new payments are answered in: v2 or v3")
 	fs.StringVar(&m.ReplayRule, "replay-rule", payments.ReplayAsStored, "what a replay of a response stored under an older schema returns: replay-as-stored or reconstruct-current")
+	etcd := fs.String("etcd-endpoints", "", "comma-separated etcd endpoints; empty: a single region without a control plane")
+	storeMode := fs.String("store-mode", string(routing.RegionLocal), "region-local (each region its own store; requests forwarded home) or global (one store for all regions)")
+	fs.BoolVar(&m.RouteToHome, "route-to-home", false, "in global store mode, still forward to the tenant's home region (latency choice)")
+	fs.StringVar(&m.NodeID, "node-id", "", "this node's name in its region (default: host-pid)")
+	fs.StringVar(&m.AdvertiseURL, "advertise-url", "", "URL other regions forward to (default: http://<listen address>)")
+	fs.DurationVar(&m.RegionLeaseTTL, "region-lease-ttl", 5*time.Second, "TTL of the node's region liveness lease; the node stops serving home tenants TTL minus a margin after its last successful keepalive")
 	bodyRetention := fs.Duration("body-retention", 0, "drop stored response bodies this long after creation, once past the window (default: the replay window; never shorter)")
 	fs.DurationVar(&m.Workers.Cleanup.MetadataRetention, "metadata-retention", 7*24*time.Hour, "keep expired record metadata this long after the window ends")
 	fs.IntVar(&m.Workers.Cleanup.BatchSize, "cleanup-batch", 500, "rows per cleanup statement")
@@ -99,6 +123,22 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	if m.DatabaseURL == "" {
 		return fmt.Errorf("--database-url (or %s) is required", cli.EnvName("database-url"))
 	}
+	for _, e := range strings.Split(*etcd, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			m.EtcdEndpoints = append(m.EtcdEndpoints, e)
+		}
+	}
+	var err error
+	if m.StoreMode, err = routing.ParseStoreMode(*storeMode); err != nil {
+		return err
+	}
+	if m.Failpoints, err = failpoint.Parse(getenv("IDEM_FAILPOINTS")); err != nil {
+		return err
+	}
+	if m.NodeID == "" {
+		host, _ := os.Hostname()
+		m.NodeID = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
 	m.Workers.Cleanup.BodyRetention = *bodyRetention
 	if m.Workers.Cleanup.BodyRetention == 0 {
 		m.Workers.Cleanup.BodyRetention = m.ReplayWindow
@@ -106,7 +146,6 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	if m.Workers.Cleanup.BodyRetention < m.ReplayWindow {
 		return fmt.Errorf("--body-retention %v is shorter than --replay-window %v: replays inside the window would lose their body", m.Workers.Cleanup.BodyRetention, m.ReplayWindow)
 	}
-	var err error
 	if m.AuthTokens, err = cli.ParseTokens(*tokens); err != nil {
 		return err
 	}
@@ -116,8 +155,8 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	return nil
 }
 
-// Run connects to the store, applies migrations and starts serving. It
-// returns once the node is listening.
+// Run connects to the store, applies migrations, joins the region (with
+// etcd) and starts serving. It returns once the node is listening.
 func (m *Main) Run(ctx context.Context) error {
 	st, err := store.Open(ctx, m.DatabaseURL, store.Options{Logger: m.logger})
 	if err != nil {
@@ -127,30 +166,75 @@ func (m *Main) Run(ctx context.Context) error {
 	if err := st.Migrate(ctx); err != nil {
 		return err
 	}
-	host, _ := os.Hostname()
+	ln, err := net.Listen("tcp", m.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
 	cfg := payments.Config{
-		Region: m.Region, Owner: fmt.Sprintf("%s/%s/%d", m.Region, host, os.Getpid()),
+		Region: m.Region, Owner: m.Region + "/" + m.NodeID,
 		Window: m.ReplayWindow, LockFor: m.LockFor, Logger: m.logger,
 		ProviderTimeout: m.ProviderTimeout, ResponseSchema: m.ResponseSchema, ReplayRule: m.ReplayRule,
+		Failpoints: m.Failpoints,
+		OnFenced: func() {
+			if m.server != nil {
+				m.server.Fenced()
+			}
+		},
 	}
 	if err := cfg.Validate(); err != nil {
+		_ = ln.Close()
 		return err
 	}
 	if m.ProviderURL != "" {
 		cfg.Provider = &provider.Client{BaseURL: m.ProviderURL}
 	}
-	pay := payments.NewService(st, cfg)
-	srv, err := region.NewServer(region.Config{Addr: m.Listen, Region: m.Region, Tokens: m.AuthTokens, Logger: m.logger}, st, pay)
-	if err != nil {
-		return err
+	var router *routing.Router
+	if len(m.EtcdEndpoints) > 0 {
+		if router, err = m.joinRegion(ctx, ln); err != nil {
+			_ = ln.Close()
+			return err
+		}
+		cfg.Locker = m.membership
 	}
-	if err := srv.Open(); err != nil {
+	pay := payments.NewService(st, cfg)
+	srv, err := region.NewServer(region.Config{
+		Listener: ln, Region: m.Region, NodeID: m.NodeID, Tokens: m.AuthTokens, Logger: m.logger, Router: router,
+	}, st, pay)
+	if err != nil {
+		_ = ln.Close()
 		return err
 	}
 	m.server = srv
+	if err := srv.Open(); err != nil {
+		return err
+	}
 	srv.StartWorkers(context.WithoutCancel(ctx), m.Workers)
-	m.logger.Info("idemd serving", "region", m.Region, "url", srv.URL(), "replay_window", m.ReplayWindow)
+	m.logger.Info("idemd serving", "region", m.Region, "node", m.NodeID, "url", srv.URL(),
+		"store_mode", m.StoreMode, "etcd", len(m.EtcdEndpoints) > 0, "replay_window", m.ReplayWindow)
 	return nil
+}
+
+// joinRegion connects to etcd, loads the routing map and joins the region
+// with a liveness lease.
+func (m *Main) joinRegion(ctx context.Context, ln net.Listener) (*routing.Router, error) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: m.EtcdEndpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return nil, fmt.Errorf("etcd: %w", err)
+	}
+	m.etcd = cli
+	if m.routes, err = routing.NewMap(ctx, cli, m.logger); err != nil {
+		return nil, err
+	}
+	url := m.AdvertiseURL
+	if url == "" {
+		url = "http://" + ln.Addr().String()
+	}
+	if m.membership, err = routing.Join(ctx, cli, m.Region, m.NodeID, url, m.RegionLeaseTTL, m.logger); err != nil {
+		return nil, err
+	}
+	return routing.NewRouter(cli, m.routes, m.membership, routing.RouterConfig{
+		Region: m.Region, Mode: m.StoreMode, RouteToHome: m.RouteToHome, Window: m.ReplayWindow,
+	}), nil
 }
 
 // Close stops serving (waiting up to 10s for running requests) and closes the
@@ -161,6 +245,16 @@ func (m *Main) Close() error {
 	var err error
 	if m.server != nil {
 		err = m.server.Close(ctx)
+	}
+	if m.membership != nil {
+		// Releasing the lease takes this node out of its region at once.
+		err = errors.Join(err, m.membership.Close(ctx))
+	}
+	if m.routes != nil {
+		m.routes.Close()
+	}
+	if m.etcd != nil {
+		err = errors.Join(err, m.etcd.Close())
 	}
 	if m.store != nil {
 		m.store.Close()
