@@ -102,9 +102,11 @@ func (s *Service) attemptWithProvider(ctx context.Context, begin idem.BeginReque
 // owner took over after that check (a pause between check and act).
 func (s *Service) drive(ctx context.Context, lease idem.Lease, cp idem.Checkpoint, p store.Payment, lock *fencing.Lock) (Result, error) {
 	// The provider call and its recording must not be cut short by a client
-	// that hangs up: the answer is recorded for its retry.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*s.cfg.ProviderTimeout)
-	defer cancel()
+	// that hangs up: the answer is recorded for its retry. Each step has its
+	// own bound (ProviderTimeout for calls, LockFor for store writes), so a
+	// pause between steps does not expire the next one: the token does the
+	// fencing.
+	ctx = context.WithoutCancel(ctx)
 	if cp != idem.CheckpointLocalPaymentCreated {
 		// An earlier owner may have reached the provider: ask before acting.
 		ch, err := s.lookup(ctx, p.ProviderKey)
@@ -115,7 +117,10 @@ func (s *Service) drive(ctx context.Context, lease idem.Lease, cp idem.Checkpoin
 			return s.markUnknown(ctx, lease, p, err)
 		}
 	}
-	if err := s.store.ExecTx(ctx, func(tx pgx.Tx) error {
+	if lock != nil {
+		s.cfg.Failpoints.Eval(ctx, "recovery-before-checkpoint")
+	}
+	if err := s.ownedTx(ctx, func(tx pgx.Tx) error {
 		return store.CheckpointTx(ctx, tx, lease, idem.CheckpointProviderRequestSent, s.cfg.LockFor)
 	}); err != nil {
 		return Result{}, s.fenceAsInProgress(err)
@@ -124,6 +129,9 @@ func (s *Service) drive(ctx context.Context, lease idem.Lease, cp idem.Checkpoin
 		return Result{}, err
 	}
 	s.cfg.Failpoints.Eval(ctx, "before-provider-call")
+	if lock != nil {
+		s.cfg.Failpoints.Eval(ctx, "recovery-before-provider-call")
+	}
 	callCtx, cancelCall := context.WithTimeout(ctx, s.cfg.ProviderTimeout)
 	ch, err := s.cfg.Provider.Charge(callCtx, provider.ChargeRequest{
 		ProviderKey: p.ProviderKey, AmountMinor: p.AmountMinor, Currency: p.Currency, AccountID: p.AccountID,
@@ -159,7 +167,7 @@ func (s *Service) confirm(ctx context.Context, lease idem.Lease, p store.Payment
 		return s.markUnknown(ctx, lease, p, fmt.Errorf("provider charge %s is %d %s, payment is %d %s", ch.ChargeID, ch.AmountMinor, ch.Currency, p.AmountMinor, p.Currency))
 	}
 	var res Result
-	err := s.store.ExecTx(ctx, func(tx pgx.Tx) error {
+	err := s.ownedTx(ctx, func(tx pgx.Tx) error {
 		if err := store.CheckpointTx(ctx, tx, lease, idem.CheckpointProviderConfirmed, 0); err != nil {
 			return err
 		}
@@ -187,7 +195,7 @@ func (s *Service) decline(ctx context.Context, lease idem.Lease, p store.Payment
 		return Result{}, err
 	}
 	resp := idem.Response{Status: 402, Headers: map[string]string{"Content-Type": "application/json"}, Body: body, SchemaVersion: s.cfg.ResponseSchema}
-	err = s.store.ExecTx(ctx, func(tx pgx.Tx) error {
+	err = s.ownedTx(ctx, func(tx pgx.Tx) error {
 		if err := store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusFailedReplayable, ErrorCode: idem.ECodePaymentDeclined, Response: &resp}); err != nil {
 			return err
 		}
@@ -199,7 +207,7 @@ func (s *Service) decline(ctx context.Context, lease idem.Lease, p store.Payment
 // retryable records a failure that happened before any side effect: the next
 // retry with the key executes again, with the same payment and provider key.
 func (s *Service) retryable(ctx context.Context, lease idem.Lease, cause error) (Result, error) {
-	err := s.store.ExecTx(ctx, func(tx pgx.Tx) error {
+	err := s.ownedTx(ctx, func(tx pgx.Tx) error {
 		return store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusFailedRetryable, ErrorCode: idem.ECodeProviderUnavailable})
 	})
 	if err != nil {
@@ -213,7 +221,7 @@ func (s *Service) retryable(ctx context.Context, lease idem.Lease, cause error) 
 // moves the record on; the client gets 202 with a stable code.
 func (s *Service) markUnknown(ctx context.Context, lease idem.Lease, p store.Payment, cause error) (Result, error) {
 	s.logger.WarnContext(ctx, "payment outcome unknown", "tenant", lease.Tenant, "key", lease.Key, "payment", p.ID, "err", cause)
-	err := s.store.ExecTx(ctx, func(tx pgx.Tx) error {
+	err := s.ownedTx(ctx, func(tx pgx.Tx) error {
 		return store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusUnknown, ErrorCode: idem.ECodeOutcomeUnknown})
 	})
 	if err != nil {
@@ -229,6 +237,13 @@ func unknownResponse(paymentID string) idem.Response {
 		PaymentID string `json:"paymentId"`
 	}{idem.ECodeOutcomeUnknown, "The payment was sent to the provider but its outcome is not known yet. Retry with the same key; it will never be charged twice.", paymentID})
 	return idem.Response{Status: 202, Headers: map[string]string{"Content-Type": "application/json", "Retry-After": "1"}, Body: body}
+}
+
+// ownedTx runs one write of an owner, bounded by the owner's lock duration.
+func (s *Service) ownedTx(ctx context.Context, fn func(pgx.Tx) error) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.LockFor)
+	defer cancel()
+	return s.store.ExecTx(ctx, fn)
 }
 
 // fenceAsInProgress turns "another owner took over" into the in-progress

@@ -32,6 +32,7 @@ var codeStatus = map[string]int{
 	idem.ECodeDuplicateMerchantRef:  http.StatusConflict,
 	idem.ECodePaymentNotFound:       http.StatusNotFound,
 	idem.ECodePaymentDeclined:       http.StatusPaymentRequired,
+	idem.ECodeProviderUnavailable:   http.StatusServiceUnavailable,
 	idem.ECodeStoreUnavailable:      http.StatusServiceUnavailable,
 	idem.ECodeUnavailable:           http.StatusServiceUnavailable,
 	idem.ECodeInternal:              http.StatusInternalServerError,

@@ -150,18 +150,18 @@ func MoveRegion(ctx context.Context, cli *clientv3.Client, from, to string, now 
 // moveTenant writes the new placement and its failover record, provided the
 // placement is still p and the source region is still without a live node.
 func moveTenant(ctx context.Context, cli *clientv3.Client, p Placement, to string, now time.Time) (Failover, error) {
+	return writeMove(ctx, cli, p, to, now, clientv3.Compare(clientv3.CreateRevision(RegionNodesPrefix(p.Region)), "=", 0).WithPrefix())
+}
+
+// writeMove writes placement p -> to and its failover record in one
+// transaction, if the placement is still p and every extra comparison holds.
+func writeMove(ctx context.Context, cli *clientv3.Client, p Placement, to string, now time.Time, extra ...clientv3.Cmp) (Failover, error) {
 	key := PlacementPrefix + p.Tenant
 	val, _ := json.Marshal(placementValue{Region: to})
 	f := Failover{Tenant: p.Tenant, From: p.Region, To: to, At: now.UTC()}
-	// The failover record is written in the same transaction; its Epoch is
-	// filled in from the transaction's revision afterwards (same revision as
-	// the placement's new ModRevision).
 	fv, _ := json.Marshal(f)
-	resp, err := cli.Txn(ctx).
-		If(
-			clientv3.Compare(clientv3.ModRevision(key), "=", p.Epoch),
-			clientv3.Compare(clientv3.CreateRevision(RegionNodesPrefix(p.Region)), "=", 0).WithPrefix(),
-		).
+	cmps := append([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", p.Epoch)}, extra...)
+	resp, err := cli.Txn(ctx).If(cmps...).
 		Then(clientv3.OpPut(key, string(val)), clientv3.OpPut(FailoverPrefix+p.Tenant, string(fv))).
 		Commit()
 	if err != nil {
@@ -170,8 +170,34 @@ func moveTenant(ctx context.Context, cli *clientv3.Client, p Placement, to strin
 	if !resp.Succeeded {
 		return Failover{}, fmt.Errorf("routing: move %s: %w", p.Tenant, ErrEpochChanged)
 	}
+	// The failover record's epoch is the transaction's revision, which is
+	// also the placement's new ModRevision.
 	f.Epoch = resp.Header.Revision
 	return f, nil
+}
+
+// MoveTenant makes to home for tenant: the operator's planned move. A tenant
+// without a placement is simply placed. A tenant that changes region gets a
+// failover record in the same transaction, so its new home treats keys it
+// has no record of as uncertain until the old region's records are handed
+// over (or the window ends); the old region's nodes stop serving the tenant
+// as soon as they see the new epoch.
+func MoveTenant(ctx context.Context, cli *clientv3.Client, tenant, to string, now time.Time) (Placement, error) {
+	cur, ok, err := GetPlacement(ctx, cli, tenant)
+	if err != nil {
+		return Placement{}, err
+	}
+	if !ok {
+		return SetPlacement(ctx, cli, tenant, to)
+	}
+	if cur.Region == to {
+		return cur, nil
+	}
+	f, err := writeMove(ctx, cli, cur, to, now)
+	if err != nil {
+		return Placement{}, err
+	}
+	return Placement{Tenant: tenant, Region: to, Epoch: f.Epoch}, nil
 }
 
 // MarkHandedOver records that the old region's records of tenant were merged

@@ -29,10 +29,12 @@ type Env struct {
 
 func commands() map[string]command {
 	return map[string]command{
-		"up":       {"start a local cluster (PostgreSQL + idemd nodes) and print its endpoints", runUp},
-		"migrate":  {"apply the store's migrations to --database-url", runMigrate},
-		"bench":    {"benchmark the payment write with and without the idempotency layer", runBench},
-		"provider": {"serve the payment provider simulator", runProvider},
+		"up":        {"start a local cluster (PostgreSQL + idemd nodes) and print its endpoints", runUp},
+		"migrate":   {"apply the store's migrations to --database-url", runMigrate},
+		"bench":     {"benchmark the payment write with and without the idempotency layer", runBench},
+		"provider":  {"serve the payment provider simulator", runProvider},
+		"placement": {"get or set a tenant's home region (placement get|set --tenant T [--region R])", runPlacement},
+		"region":    {"region status, failover --from A --to B, handover of a failed region's records", runRegion},
 	}
 }
 

@@ -51,9 +51,29 @@ const article = `{"accountId":"acc_1","amount":"10.00","currency":"EUR","merchan
 type proc struct {
 	t    *testing.T
 	args []string
+	env  []string
 	url  string
 	cmd  *exec.Cmd
-	log  *bytes.Buffer
+	log  *syncBuffer
+}
+
+// syncBuffer is a bytes.Buffer safe for the child's writes and the test's
+// reads.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func freeAddr(t *testing.T) string {
@@ -68,8 +88,15 @@ func freeAddr(t *testing.T) string {
 
 func startIdemd(t *testing.T, dbURL string, extra ...string) *proc {
 	t.Helper()
+	return startIdemdEnv(t, nil, dbURL, extra...)
+}
+
+// startIdemdEnv starts idemd with extra environment variables (such as
+// IDEM_FAILPOINTS) and flags.
+func startIdemdEnv(t *testing.T, env []string, dbURL string, extra ...string) *proc {
+	t.Helper()
 	addr := freeAddr(t)
-	p := &proc{t: t, url: "http://" + addr,
+	p := &proc{t: t, url: "http://" + addr, env: env,
 		args: append([]string{"--listen", addr, "--database-url", dbURL, "--auth-tokens", "tok-a=tenant-a"}, extra...)}
 	p.start()
 	t.Cleanup(p.stop)
@@ -78,8 +105,9 @@ func startIdemd(t *testing.T, dbURL string, extra ...string) *proc {
 
 func (p *proc) start() {
 	p.t.Helper()
-	p.log = &bytes.Buffer{}
+	p.log = &syncBuffer{}
 	p.cmd = exec.Command(idemdBin, p.args...)
+	p.cmd.Env = append(os.Environ(), p.env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {

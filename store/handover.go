@@ -1,0 +1,141 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemcoord/idem"
+)
+
+// HandoverConflict is a scope both stores hold with different meanings.
+type HandoverConflict struct {
+	Scope  idem.Scope
+	Reason string
+	From   idem.Status
+	To     idem.Status
+}
+
+// HandoverReport says what Handover did.
+type HandoverReport struct {
+	Records   int // records read from the old store
+	Copied    int // records inserted into the new store
+	Identical int // already present with the same request and answer
+	Payments  int // payment rows copied
+	Conflicts []HandoverConflict
+}
+
+// Handover merges tenant's records (and payment rows) from the store of the
+// region it left (from) into the store of its new home (to), idempotently:
+// a record the new store lacks is inserted as is (an open record goes on to
+// be recovered there); one it has is compared and reported as a conflict
+// when the request hash, state or stored answer differ. Nothing in the new
+// store is overwritten. Running it twice copies nothing the second time.
+func Handover(ctx context.Context, from, to *Store, tenant string) (HandoverReport, error) {
+	var rep HandoverReport
+	rows, err := from.pool.Query(ctx, `SELECT `+recordColumns+` FROM idempotency_records WHERE tenant_id = $1`, tenant)
+	if err != nil {
+		return rep, fmt.Errorf("store: handover: read records: %w", unavailableOr(err))
+	}
+	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*idem.Record, error) { return scanRecord(row) })
+	if err != nil {
+		return rep, fmt.Errorf("store: handover: scan records: %w", err)
+	}
+	rep.Records = len(recs)
+	for _, rec := range recs {
+		var copied bool
+		var existing *idem.Record
+		err := to.ExecTx(ctx, func(tx pgx.Tx) error {
+			copied, existing = false, nil
+			ok, err := insertRecord(ctx, tx, rec)
+			if err != nil || ok {
+				copied = ok
+				return err
+			}
+			existing, err = GetTx(ctx, tx, rec.Scope)
+			return err
+		})
+		if err != nil {
+			return rep, fmt.Errorf("store: handover %s/%s: %w", rec.Operation, rec.Key, err)
+		}
+		switch {
+		case copied:
+			rep.Copied++
+		case sameMeaning(rec, existing):
+			rep.Identical++
+		default:
+			rep.Conflicts = append(rep.Conflicts, HandoverConflict{Scope: rec.Scope, Reason: difference(rec, existing), From: rec.Status, To: existing.Status})
+		}
+	}
+	n, err := copyPayments(ctx, from, to, tenant)
+	rep.Payments = n
+	return rep, err
+}
+
+func insertRecord(ctx context.Context, q Querier, r *idem.Record) (bool, error) {
+	var status *int
+	var body []byte
+	var schema *string
+	var headers []byte
+	if r.Response != nil {
+		h, err := encodeHeaders(r.Response.Headers)
+		if err != nil {
+			return false, err
+		}
+		status, body, schema, headers = &r.Response.Status, r.Response.Body, nullable(r.Response.SchemaVersion), h
+	}
+	tag, err := q.Exec(ctx, `INSERT INTO idempotency_records (`+recordColumns+`)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)
+		ON CONFLICT DO NOTHING`,
+		r.Tenant, r.Operation, r.Key, r.RequestHash, r.HashVersion, string(r.Status), string(r.Checkpoint), r.Owner, r.FencingToken,
+		r.LockedUntil, r.Attempts, r.Generation, status, headers, body, schema,
+		nullable(r.ResourceType), nullable(r.ResourceID), nullable(r.ErrorCode), r.HomeRegion, r.CreatedAt, r.UpdatedAt, r.ExpiresAt)
+	if err != nil {
+		return false, err
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+func sameMeaning(a, b *idem.Record) bool { return difference(a, b) == "" }
+
+func difference(a, b *idem.Record) string {
+	switch {
+	case a.RequestHash != b.RequestHash:
+		return "different request hash"
+	case a.Generation != b.Generation:
+		return "different generation"
+	case a.Status != b.Status:
+		return "different state"
+	case (a.Response == nil) != (b.Response == nil):
+		return "only one store has an answer"
+	case a.Response != nil && (a.Response.Status != b.Response.Status || !bytes.Equal(a.Response.Body, b.Response.Body)):
+		return "different stored answer"
+	case a.ResourceID != b.ResourceID:
+		return "different resource"
+	}
+	return ""
+}
+
+func copyPayments(ctx context.Context, from, to *Store, tenant string) (int, error) {
+	rows, err := from.pool.Query(ctx, `SELECT `+paymentColumns+` FROM payments WHERE tenant_id = $1`, tenant)
+	if err != nil {
+		return 0, fmt.Errorf("store: handover: read payments: %w", unavailableOr(err))
+	}
+	pays, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Payment, error) { return scanPayment(row) })
+	if err != nil {
+		return 0, fmt.Errorf("store: handover: scan payments: %w", err)
+	}
+	copied := 0
+	for _, p := range pays {
+		tag, err := to.pool.Exec(ctx, `INSERT INTO payments (`+paymentColumns+`, updated_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now()) ON CONFLICT DO NOTHING`,
+			p.Tenant, p.ID, p.AccountID, p.AmountMinor, p.Currency, p.MerchantReference, p.Channel, p.Status, p.ProviderKey, p.CreatedAt)
+		if err != nil {
+			return copied, fmt.Errorf("store: handover: copy payment %s: %w", p.ID, unavailableOr(err))
+		}
+		copied += int(tag.RowsAffected())
+	}
+	return copied, nil
+}
