@@ -59,7 +59,9 @@ type RouterConfig struct {
 	Region string
 	Mode   StoreMode
 	// RouteToHome forwards to the home region in Global mode too (a latency
-	// choice: with REGIONAL BY ROW the home region's writes stay local).
+	// choice: with REGIONAL BY ROW the row's leaseholder is in its home
+	// region, so the home region's reads are local and, under SURVIVE ZONE
+	// FAILURE, so are its writes; see deploy/cockroach).
 	RouteToHome bool
 	// Window is the replay window (bounds the uncertainty after a failover).
 	Window time.Duration

@@ -228,6 +228,9 @@ func (m *Main) joinRegion(ctx context.Context, ln net.Listener) (*routing.Router
 	url := m.AdvertiseURL
 	if url == "" {
 		url = "http://" + ln.Addr().String()
+		if host, _, _ := net.SplitHostPort(ln.Addr().String()); net.ParseIP(host).IsUnspecified() {
+			return nil, fmt.Errorf("listening on %s, other regions cannot reach %s: set --advertise-url", ln.Addr(), url)
+		}
 	}
 	if m.membership, err = routing.Join(ctx, cli, m.Region, m.NodeID, url, m.RegionLeaseTTL, m.logger); err != nil {
 		return nil, err
