@@ -112,7 +112,8 @@ type Lease struct {
 // leader, timeouts) are retried until the local deadline passes.
 //
 // ctx bounds only the grant request; the keepalive goroutine lives until
-// Close, the lease's death, or cli.Close (which ends the lease at once).
+// Close or the lease's death. Closing cli kills the lease locally at once
+// (it can no longer be renewed); etcd then expires it after its TTL.
 func Grant(ctx context.Context, cli *clientv3.Client, ttl time.Duration, opts ...Option) (*Lease, error) {
 	if cli == nil {
 		return nil, errors.New("fencing: grant: nil etcd client")

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 
 	"github.com/idemcoord/idem/internal/etcdtest"
@@ -197,18 +198,44 @@ func (s *gatedRecv) RecvMsg(m any) error {
 	return s.ClientStream.RecvMsg(m)
 }
 
-func TestDeadlineFromKeepAliveSendTime(t *testing.T) {
-	srv := etcdtest.Start(t)
-	clock := newFakeClock()
-	gate := make(chan struct{}, 1)
-	sends := make(chan time.Time, 16)
-	const delay = 700 * time.Millisecond
+// gatedClient returns a client whose keepalive responses wait at gate and
+// advance clock by delay, and whose keepalive sends report the clock.
+func gatedClient(t *testing.T, srv *etcdtest.Server, clock *fakeClock, delay time.Duration) (
+	cli *clientv3.Client, gate chan<- struct{}, sends <-chan time.Time) {
+	t.Helper()
+	g := make(chan struct{}, 1)
+	sc := make(chan time.Time, 16)
 	cfg := srv.Config()
 	cfg.DialOptions = []grpc.DialOption{grpc.WithChainStreamInterceptor(streamHook(keepAliveMethod,
 		func(s grpc.ClientStream) grpc.ClientStream {
-			return &gatedRecv{ClientStream: s, gate: gate, clock: clock, delay: delay, sends: sends}
+			return &gatedRecv{ClientStream: s, gate: g, clock: clock, delay: delay, sends: sc}
 		}, nil))}
-	cli := etcdtest.NewClient(t, cfg)
+	return etcdtest.NewClient(t, cfg), g, sc
+}
+
+// sendAfter returns the send time of the first keepalive sent at or after
+// from, skipping earlier ones (they time out at the gate).
+func sendAfter(t *testing.T, sends <-chan time.Time, from time.Time) time.Time {
+	t.Helper()
+	giveUp := time.After(5 * time.Second)
+	for {
+		select {
+		case sent := <-sends:
+			if !sent.Before(from) {
+				return sent
+			}
+		case <-giveUp:
+			t.Fatalf("no keepalive sent at or after %v", from)
+			return time.Time{}
+		}
+	}
+}
+
+func TestDeadlineFromKeepAliveSendTime(t *testing.T) {
+	srv := etcdtest.Start(t)
+	clock := newFakeClock()
+	const delay = 700 * time.Millisecond
+	cli, gate, sends := gatedClient(t, srv, clock, delay)
 
 	const ttl, margin = 3 * time.Second, 600 * time.Millisecond
 	l := grant(t, cli, ttl, WithClock(clock.Now), WithMargin(margin),
@@ -216,13 +243,7 @@ func TestDeadlineFromKeepAliveSendTime(t *testing.T) {
 	initial := l.Deadline()
 
 	// Time passes before the first keepalive is sent.
-	clock.Advance(time.Second)
-	var sent time.Time
-	select {
-	case sent = <-sends:
-	case <-time.After(5 * time.Second):
-		t.Fatal("no keepalive sent")
-	}
+	sent := sendAfter(t, sends, clock.Advance(time.Second))
 	if want := initial.Add(time.Second - (ttl - margin)); !sent.Equal(want) {
 		t.Fatalf("keepalive sent at %v, want %v", sent, want)
 	}
@@ -250,6 +271,35 @@ func TestDeadlineFromKeepAliveSendTime(t *testing.T) {
 	}
 	if !l.Valid() {
 		t.Fatal("lease invalid before its deadline")
+	}
+}
+
+// A keepalive sent before the deadline whose response arrives after it
+// does not revive the lease: the owner may already have gone quiet.
+func TestLateKeepAliveDoesNotRevive(t *testing.T) {
+	srv := etcdtest.Start(t)
+	clock := newFakeClock()
+	cli, gate, sends := gatedClient(t, srv, clock, time.Second)
+	l := grant(t, cli, 3*time.Second, WithClock(clock.Now), WithKeepAliveInterval(50*time.Millisecond))
+	deadline := l.Deadline() // t0 + 2.4s
+
+	sent := sendAfter(t, sends, clock.Advance(2*time.Second))
+	if !sent.Before(deadline) {
+		t.Fatalf("keepalive sent at %v, not before the deadline %v", sent, deadline)
+	}
+	gate <- struct{}{} // the response lands 1s later, past the deadline
+
+	for giveUp := time.Now().Add(5 * time.Second); !isClosed(l.Done()) && l.Deadline().Equal(deadline); {
+		if time.Now().After(giveUp) {
+			t.Fatal("late keepalive response not processed")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := l.Deadline(); !got.Equal(deadline) {
+		t.Fatalf("late response moved the deadline from %v to %v", deadline, got)
+	}
+	if !isClosed(l.Done()) || l.Valid() {
+		t.Fatal("lease alive after a renewal that landed past its deadline")
 	}
 }
 

@@ -40,7 +40,8 @@ type Locker struct {
 }
 
 // NewLocker returns a Locker whose locks live under prefix (conventionally
-// ending in "/") and are held by lease.
+// ending in "/") and are held by lease. cli is normally the client the
+// lease was granted on.
 //
 // It builds a concurrency.Session on the existing lease
 // (concurrency.WithLease). Who closes what: the caller keeps owning cli
@@ -136,7 +137,6 @@ func (l *Locker) acquire(ctx context.Context, m *concurrency.Mutex, key, etcdKey
 	}
 	if len(resp.Kvs) == 0 {
 		// Deleted between the txn and the read: the lease ended in etcd.
-		_ = l.lease.Check()
 		return nil, fmt.Errorf("%w: trylock %q: lock key vanished after acquiring (lease %x gone)",
 			ErrLeaseExpired, key, int64(l.lease.ID()))
 	}

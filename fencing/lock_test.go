@@ -267,13 +267,17 @@ func TestPartitionedOwnerGoesQuietBeforeTakeover(t *testing.T) {
 	srv := etcdtest.Start(t)
 	var partitioned atomic.Bool
 	cfg := srv.Config()
-	cfg.DialOptions = []grpc.DialOption{grpc.WithChainStreamInterceptor(streamHook(keepAliveMethod, nil,
-		func() error {
-			if partitioned.Load() {
-				return status.Error(codes.Unavailable, "test partition")
-			}
-			return nil
-		}))}
+	partition := func() error {
+		if partitioned.Load() {
+			return status.Error(codes.Unavailable, "test partition")
+		}
+		return nil
+	}
+	// Both new keepalive streams (KeepAliveOnce) and the established one
+	// (the Locker's session) fail once partitioned.
+	cfg.DialOptions = []grpc.DialOption{grpc.WithChainStreamInterceptor(streamHook(keepAliveMethod,
+		func(s grpc.ClientStream) grpc.ClientStream { return &failingStream{s, partition} },
+		partition))}
 	a := newOwnerWithClient(t, etcdtest.NewClient(t, cfg), 2*time.Second)
 	b := newOwner(t, srv, 5*time.Second)
 	ctx := testCtx(t)
@@ -419,4 +423,24 @@ func TestTryLockLeaseExpiresDuringAcquire(t *testing.T) {
 	if resp.Count != 0 {
 		t.Fatalf("%d lock keys left behind, want 0", resp.Count)
 	}
+}
+
+// failingStream fails every message while fail returns an error.
+type failingStream struct {
+	grpc.ClientStream
+	fail func() error
+}
+
+func (s *failingStream) SendMsg(m any) error {
+	if err := s.fail(); err != nil {
+		return err
+	}
+	return s.ClientStream.SendMsg(m)
+}
+
+func (s *failingStream) RecvMsg(m any) error {
+	if err := s.fail(); err != nil {
+		return err
+	}
+	return s.ClientStream.RecvMsg(m)
 }

@@ -60,7 +60,8 @@ const (
 
 // Server is a running embedded etcd member.
 type Server struct {
-	// Endpoints are the member's client URLs (http://127.0.0.1:PORT).
+	// Endpoints are the client URLs (http://127.0.0.1:PORT) of the
+	// relay in front of the member; pass them to clientv3.Config.
 	Endpoints []string
 
 	etcd     *embed.Etcd
@@ -70,9 +71,9 @@ type Server struct {
 }
 
 // Start starts a single-member embedded etcd in a temporary directory on
-// free 127.0.0.1 ports (client and peer), waits until it is ready, and
-// stops it in tb.Cleanup. It fails the test (tb.Fatal) if the member does
-// not become ready within 30 seconds.
+// free 127.0.0.1 ports (client, peer and relay), waits until it is ready
+// (<-Server.ReadyNotify()), and stops it in tb.Cleanup. It fails the test
+// (tb.Fatal) if the member does not become ready within 30 seconds.
 func Start(tb testing.TB) *Server {
 	tb.Helper()
 	dir := tb.TempDir() // registered first, so removed after the server stops
@@ -89,8 +90,6 @@ func Start(tb testing.TB) *Server {
 	cfg.AdvertisePeerUrls = []url.URL{loopback}
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
 	cfg.InitialClusterToken = "etcdtest"
-	cfg.ListenMetricsUrls = nil
-	cfg.Metrics = "basic"
 	// Tests are not durable; skipping fsync keeps them fast on slow disks.
 	cfg.UnsafeNoFsync = true
 	// A lone member needs no failure detection: short ticks make it elect
@@ -191,7 +190,7 @@ func NewClient(tb testing.TB, cfg clientv3.Config) *clientv3.Client {
 	return cli
 }
 
-// newLogger returns a warn-level JSON logger writing into buf.
+// newLogger returns a warn-level console logger writing into buf.
 func newLogger(buf *logBuffer) *zap.Logger {
 	enc := zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig())
 	core := zapcore.NewCore(enc, zapcore.AddSync(buf), zap.WarnLevel)
