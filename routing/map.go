@@ -141,6 +141,10 @@ func applyPut(placements map[string]Placement, nodes map[string]map[string]strin
 			logger.Warn("ignoring bad failover record", "key", key, "err", err)
 			return
 		}
+		if f.Epoch == 0 {
+			// Written with the placement in one transaction: same revision.
+			f.Epoch = kv.ModRevision
+		}
 		failovers[key[len(FailoverPrefix):]] = f
 	default:
 		region, id, ok := parseNodeKey(key)

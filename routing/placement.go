@@ -214,6 +214,9 @@ func MarkHandedOver(ctx context.Context, cli *clientv3.Client, tenant string) er
 	if err := json.Unmarshal(resp.Kvs[0].Value, &f); err != nil {
 		return fmt.Errorf("routing: decode failover: %w", err)
 	}
+	if f.Epoch == 0 {
+		f.Epoch = resp.Kvs[0].ModRevision
+	}
 	f.HandedOver = true
 	val, _ := json.Marshal(f)
 	if _, err := cli.Put(ctx, FailoverPrefix+tenant, string(val)); err != nil {

@@ -245,3 +245,72 @@ func TestMembershipRejoinsAfterLeaseLoss(t *testing.T) {
 		t.Errorf("lock after re-join = %v, %v", lock, err)
 	}
 }
+
+// TestAutoFailover: a region without a live node for the configured time has
+// its tenants moved to the elected node's region; a live region never does.
+func TestAutoFailover(t *testing.T) {
+	ctx := ctxFor(t)
+	cli := etcdtest.Start(t).Client(t)
+	m := newMap(t, cli)
+	eu := join(t, cli, "eu-west", "eu-1")
+	join(t, cli, "us-east", "us-1")
+	for _, tc := range []struct{ tenant, region string }{{"a", "eu-west"}, {"b", "us-east"}} {
+		if _, err := routing.SetPlacement(ctx, cli, tc.tenant, tc.region); err != nil {
+			t.Fatal(err)
+		}
+	}
+	moved := make(chan routing.Failover, 4)
+	af := &routing.AutoFailover{Client: cli, Map: m, Region: "us-east", After: 1500 * time.Millisecond,
+		OnMove: func(f routing.Failover) { moved <- f }}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { _ = af.Run(runCtx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	select {
+	case f := <-moved:
+		t.Fatalf("moved %+v while every region was alive", f)
+	case <-time.After(3 * time.Second):
+	}
+	if err := eu.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case f := <-moved:
+		if f.Tenant != "a" || f.From != "eu-west" || f.To != "us-east" {
+			t.Errorf("moved %+v, want a: eu-west -> us-east", f)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no automatic failover of a dead region")
+	}
+	if p, _, _ := routing.GetPlacement(ctx, cli, "b"); p.Region != "us-east" {
+		t.Errorf("b moved to %s", p.Region)
+	}
+}
+
+// TestMoveTenantRecordsAFailover: a planned move of a placed tenant writes a
+// failover record with the new epoch; a first placement does not.
+func TestMoveTenantRecordsAFailover(t *testing.T) {
+	ctx := ctxFor(t)
+	cli := etcdtest.Start(t).Client(t)
+	first, err := routing.MoveTenant(ctx, cli, "t", "eu-west", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp, _ := cli.Get(ctx, routing.FailoverPrefix+"t"); len(resp.Kvs) != 0 {
+		t.Error("a first placement wrote a failover record")
+	}
+	same, err := routing.MoveTenant(ctx, cli, "t", "eu-west", time.Now())
+	if err != nil || same != first {
+		t.Errorf("move to the same region = %+v, %v; want unchanged %+v", same, err, first)
+	}
+	moved, err := routing.MoveTenant(ctx, cli, "t", "us-east", time.Now())
+	if err != nil || moved.Epoch <= first.Epoch || moved.Region != "us-east" {
+		t.Fatalf("move = %+v, %v", moved, err)
+	}
+	m := newMap(t, cli)
+	f, ok := m.Failover("t")
+	if !ok || f.From != "eu-west" || f.To != "us-east" || f.Epoch != moved.Epoch {
+		t.Errorf("failover record = %+v %v", f, ok)
+	}
+}

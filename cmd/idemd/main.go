@@ -67,6 +67,9 @@ type Main struct {
 	AdvertiseURL   string
 	RegionLeaseTTL time.Duration
 	Failpoints     *failpoint.Set
+	// AutoFailoverAfter enables automatic failover (0 = off).
+	AutoFailoverAfter time.Duration
+	FailoverTargets   map[string]string
 
 	ProviderURL     string
 	ProviderTimeout time.Duration
@@ -80,6 +83,8 @@ type Main struct {
 	etcd       *clientv3.Client
 	routes     *routing.Map
 	membership *routing.Membership
+	stopAuto   context.CancelFunc
+	autoDone   chan struct{}
 }
 
 // NewMain returns a Main with defaults.
@@ -106,6 +111,8 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	fs.StringVar(&m.NodeID, "node-id", "", "this node's name in its region (default: host-pid)")
 	fs.StringVar(&m.AdvertiseURL, "advertise-url", "", "URL other regions forward to (default: http://<listen address>)")
 	fs.DurationVar(&m.RegionLeaseTTL, "region-lease-ttl", 5*time.Second, "TTL of the node's region liveness lease; the node stops serving home tenants TTL minus a margin after its last successful keepalive")
+	fs.DurationVar(&m.AutoFailoverAfter, "auto-failover-after", 0, "move a region's tenants once it has had no live node for this long (0: off; operators run 'idemctl region failover')")
+	targets := fs.String("failover-targets", "", "where automatic failover moves each region's tenants: from=to,from2=to2 (default: the elected node's region)")
 	bodyRetention := fs.Duration("body-retention", 0, "drop stored response bodies this long after creation, once past the window (default: the replay window; never shorter)")
 	fs.DurationVar(&m.Workers.Cleanup.MetadataRetention, "metadata-retention", 7*24*time.Hour, "keep expired record metadata this long after the window ends")
 	fs.IntVar(&m.Workers.Cleanup.BatchSize, "cleanup-batch", 500, "rows per cleanup statement")
@@ -145,6 +152,9 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	}
 	if m.Workers.Cleanup.BodyRetention < m.ReplayWindow {
 		return fmt.Errorf("--body-retention %v is shorter than --replay-window %v: replays inside the window would lose their body", m.Workers.Cleanup.BodyRetention, m.ReplayWindow)
+	}
+	if m.FailoverTargets, err = cli.ParsePairs(*targets); err != nil {
+		return fmt.Errorf("--failover-targets: %w", err)
 	}
 	if m.AuthTokens, err = cli.ParseTokens(*tokens); err != nil {
 		return err
@@ -235,6 +245,13 @@ func (m *Main) joinRegion(ctx context.Context, ln net.Listener) (*routing.Router
 	if m.membership, err = routing.Join(ctx, cli, m.Region, m.NodeID, url, m.RegionLeaseTTL, m.logger); err != nil {
 		return nil, err
 	}
+	if m.AutoFailoverAfter > 0 {
+		actx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		m.stopAuto, m.autoDone = cancel, make(chan struct{})
+		af := &routing.AutoFailover{Client: cli, Map: m.routes, Region: m.Region, After: m.AutoFailoverAfter,
+			Targets: m.FailoverTargets, Logger: m.logger}
+		go func() { defer close(m.autoDone); _ = af.Run(actx) }()
+	}
 	return routing.NewRouter(cli, m.routes, m.membership, routing.RouterConfig{
 		Region: m.Region, Mode: m.StoreMode, RouteToHome: m.RouteToHome, Window: m.ReplayWindow,
 	}), nil
@@ -248,6 +265,10 @@ func (m *Main) Close() error {
 	var err error
 	if m.server != nil {
 		err = m.server.Close(ctx)
+	}
+	if m.stopAuto != nil {
+		m.stopAuto()
+		<-m.autoDone
 	}
 	if m.membership != nil {
 		// Releasing the lease takes this node out of its region at once.

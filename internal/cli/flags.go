@@ -36,16 +36,25 @@ func ApplyEnv(fs *flag.FlagSet, getenv func(string) string) error {
 
 // ParseTokens parses "token=tenant,token2=tenant2" into a token -> tenant map.
 func ParseTokens(s string) (map[string]string, error) {
+	out, err := ParsePairs(s)
+	if err != nil {
+		return nil, fmt.Errorf("auth tokens: %w", err)
+	}
+	return out, nil
+}
+
+// ParsePairs parses "a=b,c=d" into a map.
+func ParsePairs(s string) (map[string]string, error) {
 	out := map[string]string{}
 	if strings.TrimSpace(s) == "" {
 		return out, nil
 	}
 	for _, pair := range strings.Split(s, ",") {
-		token, tenant, ok := strings.Cut(strings.TrimSpace(pair), "=")
-		if !ok || token == "" || tenant == "" {
-			return nil, fmt.Errorf("auth tokens: %q is not token=tenant", pair)
+		k, v, ok := strings.Cut(strings.TrimSpace(pair), "=")
+		if !ok || k == "" || v == "" {
+			return nil, fmt.Errorf("%q is not name=value", pair)
 		}
-		out[token] = tenant
+		out[k] = v
 	}
 	return out, nil
 }

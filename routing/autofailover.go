@@ -1,0 +1,128 @@
+package routing
+
+import (
+	"context"
+	"log/slog"
+	"sort"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+)
+
+// ElectionPrefix is where nodes campaign to run automatic failover.
+const ElectionPrefix = "/idem/election/failover"
+
+// AutoFailover moves the tenants of a region that has had no live node for
+// After to a surviving region. One node at a time runs it (an etcd election);
+// the move itself is MoveRegion, which re-checks inside its transaction that
+// the region is still without a live node. It is off unless configured.
+type AutoFailover struct {
+	Client *clientv3.Client
+	Map    *Map
+	// Region is this node's region, the default target.
+	Region string
+	// After is how long a region must have been without a live node.
+	After time.Duration
+	// Targets maps a failed region to the region that takes over its
+	// tenants; a region not listed goes to the elected node's own region.
+	Targets map[string]string
+	// Now is the node's clock. Default time.Now.
+	Now    func() time.Time
+	Logger *slog.Logger
+	// OnMove is called after each moved tenant. Optional.
+	OnMove func(Failover)
+}
+
+// Run campaigns and, while elected, checks every second. It returns when ctx
+// is done.
+func (a *AutoFailover) Run(ctx context.Context) error {
+	if a.Now == nil {
+		a.Now = time.Now
+	}
+	if a.Logger == nil {
+		a.Logger = slog.New(slog.DiscardHandler)
+	}
+	for ctx.Err() == nil {
+		if err := a.lead(ctx); err != nil && ctx.Err() == nil {
+			a.Logger.Warn("automatic failover: election lost or failed; campaigning again", "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
+	}
+	return nil
+}
+
+func (a *AutoFailover) lead(ctx context.Context) error {
+	session, err := concurrency.NewSession(a.Client, concurrency.WithTTL(5), concurrency.WithContext(ctx))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = session.Close() }()
+	election := concurrency.NewElection(session, ElectionPrefix)
+	if err := election.Campaign(ctx, a.Region); err != nil {
+		return err
+	}
+	a.Logger.Info("automatic failover: elected", "region", a.Region, "after", a.After)
+	deadSince := map[string]time.Time{}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-session.Done():
+			return context.Canceled
+		case <-tick.C:
+		}
+		for _, region := range a.homeRegions() {
+			if len(a.Map.Nodes(region)) > 0 {
+				delete(deadSince, region)
+				continue
+			}
+			since, ok := deadSince[region]
+			if !ok {
+				deadSince[region] = a.Now()
+				continue
+			}
+			if a.Now().Sub(since) < a.After {
+				continue
+			}
+			to := a.Targets[region]
+			if to == "" {
+				to = a.Region
+			}
+			if to == region {
+				continue
+			}
+			moved, err := MoveRegion(ctx, a.Client, region, to, a.Now())
+			if err != nil {
+				a.Logger.Warn("automatic failover failed", "from", region, "to", to, "err", err)
+				continue
+			}
+			a.Logger.Warn("automatic failover", "from", region, "to", to, "tenants", len(moved), "dead_for", a.Now().Sub(since))
+			for _, f := range moved {
+				if a.OnMove != nil {
+					a.OnMove(f)
+				}
+			}
+			delete(deadSince, region)
+		}
+	}
+}
+
+// homeRegions lists the regions that are home to at least one tenant.
+func (a *AutoFailover) homeRegions() []string {
+	seen := map[string]bool{}
+	for _, p := range a.Map.Placements() {
+		seen[p.Region] = true
+	}
+	out := make([]string, 0, len(seen))
+	for r := range seen {
+		out = append(out, r)
+	}
+	sort.Strings(out)
+	return out
+}
