@@ -107,6 +107,7 @@ func (s *Service) drive(ctx context.Context, lease idem.Lease, cp idem.Checkpoin
 	// pause between steps does not expire the next one: the token does the
 	// fencing.
 	ctx = context.WithoutCancel(ctx)
+	lease = s.unfenced(lease)
 	if cp != idem.CheckpointLocalPaymentCreated {
 		// An earlier owner may have reached the provider: ask before acting.
 		ch, err := s.lookup(ctx, p.ProviderKey)
@@ -135,7 +136,7 @@ func (s *Service) drive(ctx context.Context, lease idem.Lease, cp idem.Checkpoin
 	callCtx, cancelCall := context.WithTimeout(ctx, s.cfg.ProviderTimeout)
 	ch, err := s.cfg.Provider.Charge(callCtx, provider.ChargeRequest{
 		ProviderKey: p.ProviderKey, AmountMinor: p.AmountMinor, Currency: p.Currency, AccountID: p.AccountID,
-		FencingToken: lease.Token,
+		FencingToken: max(lease.Token, 0),
 	})
 	cancelCall()
 	switch {

@@ -65,6 +65,10 @@ type Config struct {
 	// OnFenced is called when a write or provider call of this process was
 	// rejected because a newer owner holds the record. Optional.
 	OnFenced func()
+	// Break selects a deliberately broken engine for the chaos harness's
+	// honesty checks (BreakFindThenInsert, BreakNoFencing, BreakRawBodyHash).
+	// Empty: the real engine.
+	Break string
 }
 
 // Service executes create_payment commands.
@@ -115,6 +119,9 @@ func (c Config) Validate() error {
 	case "", ReplayAsStored, ReconstructCurrent:
 	default:
 		return fmt.Errorf("payments: unknown replay rule %q (want %s or %s)", c.ReplayRule, ReplayAsStored, ReconstructCurrent)
+	}
+	if !validBreak(c.Break) {
+		return fmt.Errorf("payments: unknown break mode %q (want %s, %s or %s)", c.Break, BreakFindThenInsert, BreakNoFencing, BreakRawBodyHash)
 	}
 	return nil
 }
@@ -171,6 +178,9 @@ func (s *Service) Create(ctx context.Context, req Request) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	if s.cfg.Break == BreakRawBodyHash {
+		hashes = rawBodyHash(req.Body)
+	}
 	begin := idem.BeginRequest{
 		Scope:         idem.Scope{Tenant: req.Tenant, Operation: Operation, Key: req.Key},
 		RequestHashes: hashes,
@@ -180,14 +190,20 @@ func (s *Service) Create(ctx context.Context, req Request) (Result, error) {
 		LockFor:       s.cfg.LockFor,
 		Window:        s.cfg.Window,
 
-		ExternalFencing: s.cfg.Locker != nil,
+		ExternalFencing: s.cfg.Locker != nil && s.cfg.Break != BreakNoFencing,
 	}
 	wait := min(req.Wait, MaxWait)
 	poll := 20 * time.Millisecond
 	for {
-		res, err := s.withLock(ctx, begin, func(b idem.BeginRequest, lock *fencing.Lock) (Result, error) {
-			return s.attempt(ctx, b, cmd, req.Uncertain, lock)
-		})
+		var res Result
+		var err error
+		if s.cfg.Break == BreakFindThenInsert {
+			res, err = s.attemptFindThenInsert(ctx, begin, cmd)
+		} else {
+			res, err = s.withLock(ctx, begin, func(b idem.BeginRequest, lock *fencing.Lock) (Result, error) {
+				return s.attempt(ctx, b, cmd, req.Uncertain, lock)
+			})
+		}
 		if err == nil || idem.ErrorCode(err) != idem.ECodeInProgress || wait <= 0 {
 			return res, err
 		}

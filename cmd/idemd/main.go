@@ -67,6 +67,10 @@ type Main struct {
 	AdvertiseURL   string
 	RegionLeaseTTL time.Duration
 	Failpoints     *failpoint.Set
+	// Break selects a deliberately broken engine (chaos honesty checks).
+	Break string
+	// ClockSkew offsets this node's wall clock (IDEM_CLOCK_SKEW; chaos).
+	ClockSkew time.Duration
 	// AutoFailoverAfter enables automatic failover (0 = off).
 	AutoFailoverAfter time.Duration
 	FailoverTargets   map[string]string
@@ -112,6 +116,7 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	fs.StringVar(&m.AdvertiseURL, "advertise-url", "", "URL other regions forward to (default: http://<listen address>)")
 	fs.DurationVar(&m.RegionLeaseTTL, "region-lease-ttl", 5*time.Second, "TTL of the node's region liveness lease; the node stops serving home tenants TTL minus a margin after its last successful keepalive")
 	fs.DurationVar(&m.AutoFailoverAfter, "auto-failover-after", 0, "move a region's tenants once it has had no live node for this long (0: off; operators run 'idemctl region failover')")
+	fs.StringVar(&m.Break, "break", "", "run a deliberately broken engine so a chaos run must fail: find-then-insert, no-fencing or raw-body-hash (never in production)")
 	targets := fs.String("failover-targets", "", "where automatic failover moves each region's tenants: from=to,from2=to2 (default: the elected node's region)")
 	bodyRetention := fs.Duration("body-retention", 0, "drop stored response bodies this long after creation, once past the window (default: the replay window; never shorter)")
 	fs.DurationVar(&m.Workers.Cleanup.MetadataRetention, "metadata-retention", 7*24*time.Hour, "keep expired record metadata this long after the window ends")
@@ -141,6 +146,11 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	}
 	if m.Failpoints, err = failpoint.Parse(getenv("IDEM_FAILPOINTS")); err != nil {
 		return err
+	}
+	if skew := getenv("IDEM_CLOCK_SKEW"); skew != "" {
+		if m.ClockSkew, err = time.ParseDuration(skew); err != nil {
+			return fmt.Errorf("IDEM_CLOCK_SKEW: %w", err)
+		}
 	}
 	if m.NodeID == "" {
 		host, _ := os.Hostname()
@@ -185,6 +195,7 @@ func (m *Main) Run(ctx context.Context) error {
 		Window: m.ReplayWindow, LockFor: m.LockFor, Logger: m.logger,
 		ProviderTimeout: m.ProviderTimeout, ResponseSchema: m.ResponseSchema, ReplayRule: m.ReplayRule,
 		Failpoints: m.Failpoints,
+		Break:      m.Break,
 		OnFenced: func() {
 			if m.server != nil {
 				m.server.Fenced()
@@ -249,13 +260,18 @@ func (m *Main) joinRegion(ctx context.Context, ln net.Listener) (*routing.Router
 		actx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		m.stopAuto, m.autoDone = cancel, make(chan struct{})
 		af := &routing.AutoFailover{Client: cli, Map: m.routes, Region: m.Region, After: m.AutoFailoverAfter,
-			Targets: m.FailoverTargets, Logger: m.logger}
+			Targets: m.FailoverTargets, Logger: m.logger, Now: m.now}
 		go func() { defer close(m.autoDone); _ = af.Run(actx) }()
 	}
 	return routing.NewRouter(cli, m.routes, m.membership, routing.RouterConfig{
-		Region: m.Region, Mode: m.StoreMode, RouteToHome: m.RouteToHome, Window: m.ReplayWindow,
+		Region: m.Region, Mode: m.StoreMode, RouteToHome: m.RouteToHome, Window: m.ReplayWindow, Now: m.now,
 	}), nil
 }
+
+// now is the node's wall clock, offset by IDEM_CLOCK_SKEW. Record times never
+// come from it (they are the store's now()); it only measures the node's own
+// windows, such as the uncertainty after a failover.
+func (m *Main) now() time.Time { return time.Now().Add(m.ClockSkew) }
 
 // Close stops serving (waiting up to 10s for running requests) and closes the
 // store.

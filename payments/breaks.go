@@ -1,0 +1,91 @@
+package payments
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/store"
+)
+
+// Deliberately broken modes (Config.Break). They exist so that the chaos
+// harness can prove it catches the failures the product guards against; a
+// green report means something only if a broken engine turns it red. Never
+// use them outside chaos runs and their tests.
+const (
+	// BreakFindThenInsert: the claim reads the record, then inserts (no
+	// atomic insert-first), and the payment id is drawn at random, as a
+	// naive implementation would do.
+	BreakFindThenInsert = "find-then-insert"
+	// BreakNoFencing: recovery owners ignore fencing: no etcd lock, store
+	// writes unconditional (even over a finished record), no token sent to
+	// the provider.
+	BreakNoFencing = "no-fencing"
+	// BreakRawBodyHash: the request hash is SHA-256 of the raw body bytes,
+	// so a re-serialised retry of the same command looks like a different
+	// command.
+	BreakRawBodyHash = "raw-body-hash"
+)
+
+func validBreak(b string) bool {
+	switch b {
+	case "", BreakFindThenInsert, BreakNoFencing, BreakRawBodyHash:
+		return true
+	}
+	return false
+}
+
+func rawBodyHash(body []byte) []string {
+	sum := sha256.Sum256(body)
+	return []string{"raw:" + hex.EncodeToString(sum[:])}
+}
+
+// attemptFindThenInsert is the naive claim: look for a record, and if there
+// is none, create a payment with a fresh random id and write the record
+// without checking whether someone else claimed the key in between.
+func (s *Service) attemptFindThenInsert(ctx context.Context, begin idem.BeginRequest, cmd Command) (Result, error) {
+	if _, err := s.store.Get(ctx, begin.Scope); err == nil {
+		return s.attempt(ctx, begin, cmd, false, nil)
+	}
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	p, ev := s.newPayment(begin.Scope, begin.RequestHashes[0], 0, cmd)
+	p.ID = "pay_" + hex.EncodeToString(b)
+	p.ProviderKey = ProviderKey(p.ID)
+	ev.ID, ev.AggregateID = "evt_"+p.ID+"_created", p.ID
+	var res Result
+	err := s.store.ExecTx(ctx, func(tx pgx.Tx) error {
+		if err := store.InsertPaymentOnly(ctx, tx, p, ev); err != nil {
+			return err
+		}
+		completion, err := s.completion(ctx, tx, p)
+		if err != nil {
+			return err
+		}
+		if err := store.UpsertCompleted(ctx, tx, begin, completion); err != nil {
+			return fmt.Errorf("payments: naive record write: %w", err)
+		}
+		res = Result{Response: completion.Response, Outcome: idem.OutcomeExecute}
+		return nil
+	})
+	if errors.Is(err, store.ErrDuplicateMerchantReference) {
+		// The naive engine reports the constraint violation as is.
+		return Result{}, idem.Errorf(idem.ECodeDuplicateMerchantRef, "A payment with this merchant reference already exists for the account.")
+	}
+	return res, err
+}
+
+// unfenced returns the lease an owner writes with: under BreakNoFencing its
+// writes skip every fencing check.
+func (s *Service) unfenced(l idem.Lease) idem.Lease {
+	if s.cfg.Break == BreakNoFencing {
+		l.Token = store.UnfencedToken
+	}
+	return l
+}
