@@ -331,3 +331,75 @@ func TestPlacementEpochBumpDuringTraffic(t *testing.T) {
 	}
 	t.Logf("%d keys, %d charges, moved at epoch %d", len(answers), counts.Total, moved.Epoch)
 }
+
+// TestGlobalStoreMode: two regions share one store; each serves every tenant
+// without forwarding, and the same key sent to both at once is one payment.
+func TestGlobalStoreMode(t *testing.T) {
+	ctx := context.Background()
+	etcd := etcdtest.Start(t)
+	if _, err := routing.SetPlacement(ctx, etcd.Client(t), "tenant-a", "eu-west"); err != nil {
+		t.Fatal(err)
+	}
+	ep := strings.Join(etcd.Endpoints, ",")
+	db := pgtest.NewDatabase(t)
+	st := openStore(t, db)
+	var urls []string
+	for _, r := range []string{"eu-west", "us-east"} {
+		urls = append(urls, startIdemd(t, db, "--region", r, "--etcd-endpoints", ep, "--store-mode", "global", "--node-id", r).url)
+	}
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range 10 {
+		wg.Go(func() {
+			<-start
+			if status, body, _ := payBody(t, urls[i%2], "global-1", article); status != 201 && !(status == 409 && codeOf(body) == idem.ECodeInProgress) {
+				t.Errorf("answer %d %s", status, body)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if n := storetest.Count(t, st, `SELECT count(*) FROM payments`); n != 1 {
+		t.Errorf("%d payments, want 1", n)
+	}
+	_, _, h := payBody(t, urls[1], "global-1", article)
+	if h.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("replay from the non-home region: %v", h)
+	}
+	if m := metric(t, urls[1], "idempotency_forwarded_total"); m > 0 {
+		t.Errorf("global mode forwarded %v requests", m)
+	}
+}
+
+// TestNodeClockSkewDoesNotMoveRecordTimes: two nodes whose clocks are 25h
+// apart (beyond the 24h window either way) share a store; a record written
+// by one is replayed by the other, and its times are the store's.
+func TestNodeClockSkewDoesNotMoveRecordTimes(t *testing.T) {
+	ctx := context.Background()
+	db := pgtest.NewDatabase(t)
+	st := openStore(t, db)
+	ahead := startIdemdEnv(t, []string{"IDEM_CLOCK_SKEW=25h"}, db)
+	behind := startIdemdEnv(t, []string{"IDEM_CLOCK_SKEW=-25h"}, db)
+	status, first, _ := payBody(t, ahead.url, "skewed", article)
+	if status != 201 {
+		t.Fatalf("create on the fast node = %d %s", status, first)
+	}
+	status, again, h := payBody(t, behind.url, "skewed", article)
+	if status != 201 || !bytes.Equal(again, first) || h.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("replay on the slow node = %d %s %v", status, again, h)
+	}
+	var dbNow time.Time
+	if err := st.Pool().QueryRow(ctx, `SELECT now()`).Scan(&dbNow); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := st.Get(ctx, idem.Scope{Tenant: "tenant-a", Operation: payments.Operation, Key: "skewed"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := dbNow.Sub(rec.CreatedAt); d < 0 || d > time.Minute {
+		t.Errorf("created_at %v is %v from the store's now %v", rec.CreatedAt, d, dbNow)
+	}
+	if got := rec.ExpiresAt.Sub(rec.CreatedAt); got != 24*time.Hour {
+		t.Errorf("window = %v, want 24h", got)
+	}
+}

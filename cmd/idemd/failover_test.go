@@ -1,0 +1,117 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/internal/etcdtest"
+	"github.com/idemcoord/idem/internal/storetest"
+	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/routing"
+)
+
+// etcdProxy puts a toxiproxy proxy between one node and etcd, so the test
+// can partition that node from the control plane while it keeps running.
+func etcdProxy(t *testing.T, upstream string) *toxiproxy.Proxy {
+	t.Helper()
+	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
+	p := toxiproxy.NewProxy(srv, "eu-west-0->etcd", "127.0.0.1:0", strings.TrimPrefix(upstream, "http://"))
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Stop)
+	return p
+}
+
+// TestFailoverWithPartitionedRegion: eu-west is cut off from etcd but keeps
+// running. It stops serving its tenants on its own at its local lease
+// deadline; the failover moves them to us-east only after eu-west's lease
+// expired in etcd; us-east finds the payment eu-west made (no second charge,
+// the same answer); after the partition heals eu-west forwards, never serves.
+func TestFailoverWithPartitionedRegion(t *testing.T) {
+	ctx := context.Background()
+	etcd := etcdtest.Start(t)
+	cli := etcd.Client(t)
+	prov := startProvider(t)
+	if _, err := routing.SetPlacement(ctx, cli, "tenant-a", "eu-west"); err != nil {
+		t.Fatal(err)
+	}
+	proxy := etcdProxy(t, etcd.Endpoints[0])
+	eu := startRegion(t, "eu-west", 1, "http://"+proxy.Listen, nil, "--provider-url", prov.BaseURL)
+	us := startRegion(t, "us-east", 1, strings.Join(etcd.Endpoints, ","), nil, "--provider-url", prov.BaseURL)
+	a, b := eu.nodes[0].url, us.nodes[0].url
+
+	status, first, _ := payBody(t, a, "before-partition", article)
+	if status != 201 {
+		t.Fatalf("payment before the partition = %d %s", status, first)
+	}
+
+	proxy.Stop() // partition eu-west from etcd; it keeps running
+	partitioned := time.Now()
+	waitFor(t, 20*time.Second, "eu-west to stop serving its tenant", func() bool {
+		status, body, _ := payBody(t, a, "probe-"+time.Now().Format("150405.000000"), strings.Replace(article, "invoice-7781", "probe-"+time.Now().Format("150405.000000"), 1))
+		return status == 503 && codeOf(body) == idem.ECodeNotHome
+	})
+	t.Logf("eu-west stopped serving %v after the partition", time.Since(partitioned).Round(10*time.Millisecond))
+
+	var moved []routing.Failover
+	waitFor(t, 30*time.Second, "eu-west's lease to expire in etcd and the failover to run", func() bool {
+		var err error
+		moved, err = routing.MoveRegion(ctx, cli, "eu-west", "us-east", time.Now())
+		if err != nil && !errors.Is(err, routing.ErrRegionAlive) {
+			t.Fatal(err)
+		}
+		return err == nil
+	})
+	if len(moved) != 1 || moved[0].Tenant != "tenant-a" {
+		t.Fatalf("moved %+v", moved)
+	}
+
+	// The retry lands in us-east, which never saw the key: it asks the
+	// provider and answers what eu-west answered.
+	status, again, _ := payBody(t, b, "before-partition", article)
+	if status != 201 || !bytes.Equal(again, first) {
+		t.Errorf("retry after failover = %d %s, want 201 %s", status, again, first)
+	}
+	status, body, _ := payBody(t, b, "after-failover", strings.Replace(article, "invoice-7781", "invoice-after", 1))
+	if status != 201 {
+		t.Errorf("new payment after failover = %d %s", status, body)
+	}
+	// eu-west is still partitioned and must not serve.
+	if status, body, _ := payBody(t, a, "after-failover", strings.Replace(article, "invoice-7781", "invoice-after", 1)); status == 201 {
+		t.Errorf("partitioned eu-west served a moved tenant: %s", body)
+	}
+
+	if err := proxy.Start(); err != nil { // heal
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "eu-west to rejoin and forward", func() bool {
+		status, body, h := payBody(t, a, "after-failover", strings.Replace(article, "invoice-7781", "invoice-after", 1))
+		return status == 201 && h.Get("Idempotent-Replayed") == "true" && len(body) > 0
+	})
+	counts, err := prov.Charges(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, n := range counts.ByKey {
+		if n != 1 {
+			t.Errorf("%s charged %d times", key, n)
+		}
+	}
+	rec, err := us.store.Get(ctx, idem.Scope{Tenant: "tenant-a", Operation: payments.Operation, Key: "before-partition"})
+	if err != nil || rec.Status != idem.StatusCompleted {
+		t.Errorf("us-east record of the pre-failover key = %+v, %v", rec, err)
+	}
+	if n := storetest.Count(t, eu.store, `SELECT count(*) FROM payments WHERE merchant_reference = 'invoice-after'`); n != 0 {
+		t.Errorf("eu-west wrote %d payments for a tenant it no longer serves", n)
+	}
+}
