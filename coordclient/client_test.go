@@ -22,7 +22,7 @@ import (
 	"github.com/idemcoord/idem/store"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+func TestMain(m *testing.M) { os.Exit(pgtest.MainLeakChecked(m)) }
 
 const tenant = "tenant-a"
 

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/internal/pgtest"
@@ -17,16 +16,7 @@ import (
 	"github.com/idemcoord/idem/store"
 )
 
-func TestMain(m *testing.M) {
-	code := pgtest.Main(m)
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(pgtest.MainLeakChecked(m)) }
 
 func beginReq(key, hash string) idem.BeginRequest {
 	return idem.BeginRequest{

@@ -12,7 +12,7 @@ import (
 	"github.com/idemcoord/idem/internal/storetest"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+func TestMain(m *testing.M) { os.Exit(pgtest.MainLeakChecked(m)) }
 
 // TestRunCountsWhatItWrote: the report's counts match the rows in the store,
 // so the figures in docs/benchmarks.md describe real writes.

@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
 
 	"github.com/idemcoord/idem/internal/pgserver"
 )
@@ -63,6 +64,24 @@ type server struct {
 // If IDEM_TEST_DATABASE_URL is set, it uses that server instead (must allow
 // CREATE DATABASE) and starts nothing.
 func Main(m *testing.M) int {
+	return run(m)
+}
+
+// MainLeakChecked is Main followed, when the tests passed, by a check that no
+// goroutine outlived them (go.uber.org/goleak): every pool, server and
+// worker a test started must have been closed.
+func MainLeakChecked(m *testing.M) int {
+	code := run(m)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest: goroutine leak:", err)
+			code = 1
+		}
+	}
+	return code
+}
+
+func run(m *testing.M) int {
 	if raw := os.Getenv(EnvURL); raw != "" {
 		u, err := parseURL(raw)
 		if err != nil {
