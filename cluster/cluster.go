@@ -1,18 +1,24 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"maps"
+	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -20,8 +26,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idemcoord/idem/internal/pgserver"
+	"github.com/idemcoord/idem/routing"
 )
 
 // Defaults of Config.
@@ -30,10 +38,27 @@ const (
 	DefaultNodesPerRegion = 1
 	DefaultReadyTimeout   = 30 * time.Second
 	DefaultStopGrace      = 15 * time.Second
+	// DefaultRegionLeaseTTL is the nodes' --region-lease-ttl.
+	DefaultRegionLeaseTTL = 5 * time.Second
 	// StateFile is the name of the file, in the state directory, that
 	// Start writes Info to.
 	StateFile = "cluster.json"
 )
+
+// Store modes (Config.StoreMode), as idemd's --store-mode.
+const (
+	// StoreRegionLocal gives each region a database of its own
+	// (DatabaseName); a tenant's requests are forwarded to its home region.
+	StoreRegionLocal = string(routing.RegionLocal)
+	// StoreGlobal gives every region one shared database, GlobalDatabase.
+	StoreGlobal = string(routing.Global)
+	// GlobalDatabase is the database of every region in StoreGlobal mode.
+	GlobalDatabase = "idem_global"
+)
+
+// BuildCommand builds every binary a cluster runs into ./bin, from the
+// module root.
+const BuildCommand = "go build -o bin/ ./cmd/... && go build -o bin/etcd go.etcd.io/etcd/server/v3"
 
 // DefaultTenants are the tenants that get a development token when
 // Config.Tenants is empty.
@@ -42,7 +67,7 @@ func DefaultTenants() []string { return []string{"tenant-a", "tenant-b"} }
 const (
 	// cleanupTimeout bounds the Stop of a failed Start.
 	cleanupTimeout = time.Minute
-	// portAttempts bounds how often a node's first start is retried on
+	// portAttempts bounds how often a process's first start is retried on
 	// another port when the one picked was taken meanwhile.
 	portAttempts = 5
 	// maxRegionLen keeps database names (idem_ + region) well within
@@ -58,21 +83,27 @@ const (
 
 var regionName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]*$`)
 
-// Config configures Start. Only IdemdPath is required.
+// Config configures Start. Only IdemdPath is required. The zero value of
+// every other field gives a cluster without etcd or provider, its regions
+// independent of each other; "idemctl up" asks for the multi-region cluster
+// (EtcdMembers 3, Provider, three regions).
 type Config struct {
-	// StateDir receives cluster.json, the node logs (logs/<region>-<i>.log)
-	// and, when Start runs PostgreSQL, its data directory (postgres/). It is
-	// created if missing and kept by Stop, so a later Start with the same
-	// StateDir reuses the PostgreSQL data. When the process runs as root,
-	// PostgreSQL runs as the "postgres" OS user, which must be able to
-	// search every parent of StateDir.
+	// StateDir receives cluster.json, the logs (logs/<name>.log) and, when
+	// Start runs them, PostgreSQL's data directory (postgres/), the etcd
+	// members' (etcd/m<i>/) and the provider's (provider/). It is created
+	// if missing and kept by Stop, so a later Start with the same StateDir
+	// reuses the PostgreSQL data and the provider's charges; etcd starts
+	// afresh every time (its members get new ports). When the process runs
+	// as root, PostgreSQL runs as the "postgres" OS user, which must be
+	// able to search every parent of StateDir.
 	// Default: a new temporary directory, removed by Stop (PostgreSQL then
 	// gets a temporary directory of its own).
 	StateDir string
 
-	// Regions names the regions, each of which gets its own database and
-	// NodesPerRegion nodes. Names are lower-case letters, digits, "-" and
-	// "_". Default: []string{DefaultRegion}.
+	// Regions names the regions, each of which runs NodesPerRegion nodes
+	// and, in region-local store mode, has its own database. Names are
+	// lower-case letters, digits, "-" and "_". Default:
+	// []string{DefaultRegion}.
 	Regions []string
 
 	// NodesPerRegion is how many idemd nodes each region runs.
@@ -83,12 +114,57 @@ type Config struct {
 	// the usual one.
 	IdemdPath string
 
+	// EtcdMembers is how many etcd members (real etcd processes, forming
+	// one cluster) to run. With etcd, nodes join their region in etcd
+	// (--etcd-endpoints, --node-id <region>-<i>, --region-lease-ttl) and
+	// route each tenant to its home region; Start places the tenants
+	// round-robin over the regions (the first tenant in the first region,
+	// ...). Default 0: no etcd, every region serves every tenant on its
+	// own.
+	EtcdMembers int
+
+	// EtcdPath is the etcd binary. Default (with EtcdMembers):
+	// FindBinary("etcd").
+	EtcdPath string
+
+	// ExtraEtcdArgs are appended to every etcd command line (for example
+	// --election-timeout). Default: none.
+	ExtraEtcdArgs []string
+
+	// Provider runs the payment provider simulator ("idemctl provider",
+	// data in <StateDir>/provider) and passes its URL to every node as
+	// --provider-url. Default false: payments complete locally.
+	Provider bool
+
+	// IdemctlPath is the idemctl binary that runs the provider. Default
+	// (with Provider): FindIdemctl().
+	IdemctlPath string
+
+	// StoreMode is StoreRegionLocal (the default: a database per region)
+	// or StoreGlobal (one database, GlobalDatabase, for every region);
+	// it is passed to every node as --store-mode.
+	StoreMode string
+
+	// RegionLeaseTTL is the nodes' --region-lease-ttl (with etcd).
+	// Default DefaultRegionLeaseTTL.
+	RegionLeaseTTL time.Duration
+
+	// Proxied routes every network link of the cluster through its own
+	// proxy of an in-process toxiproxy server, so that links can be cut
+	// (Partition, Heal) or slowed (AddLatency): each node's links to the
+	// store, to each etcd member and to the provider, the link into each
+	// node (requests forwarded to it), and the link between every ordered
+	// pair of etcd members. See Link. It needs a postgres:// database
+	// URL. Default false: processes connect directly.
+	Proxied bool
+
 	// DatabaseURL, if set, names an existing PostgreSQL or CockroachDB
 	// server to use instead of starting one. Start creates (or reuses) the
-	// region databases on it; with a single region, if the role may not
-	// create databases or DatabaseURL is not a postgres:// URL (a
-	// key=value string), the region uses DatabaseURL itself. Default: start a throwaway PostgreSQL
-	// server (fsync off).
+	// databases on it; when a single database is needed (one region, or
+	// global store mode), if the role may not create databases or
+	// DatabaseURL is not a postgres:// URL (a key=value string), that
+	// database is DatabaseURL itself. Default: start a throwaway
+	// PostgreSQL server (fsync off).
 	DatabaseURL string
 
 	// Tenants get one development token each, "dev_" and 32 random hex
@@ -99,23 +175,25 @@ type Config struct {
 	// Default 0: the node's default.
 	ReplayWindow time.Duration
 
-	// ExtraNodeArgs are appended to every idemd command line, for example
-	// flags of features the cluster does not know about. Default: none.
+	// ExtraNodeArgs are appended to every idemd command line, so they
+	// override the cluster's own flags (for example --lock-timeout or
+	// --recovery-interval). Default: none.
 	ExtraNodeArgs []string
 
-	// NodeEnv is added to every node's environment, which is otherwise
-	// this process's environment without IDEM_* variables (nodes are
-	// configured by their command line only). Entries are "KEY=value".
-	// Default: none.
+	// NodeEnv is added to every node's environment (for example
+	// IDEM_FAILPOINTS=...), which is otherwise this process's environment
+	// without IDEM_* variables (nodes are configured by their command line
+	// only). Entries are "KEY=value". Default: none.
 	NodeEnv []string
 
-	// ReadyTimeout bounds how long a node may take, from its start, to
-	// answer 200 on GET /readyz. Default DefaultReadyTimeout.
+	// ReadyTimeout bounds how long a process may take, from its start, to
+	// be ready (a node answers 200 on GET /readyz). Default
+	// DefaultReadyTimeout.
 	ReadyTimeout time.Duration
 
-	// StopGrace is how long a node may take to exit after SIGTERM before
-	// it is killed. Default DefaultStopGrace (idemd itself waits up to 10s
-	// for running requests).
+	// StopGrace is how long a process may take to exit after SIGTERM
+	// before it is killed. Default DefaultStopGrace (idemd itself waits up
+	// to 10s for running requests).
 	StopGrace time.Duration
 
 	// Logger receives progress messages from the cluster and PostgreSQL.
@@ -129,8 +207,17 @@ type Info struct {
 	Regions []RegionInfo `json:"regions"`
 	// DatabaseURL is the first region's database.
 	DatabaseURL string `json:"databaseUrl"`
+	// StoreMode is StoreRegionLocal or StoreGlobal.
+	StoreMode string `json:"storeMode"`
+	// EtcdEndpoints are the etcd members' client URLs (empty without etcd).
+	EtcdEndpoints []string `json:"etcdEndpoints"`
+	// ProviderURL is the provider simulator's base URL ("" without it).
+	ProviderURL string `json:"providerUrl"`
 	// Tokens maps each tenant to its development bearer token.
 	Tokens map[string]string `json:"tokens"`
+	// Placements maps each tenant to its home region as Start placed it
+	// (empty without etcd, where every region serves every tenant).
+	Placements map[string]string `json:"placements"`
 }
 
 // RegionInfo describes one region of a running cluster.
@@ -140,7 +227,8 @@ type RegionInfo struct {
 	URL string `json:"url"`
 	// Nodes lists every node's base URL, in index order.
 	Nodes []string `json:"nodes"`
-	// DatabaseURL is the region's own database.
+	// DatabaseURL is the region's database (GlobalDatabase's in global
+	// store mode). Nodes of a proxied cluster reach it through their links.
 	DatabaseURL string `json:"databaseUrl"`
 }
 
@@ -152,9 +240,18 @@ type Cluster struct {
 	stateDir    string
 	removeState bool   // stateDir was created by Start
 	statePath   string // cluster.json, once written
+	storeMode   string
 	pg          *pgserver.Server
+	net         *network // nil unless Config.Proxied
 	regions     []*regionState
 	tokens      map[string]string // tenant -> token
+	placements  map[string]string // tenant -> home region
+	provider    *Process          // nil unless Config.Provider
+
+	mu         sync.Mutex // guards etcd
+	etcd       []*Process
+	etcdClient *clientv3.Client
+	etcdIDs    map[uint64]*Process // member ID -> member
 
 	stopOnce sync.Once
 	stopErr  error
@@ -166,20 +263,22 @@ type regionState struct {
 	nodes []*Process
 }
 
-// Start starts a cluster and returns once every node answers 200 on
-// GET /readyz and <StateDir>/cluster.json has been written. Regions start
-// concurrently; within a region the first node starts (and applies the
-// migrations) before the others. ctx bounds
-// startup only: the processes run until Stop. If anything fails (or ctx
-// ends), Start stops whatever it had started, leaving no process behind,
-// and returns an error; a missing PostgreSQL installation yields an error
-// wrapping pgserver.ErrNotInstalled, which names the Debian package.
+// Start starts a cluster and returns once every process is ready (every
+// node answers 200 on GET /readyz and, with etcd, routes every tenant to
+// its home region) and <StateDir>/cluster.json has been written. PostgreSQL, the etcd members and the provider start
+// concurrently; then the tenants are placed (with etcd) and the nodes
+// start: the first node of each database alone (it applies the
+// migrations), then all the others concurrently. ctx bounds startup only:
+// the processes run until Stop. If anything fails (or ctx ends), Start
+// stops whatever it had started, leaving no process behind, and returns an
+// error; a missing PostgreSQL installation yields an error wrapping
+// pgserver.ErrNotInstalled, which names the Debian package.
 func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	began := time.Now()
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	c := &Cluster{log: cfg.Logger}
+	c := &Cluster{log: cfg.Logger, storeMode: cfg.StoreMode, placements: map[string]string{}}
 	ok := false
 	defer func() {
 		if !ok {
@@ -198,21 +297,40 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	if c.tokens, err = newTokens(cfg.Tenants); err != nil {
 		return nil, err
 	}
-
-	admin := cfg.DatabaseURL
-	if admin == "" {
-		pgDir := ""
-		if !c.removeState {
-			pgDir = filepath.Join(c.stateDir, "postgres")
-		}
-		c.pg, err = pgserver.Start(ctx, pgserver.Options{Dir: pgDir, Logger: c.log})
-		if err != nil {
-			return nil, fmt.Errorf("cluster: start PostgreSQL: %w", err)
-		}
-		admin = c.pg.URL()
+	if cfg.Proxied {
+		c.net = newNetwork(c.log)
 	}
-	dbURLs, err := createDatabases(ctx, c.log, admin, cfg.Regions)
-	if err != nil {
+
+	// The store, etcd and the provider do not depend on each other. The
+	// first failure cancels the others.
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		dbURLs                  map[string]string
+		pgErr, etcdErr, provErr error
+		wg                      sync.WaitGroup
+	)
+	failed := func(err error) error {
+		if err != nil {
+			cancel()
+		}
+		return err
+	}
+	wg.Go(func() { dbURLs, pgErr = c.startStore(sctx, &cfg); pgErr = failed(pgErr) })
+	if cfg.EtcdMembers > 0 {
+		wg.Go(func() {
+			etcdErr = c.startEtcd(sctx, &cfg)
+			if etcdErr == nil {
+				c.placements, etcdErr = c.writePlacements(sctx, cfg.Tenants, cfg.Regions)
+			}
+			etcdErr = failed(etcdErr)
+		})
+	}
+	if cfg.Provider {
+		wg.Go(func() { provErr = failed(c.startProvider(sctx, &cfg)) })
+	}
+	wg.Wait()
+	if err := firstError(ctx, pgErr, etcdErr, provErr); err != nil {
 		return nil, err
 	}
 
@@ -221,40 +339,20 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	for _, name := range cfg.Regions {
 		rs := &regionState{name: name, dbURL: dbURLs[name]}
 		for i := range cfg.NodesPerRegion {
-			args := []string{"--region", name, "--database-url", rs.dbURL, "--auth-tokens", tokenArg}
-			if cfg.ReplayWindow > 0 {
-				args = append(args, "--replay-window", cfg.ReplayWindow.String())
+			p, err := c.newNode(&cfg, rs, i, env, tokenArg)
+			if err != nil {
+				return nil, err
 			}
-			args = append(args, cfg.ExtraNodeArgs...)
-			rs.nodes = append(rs.nodes, &Process{
-				region:       name,
-				index:        i,
-				path:         cfg.IdemdPath,
-				args:         args,
-				env:          env,
-				logPath:      filepath.Join(c.stateDir, "logs", fmt.Sprintf("%s-%d.log", name, i)),
-				readyTimeout: cfg.ReadyTimeout,
-				stopGrace:    cfg.StopGrace,
-				log:          c.log,
-			})
+			rs.nodes = append(rs.nodes, p)
 		}
 		c.regions = append(c.regions, rs)
 	}
-
-	// Regions start concurrently. Within a region the first node starts
-	// alone, so that it applies the migrations before the others connect:
-	// concurrent first-time migrations of one database can fail in
-	// PostgreSQL's catalog ("type ... already exists").
-	errs := make([]error, len(c.regions))
-	var wg sync.WaitGroup
-	for i, rs := range c.regions {
-		wg.Go(func() { errs[i] = startRegion(ctx, rs.nodes) })
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if err := c.startNodes(ctx); err != nil {
 		return nil, err
 	}
-	nodes := c.Nodes()
+	if err := c.waitRouting(ctx, cfg.ReadyTimeout); err != nil {
+		return nil, err
+	}
 
 	statePath := filepath.Join(c.stateDir, StateFile)
 	if err := c.WriteState(statePath); err != nil {
@@ -262,9 +360,182 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	}
 	c.statePath = statePath
 	ok = true
-	c.log.Info("cluster: ready", "regions", len(c.regions), "nodes", len(nodes),
-		"state", c.stateDir, "elapsed", time.Since(began).Round(time.Millisecond))
+	c.log.Info("cluster: ready", "regions", len(c.regions), "nodes", len(c.Nodes()), "etcd_members", len(c.etcd),
+		"provider", c.provider != nil, "proxied", c.net != nil, "state", c.stateDir, "elapsed", time.Since(began).Round(time.Millisecond))
 	return c, nil
+}
+
+// firstError returns the errors of the concurrent startup steps: all of
+// them, except those that only say they were cancelled because another
+// step failed first.
+func firstError(ctx context.Context, errs ...error) error {
+	var real []error
+	for _, err := range errs {
+		if err != nil && (ctx.Err() != nil || !errors.Is(err, context.Canceled)) {
+			real = append(real, err)
+		}
+	}
+	if len(real) == 0 {
+		return errors.Join(errs...)
+	}
+	return errors.Join(real...)
+}
+
+// startStore starts PostgreSQL (unless cfg.DatabaseURL names a server),
+// creates the databases and returns region -> database URL.
+func (c *Cluster) startStore(ctx context.Context, cfg *Config) (map[string]string, error) {
+	admin := cfg.DatabaseURL
+	if admin == "" {
+		pgDir := ""
+		if !c.removeState {
+			pgDir = filepath.Join(c.stateDir, "postgres")
+		}
+		pg, err := pgserver.Start(ctx, pgserver.Options{Dir: pgDir, Logger: c.log})
+		if err != nil {
+			return nil, fmt.Errorf("cluster: start PostgreSQL: %w", err)
+		}
+		c.pg = pg
+		admin = pg.URL()
+	}
+	dbOf := make(map[string]string, len(cfg.Regions)) // region -> database name
+	var names []string
+	for _, r := range cfg.Regions {
+		name := DatabaseName(r)
+		if cfg.StoreMode == StoreGlobal {
+			name = GlobalDatabase
+		}
+		if !slices.Contains(names, name) {
+			names = append(names, name)
+		}
+		dbOf[r] = name
+	}
+	urls, err := createDatabases(ctx, c.log, admin, names)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]string, len(dbOf))
+	for r, name := range dbOf {
+		out[r] = urls[name]
+	}
+	return out, nil
+}
+
+// startProvider starts the provider simulator and waits for its /healthz.
+func (c *Cluster) startProvider(ctx context.Context, cfg *Config) error {
+	dir := filepath.Join(c.stateDir, "provider")
+	p := &Process{
+		kind: KindProvider,
+		name: KindProvider,
+		path: cfg.IdemctlPath,
+		argv: func(addr string) []string {
+			return []string{"provider", "--listen", addr, "--data-dir", dir}
+		},
+		env:          nodeEnv(nil),
+		readyPath:    "/healthz",
+		logPath:      filepath.Join(c.stateDir, "logs", "provider.log"),
+		readyTimeout: cfg.ReadyTimeout,
+		stopGrace:    cfg.StopGrace,
+		log:          c.log,
+	}
+	c.provider = p
+	return firstStart(ctx, p)
+}
+
+// newNode makes (without starting it) node i of region rs.
+func (c *Cluster) newNode(cfg *Config, rs *regionState, i int, env []string, tokenArg string) (*Process, error) {
+	name := fmt.Sprintf("%s-%d", rs.name, i)
+	dbURL := rs.dbURL
+	if c.net != nil {
+		var err error
+		if dbURL, err = c.proxyDatabase(name, dbURL); err != nil {
+			return nil, err
+		}
+	}
+	args := []string{
+		"--region", rs.name,
+		"--database-url", dbURL,
+		"--auth-tokens", tokenArg,
+		"--node-id", name,
+		"--store-mode", cfg.StoreMode,
+	}
+	if cfg.ReplayWindow > 0 {
+		args = append(args, "--replay-window", cfg.ReplayWindow.String())
+	}
+	if etcd := c.EtcdMembers(); len(etcd) > 0 {
+		var endpoints []string
+		for _, m := range etcd {
+			ep := m.URL()
+			if c.net != nil {
+				l, err := c.net.set(name, m.Name(), m.Addr())
+				if err != nil {
+					return nil, err
+				}
+				ep = "http://" + l.Listen
+			}
+			endpoints = append(endpoints, ep)
+		}
+		args = append(args, "--etcd-endpoints", strings.Join(endpoints, ","),
+			"--region-lease-ttl", cfg.RegionLeaseTTL.String())
+	}
+	if c.provider != nil {
+		u := c.provider.URL()
+		if c.net != nil {
+			l, err := c.net.set(name, EndpointProvider, c.provider.Addr())
+			if err != nil {
+				return nil, err
+			}
+			u = "http://" + l.Listen
+		}
+		args = append(args, "--provider-url", u)
+	}
+	p := &Process{
+		kind:         KindNode,
+		name:         name,
+		region:       rs.name,
+		index:        i,
+		path:         cfg.IdemdPath,
+		env:          env,
+		readyPath:    "/readyz",
+		logPath:      filepath.Join(c.stateDir, "logs", name+".log"),
+		readyTimeout: cfg.ReadyTimeout,
+		stopGrace:    cfg.StopGrace,
+		log:          c.log,
+	}
+	args = append(args, cfg.ExtraNodeArgs...)
+	p.argv = func(addr string) []string { return append([]string{"--listen", addr}, args...) }
+	if c.net != nil {
+		// Forwarded requests reach the node through its ingress link, made
+		// once the node's port is known.
+		ingress := "->" + name
+		p.onAddr = func(addr string) error {
+			_, err := c.net.set("", name, addr)
+			return err
+		}
+		p.argv = func(addr string) []string {
+			// Before ExtraNodeArgs, which may override it.
+			return slices.Concat([]string{"--listen", addr, "--advertise-url", "http://" + c.net.listen(ingress)}, args)
+		}
+	}
+	return p, nil
+}
+
+// proxyDatabase creates the link node->store and returns dbURL with the
+// link's address as its host.
+func (c *Cluster) proxyDatabase(node, dbURL string) (string, error) {
+	u, err := url.Parse(dbURL)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" || strings.Contains(u.Host, ",") {
+		return "", fmt.Errorf("cluster: Proxied needs a postgres://user@host:port/db database URL with one host, not %s", redact(dbURL))
+	}
+	upstream := u.Host
+	if u.Port() == "" {
+		upstream = net.JoinHostPort(u.Hostname(), "5432")
+	}
+	l, err := c.net.set(node, EndpointStore, upstream)
+	if err != nil {
+		return "", err
+	}
+	u.Host = l.Listen
+	return u.String(), nil
 }
 
 // setDefaults fills in defaults and validates cfg.
@@ -275,10 +546,8 @@ func (cfg *Config) setDefaults() error {
 	if cfg.IdemdPath == "" {
 		return errors.New("cluster: Config.IdemdPath is required (see FindBinary)")
 	}
-	if fi, err := os.Stat(cfg.IdemdPath); err != nil {
-		return fmt.Errorf("cluster: idemd binary: %w", err)
-	} else if fi.IsDir() || fi.Mode()&0o111 == 0 {
-		return fmt.Errorf("cluster: idemd binary %s is not an executable file", cfg.IdemdPath)
+	if err := checkExecutable("idemd", cfg.IdemdPath); err != nil {
+		return err
 	}
 	if len(cfg.Regions) == 0 {
 		cfg.Regions = []string{DefaultRegion}
@@ -313,11 +582,60 @@ func (cfg *Config) setDefaults() error {
 	if cfg.ReplayWindow < 0 {
 		return fmt.Errorf("cluster: ReplayWindow %v is negative", cfg.ReplayWindow)
 	}
+	if cfg.StoreMode == "" {
+		cfg.StoreMode = StoreRegionLocal
+	}
+	if _, err := routing.ParseStoreMode(cfg.StoreMode); err != nil {
+		return fmt.Errorf("cluster: StoreMode: %w", err)
+	}
+	switch {
+	case cfg.RegionLeaseTTL == 0:
+		cfg.RegionLeaseTTL = DefaultRegionLeaseTTL
+	case cfg.RegionLeaseTTL < 0:
+		return fmt.Errorf("cluster: RegionLeaseTTL %v is negative", cfg.RegionLeaseTTL)
+	}
+	if cfg.EtcdMembers < 0 {
+		return fmt.Errorf("cluster: EtcdMembers %d is negative", cfg.EtcdMembers)
+	}
+	if cfg.EtcdMembers > 0 {
+		if cfg.EtcdPath == "" {
+			p, err := FindBinary("etcd")
+			if err != nil {
+				return err
+			}
+			cfg.EtcdPath = p
+		}
+		if err := checkExecutable("etcd", cfg.EtcdPath); err != nil {
+			return err
+		}
+	}
+	if cfg.Provider {
+		if cfg.IdemctlPath == "" {
+			p, err := FindIdemctl()
+			if err != nil {
+				return err
+			}
+			cfg.IdemctlPath = p
+		}
+		if err := checkExecutable("idemctl", cfg.IdemctlPath); err != nil {
+			return err
+		}
+	}
 	if cfg.ReadyTimeout <= 0 {
 		cfg.ReadyTimeout = DefaultReadyTimeout
 	}
 	if cfg.StopGrace <= 0 {
 		cfg.StopGrace = DefaultStopGrace
+	}
+	return nil
+}
+
+// checkExecutable checks that path is an executable file.
+func checkExecutable(what, path string) error {
+	if fi, err := os.Stat(path); err != nil {
+		return fmt.Errorf("cluster: %s binary: %w", what, err)
+	} else if fi.IsDir() || fi.Mode()&0o111 == 0 {
+		return fmt.Errorf("cluster: %s binary %s is not an executable file", what, path)
 	}
 	return nil
 }
@@ -392,16 +710,16 @@ func nodeEnv(extra []string) []string {
 	return append(env, extra...)
 }
 
-// createDatabases creates each region's database on the server at admin
-// and returns region -> database URL. A database that exists already is
-// reused. If the role may not create databases and there is a single
-// region, that region uses admin itself.
-func createDatabases(ctx context.Context, log *slog.Logger, admin string, regions []string) (map[string]string, error) {
+// createDatabases creates the databases named on the server at admin and
+// returns name -> database URL. A database that exists already is reused.
+// When a single database is needed and admin is not a postgres:// URL, or
+// its role may not create databases, that database is admin itself.
+func createDatabases(ctx context.Context, log *slog.Logger, admin string, names []string) (map[string]string, error) {
 	u, err := url.Parse(admin)
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" {
-		if len(regions) == 1 {
-			log.Warn("cluster: database is not a postgres:// URL; the region uses it as it is", "region", regions[0])
-			return map[string]string{regions[0]: admin}, nil
+		if len(names) == 1 {
+			log.Warn("cluster: database is not a postgres:// URL; it is used as it is", "database", names[0])
+			return map[string]string{names[0]: admin}, nil
 		}
 		return nil, fmt.Errorf("cluster: database URL %s: want postgres://user@host:port/db to create a database per region", redact(admin))
 	}
@@ -410,26 +728,25 @@ func createDatabases(ctx context.Context, log *slog.Logger, admin string, region
 		return nil, fmt.Errorf("cluster: connect to %s: %w", redact(admin), err)
 	}
 	defer conn.Close(context.Background())
-	urls := make(map[string]string, len(regions))
-	for _, r := range regions {
-		name := DatabaseName(r)
+	urls := make(map[string]string, len(names))
+	for _, name := range names {
 		_, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
 		var pgErr *pgconn.PgError
 		switch {
 		case err == nil:
-			log.Info("cluster: created database", "region", r, "database", name)
+			log.Info("cluster: created database", "database", name)
 		case errors.As(err, &pgErr) && pgErr.Code == codeDuplicateDatabase:
-			log.Info("cluster: reusing database", "region", r, "database", name)
-		case errors.As(err, &pgErr) && pgErr.Code == codeInsufficientPrivilege && len(regions) == 1:
-			log.Warn("cluster: may not create databases; the region uses the given database", "region", r, "err", err)
-			urls[r] = admin
+			log.Info("cluster: reusing database", "database", name)
+		case errors.As(err, &pgErr) && pgErr.Code == codeInsufficientPrivilege && len(names) == 1:
+			log.Warn("cluster: may not create databases; using the given database", "instead_of", name, "err", err)
+			urls[name] = admin
 			continue
 		default:
-			return nil, fmt.Errorf("cluster: create database %s for region %s: %w", name, r, err)
+			return nil, fmt.Errorf("cluster: create database %s: %w", name, err)
 		}
 		du := *u
 		du.Path, du.RawPath = "/"+name, ""
-		urls[r] = du.String()
+		urls[name] = du.String()
 	}
 	return urls, nil
 }
@@ -443,26 +760,107 @@ func redact(raw string) string {
 	return u.Redacted()
 }
 
-// startRegion starts nodes[0], then the other nodes concurrently, and
-// returns once all are ready.
-func startRegion(ctx context.Context, nodes []*Process) error {
-	if len(nodes) == 0 {
+// startNodes starts the first node of each database (concurrently), which
+// applies the migrations, then every other node concurrently, and returns
+// once all are ready. Concurrent first-time migrations of one database can
+// fail in PostgreSQL's catalog ("type ... already exists").
+func (c *Cluster) startNodes(ctx context.Context) error {
+	var first, rest []*Process
+	seen := map[string]bool{}
+	for _, rs := range c.regions {
+		for _, p := range rs.nodes {
+			if seen[rs.dbURL] {
+				rest = append(rest, p)
+			} else {
+				seen[rs.dbURL] = true
+				first = append(first, p)
+			}
+		}
+	}
+	for _, batch := range [][]*Process{first, rest} {
+		errs := make([]error, len(batch))
+		var wg sync.WaitGroup
+		for i, p := range batch {
+			wg.Go(func() { errs[i] = firstStart(ctx, p) })
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// routingProbe is the payment id that waitRouting asks for: one that does
+// not exist.
+const routingProbe = "idem-cluster-routing-probe"
+
+// waitRouting waits until every node routes every placed tenant: GET
+// /payments/<routingProbe> with the tenant's token is answered by the
+// tenant's home region (404), not refused because the node has not yet
+// seen the nodes of that region (a node learns of the others through an
+// etcd watch, which may lag a little behind their readiness).
+func (c *Cluster) waitRouting(ctx context.Context, timeout time.Duration) error {
+	if len(c.placements) == 0 {
 		return nil
 	}
-	if err := firstStart(ctx, nodes[0]); err != nil {
-		return err
-	}
+	began := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tr := &http.Transport{DisableKeepAlives: true}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: probeTimeout}
+	tenants := slices.Sorted(maps.Keys(c.placements))
+	nodes := c.Nodes()
 	errs := make([]error, len(nodes))
 	var wg sync.WaitGroup
-	for i, p := range nodes[1:] {
-		wg.Go(func() { errs[i] = firstStart(ctx, p) })
+	for i, p := range nodes {
+		wg.Go(func() {
+			for _, t := range tenants {
+				if errs[i] = waitRouted(ctx, client, p, t, c.tokens[t], c.placements[t]); errs[i] != nil {
+					return
+				}
+			}
+		})
 	}
 	wg.Wait()
+	c.log.Debug("cluster: every node routes every tenant", "elapsed", time.Since(began).Round(time.Millisecond))
 	return errors.Join(errs...)
 }
 
-// firstStart starts a node on a free port and waits until it is ready,
-// moving to another port if the one picked was taken meanwhile.
+// waitRouted polls node p until a tenant's request is routed.
+func waitRouted(ctx context.Context, client *http.Client, p *Process, tenant, token, home string) error {
+	url := p.URL() + "/payments/" + routingProbe
+	var last string
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := client.Do(req)
+		if err == nil {
+			body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+			_ = resp.Body.Close()
+			if resp.StatusCode < 500 && resp.StatusCode != http.StatusMisdirectedRequest {
+				return nil
+			}
+			last = fmt.Sprintf("%s: %s", resp.Status, bytes.TrimSpace(body))
+		} else {
+			last = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("cluster: node %s does not route %s's requests to its home region %s: %w (last answer: %s)",
+				p.Name(), tenant, home, ctx.Err(), last)
+		case <-time.After(readyPoll):
+		}
+	}
+}
+
+// firstStart starts a node or the provider on a free port and waits until
+// it is ready, moving to another port if the one picked was taken
+// meanwhile.
 func firstStart(ctx context.Context, p *Process) error {
 	for attempt := 1; ; attempt++ {
 		addr, err := freeAddr()
@@ -470,28 +868,42 @@ func firstStart(ctx context.Context, p *Process) error {
 			return err
 		}
 		p.setAddr(addr)
+		if p.onAddr != nil {
+			if err := p.onAddr(addr); err != nil {
+				return err
+			}
+		}
 		if err := p.start(); err != nil {
 			return err
 		}
 		err = p.WaitReady(ctx)
 		if err == nil {
-			p.log.Info("cluster: node ready", "node", p.Name(), "url", p.URL(), "pid", p.Pid())
+			p.log.Info("cluster: "+p.kind+" ready", "name", p.Name(), "url", p.URL(), "pid", p.Pid())
 			return nil
 		}
 		_ = p.Kill()
 		if !errors.Is(err, errAddrInUse) || attempt == portAttempts || ctx.Err() != nil {
 			return err
 		}
-		p.log.Info("cluster: port taken, retrying", "node", p.Name(), "addr", addr)
+		p.log.Info("cluster: port taken, retrying", "name", p.Name(), "addr", addr)
 	}
 }
 
-// Info returns the cluster's endpoints, databases and tokens. The result is
-// a copy the caller may keep.
+// Info returns the cluster's endpoints, databases, tokens and placements.
+// The result is a copy the caller may keep.
 func (c *Cluster) Info() Info {
-	info := Info{Tokens: make(map[string]string, len(c.tokens))}
-	for t, tok := range c.tokens {
-		info.Tokens[t] = tok
+	info := Info{
+		StoreMode:     c.storeMode,
+		EtcdEndpoints: c.EtcdEndpoints(),
+		ProviderURL:   c.ProviderURL(),
+		Tokens:        maps.Clone(c.tokens),
+		Placements:    maps.Clone(c.placements),
+	}
+	if info.Tokens == nil {
+		info.Tokens = map[string]string{}
+	}
+	if info.Placements == nil {
+		info.Placements = map[string]string{}
 	}
 	for _, r := range c.regions {
 		ri := RegionInfo{Name: r.name, DatabaseURL: r.dbURL, Nodes: []string{}}
@@ -565,6 +977,27 @@ func (c *Cluster) Nodes() []*Process {
 	return out
 }
 
+// Provider returns the provider simulator's process, or nil without
+// Config.Provider.
+func (c *Cluster) Provider() *Process { return c.provider }
+
+// ProviderURL returns the provider simulator's base URL, as the cluster
+// itself reaches it, or "" without Config.Provider.
+func (c *Cluster) ProviderURL() string {
+	if c.provider == nil {
+		return ""
+	}
+	return c.provider.URL()
+}
+
+// HomeRegion returns the region Start placed tenant in ("" without etcd,
+// or for an unknown tenant). Placements may move later (package routing);
+// this is the initial one.
+func (c *Cluster) HomeRegion(tenant string) string { return c.placements[tenant] }
+
+// StoreMode returns StoreRegionLocal or StoreGlobal.
+func (c *Cluster) StoreMode() string { return c.storeMode }
+
 // PostgresPid returns the process id of the PostgreSQL server the cluster
 // started, or 0 if it uses Config.DatabaseURL.
 func (c *Cluster) PostgresPid() int {
@@ -574,13 +1007,16 @@ func (c *Cluster) PostgresPid() int {
 	return c.pg.Pid()
 }
 
-// Stop stops every node concurrently (SIGTERM, then SIGKILL after the stop
-// grace period or once ctx ends), then the PostgreSQL server it started,
-// and returns once all of them have been reaped. It then removes
+// Stop stops the cluster and returns once every process has been reaped:
+// it heals every link (so that nodes can leave etcd promptly), stops every
+// node concurrently (SIGTERM, then SIGKILL after the stop grace period or
+// once ctx ends), then the provider, the etcd members and the PostgreSQL
+// server it started, and finally the proxies. It then removes
 // cluster.json, and the state directory if Start created it. Stop is
 // idempotent: later calls wait for the first and return its result. The
-// error joins every problem met (a node that had to be killed, or exited
-// with a non-zero status on SIGTERM); the processes are gone regardless.
+// error joins every problem met (a process that had to be killed, or
+// exited with a non-zero status on SIGTERM); the processes are gone
+// regardless.
 func (c *Cluster) Stop(ctx context.Context) error {
 	c.stopOnce.Do(func() { c.stopErr = c.stop(ctx) })
 	return c.stopErr
@@ -588,18 +1024,62 @@ func (c *Cluster) Stop(ctx context.Context) error {
 
 func (c *Cluster) stop(ctx context.Context) error {
 	began := time.Now()
-	nodes := c.Nodes()
-	errs := make([]error, len(nodes))
-	var wg sync.WaitGroup
-	for i, p := range nodes {
-		p.close()
-		wg.Go(func() { errs[i] = p.Stop(ctx) })
+	var errs []error
+	if c.net != nil {
+		if err := c.net.heal(c.net.allNames()); err != nil {
+			c.log.Warn("cluster: stop: heal links", "err", err)
+		}
+		_ = c.net.removeToxics(c.net.allNames())
 	}
-	wg.Wait()
+	stopAll := func(procs []*Process) {
+		if len(procs) == 0 {
+			return
+		}
+		phase := time.Now()
+		perr := make([]error, len(procs))
+		var wg sync.WaitGroup
+		for i, p := range procs {
+			p.close()
+			wg.Go(func() { perr[i] = p.Stop(ctx) })
+		}
+		wg.Wait()
+		errs = append(errs, perr...)
+		c.log.Debug("cluster: stopped "+procs[0].kind+"s", "count", len(procs), "elapsed", time.Since(phase).Round(time.Millisecond))
+	}
+	nodes := c.Nodes()
+	stopAll(nodes)
+	if c.provider != nil {
+		stopAll([]*Process{c.provider})
+	}
+	// The etcd followers stop first: a leader stopping while they are
+	// still connected hands its leadership over to one of them, which
+	// waits up to etcd's request timeout (7s) if that one is stopping too.
+	etcd := c.EtcdMembers()
+	if c.etcdClient != nil {
+		lctx, cancel := context.WithTimeout(ctx, etcdStatusTimeout)
+		leader, err := c.EtcdLeader(lctx)
+		cancel()
+		_ = c.etcdClient.Close()
+		if err == nil {
+			var followers []*Process
+			for _, p := range etcd {
+				if p != leader {
+					followers = append(followers, p)
+				}
+			}
+			stopAll(followers)
+			leader.waitNoActivePeers(ctx, etcdQuietTimeout)
+			stopAll([]*Process{leader})
+		}
+	}
+	stopAll(etcd) // all of them, if there was no leader; else a no-op
 	if c.pg != nil {
 		if err := c.pg.Stop(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("cluster: stop PostgreSQL: %w", err))
 		}
+	}
+	if c.net != nil {
+		c.net.close()
 	}
 	if c.statePath != "" {
 		if err := os.Remove(c.statePath); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -611,7 +1091,7 @@ func (c *Cluster) stop(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("cluster: %w", err))
 		}
 	}
-	if len(nodes) > 0 || c.pg != nil {
+	if len(nodes) > 0 || len(etcd) > 0 || c.provider != nil || c.pg != nil {
 		c.log.Info("cluster: stopped", "elapsed", time.Since(began).Round(time.Millisecond))
 	}
 	return errors.Join(errs...)
@@ -638,5 +1118,18 @@ func FindBinary(name string) (string, error) {
 	if p, err := exec.LookPath(name); err == nil {
 		return filepath.Abs(p)
 	}
-	return "", fmt.Errorf("cluster: %s binary not found next to this executable, in ./bin or on PATH; build it with `go build -o bin/ ./cmd/...` (from the module root) or pass its path: %w", name, exec.ErrNotFound)
+	return "", fmt.Errorf("cluster: %s binary not found next to this executable, in ./bin or on PATH; from the module root, build the binaries and run with `%s && bin/idemctl up`, or pass its path: %w", name, BuildCommand, exec.ErrNotFound)
+}
+
+// FindIdemctl returns the idemctl binary, which runs the provider
+// simulator: the running executable if it is idemctl, else
+// FindBinary("idemctl").
+func FindIdemctl() (string, error) {
+	if exe, err := os.Executable(); err == nil && filepath.Base(exe) == "idemctl" {
+		if r, err := filepath.EvalSymlinks(exe); err == nil {
+			exe = r
+		}
+		return exe, nil
+	}
+	return FindBinary("idemctl")
 }

@@ -34,6 +34,8 @@ import (
 const (
 	envHelper   = "CLUSTER_TEST_HELPER"    // "1" runs helperMain instead of the tests
 	envIdemd    = "CLUSTER_TEST_IDEMD"     // the idemd binary
+	envIdemctl  = "CLUSTER_TEST_IDEMCTL"   // the idemctl binary
+	envEtcd     = "CLUSTER_TEST_ETCD"      // the etcd binary
 	envStateDir = "CLUSTER_TEST_STATE_DIR" // the helper's Config.StateDir
 )
 
@@ -43,9 +45,13 @@ func paymentBody(ref string) string {
 	return `{"accountId":"acc_1","amount":"10.00","currency":"EUR","merchantReference":"` + ref + `"}`
 }
 
-// idemdPath is the idemd binary built by TestMain; set once before the
-// tests run and only read by them.
-var idemdPath string
+// The binaries built by TestMain; set once before the tests run and only
+// read by them.
+var (
+	idemdPath   string
+	idemctlPath string
+	etcdPath    string
+)
 
 func TestMain(m *testing.M) {
 	if os.Getenv(envHelper) == "1" {
@@ -62,7 +68,13 @@ func testMain(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	idemdPath = filepath.Join(dir, "idemd")
-	if err := goBuild(idemdPath, "github.com/idemcoord/idem/cmd/idemd"); err != nil {
+	idemctlPath = filepath.Join(dir, "idemctl")
+	etcdPath = filepath.Join(dir, "etcd")
+	if err := goBuild(dir+string(filepath.Separator), "github.com/idemcoord/idem/cmd/idemd", "github.com/idemcoord/idem/cmd/idemctl"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := goBuild(etcdPath, "go.etcd.io/etcd/server/v3"); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -76,17 +88,18 @@ func testMain(m *testing.M) int {
 	return code
 }
 
-// goBuild builds pkg into out with the go command of this toolchain.
-func goBuild(out, pkg string) error {
+// goBuild builds pkgs into out (a file, or a directory ending in a
+// separator) with the go command of this toolchain.
+func goBuild(out string, pkgs ...string) error {
 	goCmd := filepath.Join(runtime.GOROOT(), "bin", "go")
 	if _, err := os.Stat(goCmd); err != nil {
 		if goCmd, err = exec.LookPath("go"); err != nil {
 			return fmt.Errorf("find the go command: %w", err)
 		}
 	}
-	cmd := exec.Command(goCmd, "build", "-o", out, pkg)
+	cmd := exec.Command(goCmd, append([]string{"build", "-o", out}, pkgs...)...)
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build %s: %w\n%s", pkg, err, b)
+		return fmt.Errorf("go build %s: %w\n%s", pkgs, err, b)
 	}
 	return nil
 }
@@ -98,15 +111,19 @@ func helperMain() int {
 	defer cancel()
 	c, err := cluster.Start(ctx, cluster.Config{
 		IdemdPath:      os.Getenv(envIdemd),
+		EtcdPath:       os.Getenv(envEtcd),
+		IdemctlPath:    os.Getenv(envIdemctl),
 		StateDir:       os.Getenv(envStateDir),
 		NodesPerRegion: 2,
+		EtcdMembers:    3,
+		Provider:       true,
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "helper:", err)
 		return 1
 	}
-	pids := []int{c.PostgresPid()}
-	for _, p := range c.Nodes() {
+	pids := []int{c.PostgresPid(), c.Provider().Pid()}
+	for _, p := range append(c.Nodes(), c.EtcdMembers()...) {
 		pids = append(pids, p.Pid())
 	}
 	b, _ := json.Marshal(pids)
@@ -139,6 +156,17 @@ func TestStartPaymentAndStop(t *testing.T) {
 	if info.DatabaseURL != info.Regions[0].DatabaseURL || !strings.Contains(info.DatabaseURL, "/idem_eu_west?") {
 		t.Errorf("databaseUrl = %q, want the eu-west database", info.DatabaseURL)
 	}
+	// No etcd, no provider: the single-region behaviour in every region.
+	if info.StoreMode != cluster.StoreRegionLocal || len(info.EtcdEndpoints) != 0 || info.ProviderURL != "" || len(info.Placements) != 0 {
+		t.Errorf("store mode %q, etcd %q, provider %q, placements %q; want region-local and none",
+			info.StoreMode, info.EtcdEndpoints, info.ProviderURL, info.Placements)
+	}
+	if c.Provider() != nil || len(c.EtcdMembers()) != 0 || c.EtcdClient() != nil || c.Links() != nil {
+		t.Error("a cluster without etcd, provider or proxies exposes some")
+	}
+	if err := c.Partition("local-0->store"); !errors.Is(err, cluster.ErrNotProxied) {
+		t.Errorf("Partition without proxies: %v, want ErrNotProxied", err)
+	}
 	tokenRE := regexp.MustCompile(`^dev_[0-9a-f]{32}$`)
 	if len(info.Tokens) != 2 || !tokenRE.MatchString(info.Tokens["tenant-a"]) || !tokenRE.MatchString(info.Tokens["tenant-b"]) ||
 		info.Tokens["tenant-a"] == info.Tokens["tenant-b"] {
@@ -163,7 +191,7 @@ func TestStartPaymentAndStop(t *testing.T) {
 	}
 	var generic map[string]any
 	_ = json.Unmarshal(raw, &generic)
-	for _, k := range []string{"regions", "databaseUrl", "tokens"} {
+	for _, k := range []string{"regions", "databaseUrl", "tokens", "etcdEndpoints", "providerUrl", "storeMode"} {
 		if _, ok := generic[k]; !ok {
 			t.Errorf("cluster.json lacks %q:\n%s", k, raw)
 		}
@@ -413,6 +441,11 @@ func TestConfigErrors(t *testing.T) {
 		"negative nodes":  {IdemdPath: idemdPath, NodesPerRegion: -1},
 		"bad tenant":      {IdemdPath: idemdPath, Tenants: []string{"a=b"}},
 		"negative window": {IdemdPath: idemdPath, ReplayWindow: -time.Second},
+		"bad store mode":  {IdemdPath: idemdPath, StoreMode: "everywhere"},
+		"negative etcd":   {IdemdPath: idemdPath, EtcdMembers: -1},
+		"missing etcd":    {IdemdPath: idemdPath, EtcdMembers: 1, EtcdPath: "/nonexistent/etcd"},
+		"negative ttl":    {IdemdPath: idemdPath, RegionLeaseTTL: -time.Second},
+		"missing idemctl": {IdemdPath: idemdPath, Provider: true, IdemctlPath: "/nonexistent/idemctl"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c, err := cluster.Start(context.Background(), cfg)
@@ -451,20 +484,23 @@ func TestFindBinary(t *testing.T) {
 	}
 
 	_, err := cluster.FindBinary("no-such-idem-binary")
-	if err == nil || !strings.Contains(err.Error(), "go build -o bin/ ./cmd/...") || !errors.Is(err, exec.ErrNotFound) {
+	if err == nil || !strings.Contains(err.Error(), "`go build -o bin/ ./cmd/... && go build -o bin/etcd go.etcd.io/etcd/server/v3 && bin/idemctl up`") ||
+		!errors.Is(err, exec.ErrNotFound) {
 		t.Errorf("FindBinary of a missing binary: %v", err)
 	}
 }
 
 // TestParentKilledLeavesNothing kills (SIGKILL) a process that started a
-// cluster and expects every node and PostgreSQL to go away with it.
+// cluster and expects every node, etcd member, the provider and PostgreSQL
+// to go away with it.
 func TestParentKilledLeavesNothing(t *testing.T) {
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(exe, "-test.run=^$")
-	cmd.Env = append(os.Environ(), envHelper+"=1", envIdemd+"="+idemdPath, envStateDir+"="+stateDir(t))
+	cmd.Env = append(os.Environ(), envHelper+"=1", envIdemd+"="+idemdPath, envIdemctl+"="+idemctlPath,
+		envEtcd+"="+etcdPath, envStateDir+"="+stateDir(t))
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.StdoutPipe()
@@ -482,7 +518,7 @@ func TestParentKilledLeavesNothing(t *testing.T) {
 		t.Fatalf("helper: %v\n%s", err, stderr.String())
 	}
 	var pids []int
-	if err := json.Unmarshal([]byte(line), &pids); err != nil || len(pids) != 3 {
+	if err := json.Unmarshal([]byte(line), &pids); err != nil || len(pids) != 7 { // postgres, provider, 2 nodes, 3 etcd
 		t.Fatalf("helper printed %q: %v", line, err)
 	}
 	for _, pid := range pids {
@@ -498,7 +534,7 @@ func TestParentKilledLeavesNothing(t *testing.T) {
 	for _, pid := range pids {
 		for alive(pid) {
 			if time.Now().After(deadline) {
-				t.Fatalf("pid %d (of %v; postgres first) survived the SIGKILL of the process that started it", pid, pids)
+				t.Fatalf("pid %d (of %v: postgres, provider, nodes, etcd) survived the SIGKILL of the process that started it", pid, pids)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
@@ -533,6 +569,12 @@ func stateDir(tb testing.TB) string {
 func startCluster(tb testing.TB, cfg cluster.Config) *cluster.Cluster {
 	tb.Helper()
 	cfg.IdemdPath = idemdPath
+	if cfg.EtcdMembers > 0 {
+		cfg.EtcdPath = etcdPath
+	}
+	if cfg.Provider {
+		cfg.IdemctlPath = idemctlPath
+	}
 	cfg.Logger = testLogger(tb)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -541,7 +583,7 @@ func startCluster(tb testing.TB, cfg cluster.Config) *cluster.Cluster {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Logf("cluster of %d node(s) started in %v", len(c.Nodes()), time.Since(began).Round(time.Millisecond))
+	tb.Logf("cluster of %d node(s), %d etcd member(s) started in %v", len(c.Nodes()), len(c.EtcdMembers()), time.Since(began).Round(time.Millisecond))
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -563,15 +605,18 @@ func stopCluster(tb testing.TB, c *cluster.Cluster) {
 	tb.Logf("cluster stopped in %v", time.Since(began).Round(time.Millisecond))
 }
 
-// clusterPids returns the pids of the cluster's nodes and PostgreSQL,
-// checking that they run.
+// clusterPids returns the pids of the cluster's processes (PostgreSQL, the
+// provider, nodes, etcd members), checking that they run.
 func clusterPids(tb testing.TB, c *cluster.Cluster) []int {
 	tb.Helper()
 	var pids []int
 	if pid := c.PostgresPid(); pid != 0 {
 		pids = append(pids, pid)
 	}
-	for _, p := range c.Nodes() {
+	if p := c.Provider(); p != nil {
+		pids = append(pids, p.Pid())
+	}
+	for _, p := range append(c.Nodes(), c.EtcdMembers()...) {
 		pids = append(pids, p.Pid())
 	}
 	for _, pid := range pids {

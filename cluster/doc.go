@@ -1,31 +1,59 @@
 // Package cluster starts a local idempotency cluster made of real processes:
-// a throwaway PostgreSQL server (through internal/pgserver) and idemd nodes
+// a throwaway PostgreSQL server (through internal/pgserver), optionally a
+// real etcd cluster and the payment provider simulator, and idemd nodes
 // grouped into regions. It backs "idemctl up" and is meant to be reused by
-// tests and by a chaos harness, which reach individual nodes through
-// [Cluster.Node] to kill, signal and restart them.
+// tests and by a chaos harness, which reach individual processes through
+// [Cluster.Node], [Cluster.EtcdMembers] and [Cluster.Provider] to kill,
+// signal and restart them, and, in a proxied cluster, cut or slow the
+// network links between them ([Cluster.Partition], [Cluster.AddLatency]).
 //
 // # Layout
 //
 // [Start] creates, in the state directory (Config.StateDir, or a temporary
 // directory removed by [Cluster.Stop]):
 //
-//	cluster.json            Info as JSON, written once every node is ready, removed by Stop
+//	cluster.json            Info as JSON, written once every process is ready, removed by Stop
 //	logs/<region>-<i>.log   stdout and stderr of node i of a region (appended)
+//	logs/etcd-m<i>.log      the same for etcd member i
+//	logs/provider.log       the same for the provider simulator
 //	postgres/               PostgreSQL's data and log (only with a StateDir)
+//	etcd/m<i>/              etcd member i's data (new at every Start)
+//	provider/               the provider simulator's charges
 //
-// Each region runs in region-local store mode: region R gets its own
-// database idem_<R with "-" as "_"> on the shared server, and every node of
-// the region uses it. Nodes listen on free ports on 127.0.0.1 and
-// authenticate one random development token (dev_<hex>) per tenant.
+// In region-local store mode (the default) region R gets its own database
+// idem_<R with "-" as "_"> on the shared server, and every node of the
+// region uses it; in global store mode every region uses one database,
+// idem_global. Every process listens on free ports on 127.0.0.1. Nodes
+// authenticate one random development token (dev_<hex>) per tenant, and
+// are named <region>-<i> (their --node-id).
+//
+// # Regions and etcd
+//
+// With Config.EtcdMembers, Start runs that many etcd members as one etcd
+// cluster and, before any node starts, places the tenants round-robin over
+// the regions (tenant i's home is region i modulo the number of regions),
+// so that a request to any region is served from the start: by the home
+// region, or forwarded there. Nodes join their region in etcd with a
+// liveness lease (Config.RegionLeaseTTL). Without etcd, each region serves
+// every tenant on its own, as a single-region deployment would.
+//
+// # Network links
+//
+// With Config.Proxied, every connection between the cluster's processes
+// goes through a proxy of an in-process toxiproxy server, one per link
+// (see [Link]): Partition drops a link, Heal restores it, AddLatency and
+// AddToxic degrade it. The cluster's own connections (readiness probes,
+// its etcd client, Info's URLs) are direct.
 //
 // # Process lifetime
 //
 // Every child runs in a process group of its own, so a Ctrl-C in a terminal
 // reaches only the caller, which then stops the children in order. Children
 // are started from a goroutine locked to its OS thread for their whole life,
-// with a parent-death signal (SIGKILL for nodes, SIGQUIT for PostgreSQL): if
-// the process that started the cluster dies, even by SIGKILL, no node or
-// server outlives it. [Cluster.Stop] terminates every node (SIGTERM, then
-// SIGKILL after a grace period), then PostgreSQL, and returns once all of
-// them have been reaped.
+// with a parent-death signal (SIGKILL for nodes, etcd and the provider,
+// SIGQUIT for PostgreSQL): if the process that started the cluster dies,
+// even by SIGKILL, no child outlives it. [Cluster.Stop] terminates every
+// node (SIGTERM, then SIGKILL after a grace period), then the provider, the
+// etcd members and PostgreSQL, and returns once all of them have been
+// reaped.
 package cluster

@@ -23,30 +23,43 @@ const (
 	readyPoll = 25 * time.Millisecond
 	// probeTimeout bounds one readiness probe.
 	probeTimeout = 2 * time.Second
-	// logTailBytes is how much of a node's log errors quote.
+	// logTailBytes is how much of a process's log errors quote.
 	logTailBytes = 4096
 )
 
-// errAddrInUse marks a node that exited during startup because its port
-// was taken.
+// errAddrInUse marks a process that exited during startup because its
+// port was taken.
 var errAddrInUse = errors.New("address already in use")
 
-// Process is one idemd child process of a Cluster: a fixed command line
-// (region, database, listen address, tokens, extra arguments) that can be
-// started, signalled, killed and started again on the same port. Its
-// methods are safe for concurrent use. A Process belongs to its Cluster,
-// whose Stop stops it; there is nothing to close.
+// Kinds of Process.
+const (
+	KindNode     = "node"        // an idemd node of a region
+	KindEtcd     = "etcd member" // a member of the etcd cluster
+	KindProvider = "provider"    // the payment provider simulator
+)
+
+// Process is one child process of a Cluster (an idemd node, an etcd member
+// or the provider simulator): a fixed command line that can be started,
+// signalled, killed and started again on the same ports. Its methods are
+// safe for concurrent use. A Process belongs to its Cluster, whose Stop
+// stops it; there is nothing to close.
 type Process struct {
-	region       string
+	kind         string // KindNode, KindEtcd or KindProvider
+	name         string
+	region       string // nodes only
 	index        int
 	path         string
-	args         []string // without --listen
+	argv         func(addr string) []string // the command line for a listen address
 	env          []string
 	addr         string // host:port; fixed after the cluster has started
+	readyPath    string // GET path that answers 200 once ready
 	logPath      string
 	readyTimeout time.Duration
 	stopGrace    time.Duration
 	log          *slog.Logger
+	// onAddr, if set, is called by firstStart with each address it picks
+	// (a new one when the last was taken), before the child starts there.
+	onAddr func(addr string) error
 
 	mu     sync.Mutex // guards cur, addr and closed
 	cur    *run       // nil before the first start
@@ -71,29 +84,46 @@ func (r *run) exited() bool {
 	}
 }
 
-// Name returns "<region>-<index>", which also names the log file.
-func (p *Process) Name() string { return fmt.Sprintf("%s-%d", p.region, p.index) }
+// Name returns the process's name, which also names its log file
+// (logs/<name>.log): "<region>-<index>" for a node, "etcd-m<index>" for an
+// etcd member, "provider" for the provider simulator.
+func (p *Process) Name() string { return p.name }
 
-// Region returns the node's region.
+// Kind returns KindNode, KindEtcd or KindProvider.
+func (p *Process) Kind() string { return p.kind }
+
+// Region returns a node's region ("" for other processes).
 func (p *Process) Region() string { return p.region }
 
-// Index returns the node's index within its region, from 0.
+// Index returns a node's index within its region, or an etcd member's
+// index, from 0.
 func (p *Process) Index() int { return p.index }
 
-// Addr returns the node's listen address, 127.0.0.1:PORT. It stays the same
-// across restarts.
+// Addr returns the process's (client) listen address, 127.0.0.1:PORT: the
+// HTTP address of a node or of the provider, the client address of an etcd
+// member. It stays the same across restarts.
 func (p *Process) Addr() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.addr
 }
 
-// URL returns the node's base URL, http://127.0.0.1:PORT.
+// URL returns the base URL of Addr, http://127.0.0.1:PORT (an etcd
+// member's client URL).
 func (p *Process) URL() string { return "http://" + p.Addr() }
 
-// LogPath returns the file that receives the node's stdout and stderr. Every
-// start appends a "=== cluster:" marker line and then the node's output.
+// LogPath returns the file that receives the process's stdout and stderr.
+// Every start appends a "=== cluster:" marker line and then its output.
 func (p *Process) LogPath() string { return p.logPath }
+
+// what names the process in messages: "node eu-west-0", "etcd member
+// etcd-m1", "provider".
+func (p *Process) what() string {
+	if p.kind == p.name {
+		return p.name
+	}
+	return p.kind + " " + p.name
+}
 
 // Pid returns the process id of the most recently started child, which may
 // have exited since (see Running), or 0 if it was never started.
@@ -147,19 +177,19 @@ func (p *Process) Wait(ctx context.Context) error {
 func (p *Process) Signal(sig syscall.Signal) error {
 	r := p.current()
 	if r == nil || r.exited() {
-		return fmt.Errorf("cluster: signal node %s: %w", p.Name(), os.ErrProcessDone)
+		return fmt.Errorf("cluster: signal %s: %w", p.what(), os.ErrProcessDone)
 	}
 	if err := syscall.Kill(-r.pid, sig); err != nil {
 		if errors.Is(err, syscall.ESRCH) {
-			return fmt.Errorf("cluster: signal node %s: %w", p.Name(), os.ErrProcessDone)
+			return fmt.Errorf("cluster: signal %s: %w", p.what(), os.ErrProcessDone)
 		}
-		return fmt.Errorf("cluster: signal node %s: %w", p.Name(), err)
+		return fmt.Errorf("cluster: signal %s: %w", p.what(), err)
 	}
 	return nil
 }
 
 // Kill sends SIGKILL to the child's process group and returns once the
-// child has been reaped: a crash, as far as the node is concerned. It
+// child has been reaped: a crash, as far as the process is concerned. It
 // returns nil if the child had already exited.
 func (p *Process) Kill() error {
 	r := p.current()
@@ -176,8 +206,9 @@ func (p *Process) Kill() error {
 // Stop shuts the child down gracefully: SIGTERM (and SIGCONT, in case it is
 // paused), then SIGKILL once the cluster's stop grace period has passed or
 // ctx has ended. It returns once the child has been reaped; nil if the child
-// exited with status 0 on SIGTERM or had already exited, an error if it had
-// to be killed or exited with another status.
+// exited with status 0 on SIGTERM (or died of the SIGTERM itself, as etcd
+// does once it has shut down) or had already exited, an error if it had to
+// be killed or exited with another status.
 func (p *Process) Stop(ctx context.Context) error {
 	r := p.current()
 	if r == nil || r.exited() {
@@ -190,8 +221,8 @@ func (p *Process) Stop(ctx context.Context) error {
 	var why string
 	select {
 	case <-r.done:
-		if r.err != nil {
-			return fmt.Errorf("cluster: node %s exited with %w on SIGTERM\n%s", p.Name(), r.err, p.logTail(r))
+		if r.err != nil && !diedOf(r.err, syscall.SIGTERM) {
+			return fmt.Errorf("cluster: %s exited with %w on SIGTERM\n%s", p.what(), r.err, p.logTail(r))
 		}
 		return nil
 	case <-grace.C:
@@ -202,19 +233,30 @@ func (p *Process) Stop(ctx context.Context) error {
 	if err := p.Kill(); err != nil {
 		return err
 	}
-	return fmt.Errorf("cluster: node %s %s; killed", p.Name(), why)
+	return fmt.Errorf("cluster: %s %s; killed", p.what(), why)
 }
 
-// Restart starts the node's command again, on the same port, and waits
+// diedOf reports whether a cmd.Wait error says the child was killed by sig.
+func diedOf(err error, sig syscall.Signal) bool {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return false
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == sig
+}
+
+// Restart starts the process's command again, on the same ports, and waits
 // until it is ready; if the child is still running it is stopped first as by
-// Stop. Use it after Kill to simulate a node coming back after a crash. ctx
+// Stop. Use it after Kill to simulate a crashed process coming back (an
+// etcd member rejoins with its data directory). ctx
 // bounds stopping and the readiness wait (itself bounded by the cluster's
 // ready timeout); if the new child does not become ready it is killed and
 // the error quotes the end of its log. Restart fails once the cluster's Stop
 // has begun.
 func (p *Process) Restart(ctx context.Context) error {
 	if err := p.Stop(ctx); err != nil {
-		p.log.Warn("cluster: restart: stop", "node", p.Name(), "err", err)
+		p.log.Warn("cluster: restart: stop", "process", p.Name(), "err", err)
 	}
 	if err := p.start(); err != nil {
 		return err
@@ -226,37 +268,46 @@ func (p *Process) Restart(ctx context.Context) error {
 	return nil
 }
 
-// WaitReady polls the node's GET /readyz until it answers 200. It fails if
-// the child exits first, if ctx ends, or after the cluster's ready timeout;
-// the error then quotes the end of the node's log.
+// WaitReady polls the process until it answers 200: GET /readyz of a node,
+// GET /health of an etcd member (which needs a leader and a quorum), GET
+// /healthz of the provider. It fails if the child exits first, if ctx ends,
+// or after the cluster's ready timeout; the error then quotes the end of the
+// process's log.
 func (p *Process) WaitReady(ctx context.Context) error {
 	r := p.current()
 	if r == nil {
-		return fmt.Errorf("cluster: node %s was never started", p.Name())
+		return fmt.Errorf("cluster: %s was never started", p.what())
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.readyTimeout)
 	defer cancel()
 	tr := &http.Transport{DisableKeepAlives: true}
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr, Timeout: probeTimeout}
-	url := p.URL() + "/readyz"
+	url := p.URL() + p.readyPath
 	tick := time.NewTicker(readyPoll)
 	defer tick.Stop()
 	var last error
 	for {
 		last = probe(ctx, client, url)
 		if last == nil {
-			return nil
+			// Another process may have taken the port before the child
+			// could bind it (and then answer for it): the child must be
+			// the one listening.
+			owned, err := listensOn(r.pid, p.Addr())
+			if owned || (err != nil && !errors.Is(err, errNoSocket)) { // no /proc: trust the probe
+				return nil
+			}
+			last = fmt.Errorf("%s answers, but another process listens on %s", url, p.Addr())
 		}
 		select {
 		case <-r.done:
 			tail := p.logTail(r)
 			if strings.Contains(tail, "address already in use") {
-				return fmt.Errorf("cluster: node %s on %s: %w\n%s", p.Name(), p.Addr(), errAddrInUse, tail)
+				return fmt.Errorf("cluster: %s on %s: %w\n%s", p.what(), p.Addr(), errAddrInUse, tail)
 			}
-			return fmt.Errorf("cluster: node %s exited before it was ready (%v)\n%s", p.Name(), r.err, tail)
+			return fmt.Errorf("cluster: %s exited before it was ready (%v)\n%s", p.what(), r.err, tail)
 		case <-ctx.Done():
-			return fmt.Errorf("cluster: node %s not ready: %w (last probe: %v)\n%s", p.Name(), ctx.Err(), last, p.logTail(r))
+			return fmt.Errorf("cluster: %s not ready: %w (last probe: %v)\n%s", p.what(), ctx.Err(), last, p.logTail(r))
 		case <-tick.C:
 		}
 	}
@@ -287,7 +338,7 @@ func (p *Process) current() *run {
 }
 
 // close prevents later starts; Cluster.Stop calls it before stopping the
-// node, so that a concurrent Restart cannot leave a child behind.
+// process, so that a concurrent Restart cannot leave a child behind.
 func (p *Process) close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -307,32 +358,32 @@ func (p *Process) start() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return fmt.Errorf("cluster: start node %s: the cluster is stopped", p.Name())
+		return fmt.Errorf("cluster: start %s: the cluster is stopped", p.what())
 	}
 	if p.cur != nil && !p.cur.exited() {
-		return fmt.Errorf("cluster: start node %s: already running as pid %d", p.Name(), p.cur.pid)
+		return fmt.Errorf("cluster: start %s: already running as pid %d", p.what(), p.cur.pid)
 	}
 	logf, err := os.OpenFile(p.logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 	if err != nil {
-		return fmt.Errorf("cluster: start node %s: %w", p.Name(), err)
+		return fmt.Errorf("cluster: start %s: %w", p.what(), err)
 	}
 	defer logf.Close() // the child has its own descriptor once started
 	logStart, err := logf.Seek(0, io.SeekEnd)
 	if err != nil {
-		return fmt.Errorf("cluster: start node %s: %w", p.Name(), err)
+		return fmt.Errorf("cluster: start %s: %w", p.what(), err)
 	}
-	fmt.Fprintf(logf, "=== cluster: %s starting node %s on %s\n", time.Now().Format(time.RFC3339Nano), p.Name(), p.addr)
+	fmt.Fprintf(logf, "=== cluster: %s starting %s on %s\n", time.Now().Format(time.RFC3339Nano), p.what(), p.addr)
 
-	cmd := exec.Command(p.path, append([]string{"--listen", p.addr}, p.args...)...)
+	cmd := exec.Command(p.path, p.argv(p.addr)...)
 	cmd.Env = p.env
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	r := &run{cmd: cmd, logStart: logStart, done: make(chan struct{})}
 	if err := startLocked(r); err != nil {
-		return fmt.Errorf("cluster: start node %s: %w", p.Name(), err)
+		return fmt.Errorf("cluster: start %s: %w", p.what(), err)
 	}
 	p.cur = r
-	p.log.Debug("cluster: node started", "node", p.Name(), "pid", r.pid, "addr", p.addr)
+	p.log.Debug("cluster: process started", "process", p.Name(), "pid", r.pid, "addr", p.addr)
 	return nil
 }
 
@@ -363,17 +414,17 @@ func startLocked(r *run) error {
 func (p *Process) logTail(r *run) string {
 	f, err := os.Open(p.logPath)
 	if err != nil {
-		return fmt.Sprintf("(no node log: %v)", err)
+		return fmt.Sprintf("(no log: %v)", err)
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return fmt.Sprintf("(node log: %v)", err)
+		return fmt.Sprintf("(log: %v)", err)
 	}
 	from := max(r.logStart, fi.Size()-logTailBytes)
 	b := make([]byte, max(fi.Size()-from, 0))
 	n, _ := f.ReadAt(b, from)
-	return fmt.Sprintf("node log %s (tail):\n%s", p.logPath, bytes.TrimSpace(b[:n]))
+	return fmt.Sprintf("%s log %s (tail):\n%s", p.kind, p.logPath, bytes.TrimSpace(b[:n]))
 }
 
 // freeAddr returns 127.0.0.1:PORT for a port that was free a moment ago.

@@ -26,21 +26,33 @@ const (
 	upStopTimeout = time.Minute
 )
 
-// runUp implements "idemctl up": it starts a local cluster (PostgreSQL and
-// idemd nodes), writes <state-dir>/cluster.json once every node is ready,
-// prints the endpoints and dev tokens, and runs until ctx ends (SIGINT or
-// SIGTERM), when it stops every process it started and returns nil.
+// upDefaultRegions is the default of --regions.
+const upDefaultRegions = "eu-west,us-east,ap-south"
+
+// upDefaultEtcdMembers is the default of --etcd-members.
+const upDefaultEtcdMembers = 3
+
+// runUp implements "idemctl up": it starts a local multi-region cluster
+// (PostgreSQL, etcd members, the provider simulator and idemd nodes),
+// writes <state-dir>/cluster.json once every process is ready, prints the
+// endpoints, dev tokens and the tenants' home regions, and runs until ctx
+// ends (SIGINT or SIGTERM), when it stops every process it started and
+// returns nil.
 func runUp(ctx context.Context, args []string, env *Env) error {
 	fs := flag.NewFlagSet("up", flag.ContinueOnError)
 	fs.SetOutput(env.Stderr)
-	stateDir := fs.String("state-dir", "", "directory for cluster.json, node logs and PostgreSQL's data, kept and reused (default: a temporary directory removed on exit)")
-	dbURL := fs.String("database-url", "", "use this PostgreSQL or CockroachDB server instead of starting one; a database per region is created on it")
-	regions := fs.String("regions", cluster.DefaultRegion, "comma-separated region names")
+	stateDir := fs.String("state-dir", "", "directory for cluster.json, logs and the data of PostgreSQL, etcd and the provider, kept and reused (default: a temporary directory removed on exit)")
+	dbURL := fs.String("database-url", "", "use this PostgreSQL or CockroachDB server instead of starting one; the databases are created on it")
+	regions := fs.String("regions", upDefaultRegions, "comma-separated region names; tenants are placed round-robin over them")
 	nodes := fs.Int("nodes-per-region", cluster.DefaultNodesPerRegion, "idemd nodes per region")
+	etcdMembers := fs.Int("etcd-members", upDefaultEtcdMembers, "etcd members to run (0: no etcd; every region then serves every tenant on its own)")
+	storeMode := fs.String("store-mode", cluster.StoreRegionLocal, "region-local (a database per region, requests forwarded to the tenant's home region) or global (one database for every region)")
+	withProvider := fs.Bool("provider", true, "run the payment provider simulator and send payments through it")
 	idemd := fs.String("idemd", "", "path of the idemd binary (default: next to idemctl, then ./bin, then PATH)")
+	etcd := fs.String("etcd", "", "path of the etcd binary (default: next to idemctl, then ./bin, then PATH)")
 	window := fs.Duration("replay-window", 0, "replay window of every node (default: idemd's default)")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: idemctl up [flags]\n\nStarts PostgreSQL and idemd nodes locally and runs until interrupted.\n\nflags:")
+		fmt.Fprintf(fs.Output(), "usage: idemctl up [flags]\n\nStarts PostgreSQL, etcd, the provider simulator and idemd nodes locally and runs until interrupted.\nBuild the binaries first, from the module root: %s\n\nflags:\n", cluster.BuildCommand)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -62,6 +74,12 @@ func runUp(ctx context.Context, args []string, env *Env) error {
 	if *nodes < 1 {
 		return usageError{fmt.Errorf("--nodes-per-region %d: want at least 1", *nodes)}
 	}
+	if *etcdMembers < 0 {
+		return usageError{fmt.Errorf("--etcd-members %d is negative", *etcdMembers)}
+	}
+	if *storeMode != cluster.StoreRegionLocal && *storeMode != cluster.StoreGlobal {
+		return usageError{fmt.Errorf("--store-mode %q: want %s or %s", *storeMode, cluster.StoreRegionLocal, cluster.StoreGlobal)}
+	}
 	if *window < 0 {
 		return usageError{fmt.Errorf("--replay-window %v is negative", *window)}
 	}
@@ -71,6 +89,21 @@ func runUp(ctx context.Context, args []string, env *Env) error {
 			return fmt.Errorf("%w; or pass --idemd", err)
 		}
 		*idemd = p
+	}
+	if *etcd == "" && *etcdMembers > 0 {
+		p, err := cluster.FindBinary("etcd")
+		if err != nil {
+			return fmt.Errorf("%w; or pass --etcd (or --etcd-members 0)", err)
+		}
+		*etcd = p
+	}
+	var idemctl string
+	if *withProvider {
+		p, err := cluster.FindIdemctl()
+		if err != nil {
+			return fmt.Errorf("%w; the provider simulator runs as idemctl provider (or pass --provider=false)", err)
+		}
+		idemctl = p
 	}
 
 	stderr := &upSyncWriter{w: env.Stderr}
@@ -83,6 +116,11 @@ func runUp(ctx context.Context, args []string, env *Env) error {
 		Regions:        regionList,
 		NodesPerRegion: *nodes,
 		IdemdPath:      *idemd,
+		EtcdMembers:    *etcdMembers,
+		EtcdPath:       *etcd,
+		Provider:       *withProvider,
+		IdemctlPath:    idemctl,
+		StoreMode:      *storeMode,
 		DatabaseURL:    *dbURL,
 		ReplayWindow:   *window,
 		Logger:         logger,
@@ -98,10 +136,14 @@ func runUp(ctx context.Context, args []string, env *Env) error {
 	}
 	printUpSummary(env.Stdout, c, *stateDir == "", time.Since(began))
 
-	// Report nodes that die on their own while the cluster runs.
+	// Report processes that die on their own while the cluster runs.
 	watchCtx, stopWatching := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	for _, p := range c.Nodes() {
+	procs := append(c.Nodes(), c.EtcdMembers()...)
+	if p := c.Provider(); p != nil {
+		procs = append(procs, p)
+	}
+	for _, p := range procs {
 		wg.Go(func() {
 			err := p.Wait(watchCtx)
 			if watchCtx.Err() != nil {
@@ -110,7 +152,7 @@ func runUp(ctx context.Context, args []string, env *Env) error {
 			if err == nil {
 				err = errors.New("exit status 0")
 			}
-			fmt.Fprintf(stderr, "idemctl up: node %s (%s) exited unexpectedly: %v; see %s\n", p.Name(), p.URL(), err, p.LogPath())
+			fmt.Fprintf(stderr, "idemctl up: %s %s (%s) exited unexpectedly: %v; see %s\n", p.Kind(), p.Name(), p.URL(), err, p.LogPath())
 		})
 	}
 	<-ctx.Done()
@@ -137,14 +179,22 @@ func upSplitList(s string) []string {
 	return out
 }
 
-// printUpSummary prints the endpoints, databases, tokens and a request to try.
+// printUpSummary prints the endpoints, databases, tokens with the tenants'
+// home regions, and a request to try.
 func printUpSummary(w io.Writer, c *cluster.Cluster, tempState bool, took time.Duration) {
 	info := c.Info()
 	nodes := len(c.Nodes()) / max(len(info.Regions), 1)
-	fmt.Fprintf(w, "idem cluster ready in %v: %s, %s each\n\n",
-		took.Round(10*time.Millisecond), upPlural(len(info.Regions), "region"), upPlural(nodes, "node"))
+	extras := ""
+	if n := len(info.EtcdEndpoints); n > 0 {
+		extras += ", " + upPlural(n, "etcd member")
+	}
+	if info.ProviderURL != "" {
+		extras += ", provider simulator"
+	}
+	fmt.Fprintf(w, "idem cluster ready in %v: %s, %s each%s; %s store\n\n",
+		took.Round(10*time.Millisecond), upPlural(len(info.Regions), "region"), upPlural(nodes, "node"), extras, info.StoreMode)
 
-	width := 0
+	width := len("all regions")
 	for _, r := range info.Regions {
 		width = max(width, len(r.Name))
 	}
@@ -153,8 +203,18 @@ func printUpSummary(w io.Writer, c *cluster.Cluster, tempState bool, took time.D
 		fmt.Fprintf(w, "  %-*s  %s\n", width, r.Name, strings.Join(r.Nodes, "  "))
 	}
 	fmt.Fprintln(w, "\nDatabase:")
-	for _, r := range info.Regions {
-		fmt.Fprintf(w, "  %-*s  %s\n", width, r.Name, r.DatabaseURL)
+	if info.StoreMode == cluster.StoreGlobal {
+		fmt.Fprintf(w, "  %-*s  %s\n", width, "all regions", info.DatabaseURL)
+	} else {
+		for _, r := range info.Regions {
+			fmt.Fprintf(w, "  %-*s  %s\n", width, r.Name, r.DatabaseURL)
+		}
+	}
+	if len(info.EtcdEndpoints) > 0 {
+		fmt.Fprintf(w, "\netcd:\n  %s\n", strings.Join(info.EtcdEndpoints, "  "))
+	}
+	if info.ProviderURL != "" {
+		fmt.Fprintf(w, "\nProvider simulator:\n  %s\n", info.ProviderURL)
 	}
 
 	tenants := make([]string, 0, len(info.Tokens))
@@ -162,16 +222,24 @@ func printUpSummary(w io.Writer, c *cluster.Cluster, tempState bool, took time.D
 		tenants = append(tenants, t)
 	}
 	sort.Strings(tenants)
-	fmt.Fprintln(w, "\nDev tokens:")
+	if len(info.Placements) > 0 {
+		fmt.Fprintln(w, "\nDev tokens (home region; any region accepts the tenant's requests):")
+	} else {
+		fmt.Fprintln(w, "\nDev tokens:")
+	}
 	for _, t := range tenants {
-		fmt.Fprintf(w, "  %s  %s\n", t, info.Tokens[t])
+		if home := info.Placements[t]; home != "" {
+			fmt.Fprintf(w, "  %s  %s  home %s\n", t, info.Tokens[t], home)
+		} else {
+			fmt.Fprintf(w, "  %s  %s\n", t, info.Tokens[t])
+		}
 	}
 
 	state := c.StatePath()
 	if tempState {
-		fmt.Fprintf(w, "\nState: %s, node logs in %s (temporary: removed on exit)\n", state, filepath.Join(c.StateDir(), "logs"))
+		fmt.Fprintf(w, "\nState: %s, logs in %s (temporary: removed on exit)\n", state, filepath.Join(c.StateDir(), "logs"))
 	} else {
-		fmt.Fprintf(w, "\nState: %s, node logs in %s\n", state, filepath.Join(c.StateDir(), "logs"))
+		fmt.Fprintf(w, "\nState: %s, logs in %s\n", state, filepath.Join(c.StateDir(), "logs"))
 	}
 
 	if len(info.Regions) > 0 && len(tenants) > 0 {

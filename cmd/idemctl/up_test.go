@@ -24,11 +24,12 @@ import (
 	"github.com/idemcoord/idem/cluster"
 )
 
-// TestUp builds idemd and idemctl once and runs "idemctl up" in process and
-// as a real child process.
+// TestUp builds idemd, idemctl and etcd once and runs "idemctl up" in
+// process and as a real child process.
 func TestUp(t *testing.T) {
 	bin := upBuildBinaries(t)
 	idemd := filepath.Join(bin, "idemd")
+	etcd := filepath.Join(bin, "etcd")
 
 	t.Run("usage errors", func(t *testing.T) {
 		for _, args := range [][]string{
@@ -36,6 +37,9 @@ func TestUp(t *testing.T) {
 			{"up", "--nodes-per-region", "0"},
 			{"up", "--regions", " , "},
 			{"up", "--replay-window", "-1s"},
+			{"up", "--etcd-members", "-1"},
+			{"up", "--store-mode", "everywhere"},
+			{"up", "--provider=maybe"},
 			{"up", "--no-such-flag"},
 		} {
 			var stderr bytes.Buffer
@@ -46,8 +50,25 @@ func TestUp(t *testing.T) {
 		}
 	})
 
+	t.Run("missing etcd", func(t *testing.T) {
+		t.Chdir(t.TempDir()) // no ./bin
+		t.Setenv("PATH", t.TempDir())
+		var stderr bytes.Buffer
+		env := &Env{Stdout: io.Discard, Stderr: &stderr, Getenv: func(string) string { return "" }}
+		if code := Run(context.Background(), []string{"up", "--idemd", idemd}, env); code != 1 {
+			t.Errorf("exit %d, want 1", code)
+		}
+		want := "`go build -o bin/ ./cmd/... && go build -o bin/etcd go.etcd.io/etcd/server/v3 && bin/idemctl up`"
+		if !strings.Contains(stderr.String(), "etcd binary not found") || !strings.Contains(stderr.String(), want) {
+			t.Errorf("stderr %q lacks the build command %s", stderr.String(), want)
+		}
+	})
+
 	t.Run("in process", func(t *testing.T) {
 		defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+		// The provider runs as "idemctl provider": this test binary is not
+		// idemctl, so idemctl up looks for it on PATH.
+		t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
 		dir := upStateDir(t)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
@@ -59,12 +80,15 @@ func TestUp(t *testing.T) {
 			return ""
 		}}
 		code := make(chan int, 1)
-		go func() { code <- Run(ctx, []string{"up", "--state-dir", dir, "--idemd", idemd}, env) }()
+		go func() {
+			code <- Run(ctx, []string{"up", "--state-dir", dir, "--idemd", idemd, "--etcd", etcd, "--nodes-per-region", "2"}, env)
+		}()
 
 		info := upWaitForState(t, filepath.Join(dir, cluster.StateFile), code, &stderr)
-		if len(info.Regions) != 2 || info.Regions[1].Name != "us-east" {
-			t.Errorf("regions %+v, want eu-west and us-east from IDEM_REGIONS", info.Regions)
+		if len(info.Regions) != 2 || info.Regions[1].Name != "us-east" || len(info.Regions[1].Nodes) != 2 {
+			t.Errorf("regions %+v, want eu-west and us-east from IDEM_REGIONS, 2 nodes each", info.Regions)
 		}
+		upCheckDefaults(t, info)
 		upCheckPayment(t, info)
 		upCheckSummary(t, stdout.String(), info)
 
@@ -87,8 +111,9 @@ func TestUp(t *testing.T) {
 
 	t.Run("child process", func(t *testing.T) {
 		dir := upStateDir(t)
-		// No --idemd: idemctl finds the idemd next to it.
-		cmd := exec.Command(filepath.Join(bin, "idemctl"), "up", "--state-dir", dir, "--nodes-per-region", "2")
+		// The defaults: three regions of one node, three etcd members, the
+		// provider. No --idemd or --etcd: idemctl finds them next to it.
+		cmd := exec.Command(filepath.Join(bin, "idemctl"), "up", "--state-dir", dir)
 		cmd.Env = upEnvWithoutIdem()
 		var stdout, stderr upSyncBuffer
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -106,12 +131,22 @@ func TestUp(t *testing.T) {
 		}()
 
 		info := upWaitForState(t, filepath.Join(dir, cluster.StateFile), exited, &stderr)
-		t.Logf("idemctl up: cluster.json after %v", time.Since(began).Round(time.Millisecond))
+		t.Logf("idemctl up (3 regions, 3 etcd members, provider): cluster.json after %v", time.Since(began).Round(time.Millisecond))
+		if len(info.Regions) != 3 || info.Regions[2].Name != "ap-south" {
+			t.Errorf("regions %+v, want eu-west, us-east and ap-south", info.Regions)
+		}
+		upCheckDefaults(t, info)
 		upCheckPayment(t, info)
 		upCheckSummary(t, stdout.String(), info)
 		kids := upChildren(t, cmd.Process.Pid)
-		if len(kids) != 3 { // PostgreSQL and two nodes
-			t.Errorf("idemctl up has upChildren %v, want PostgreSQL and 2 nodes", kids)
+		if len(kids) != 8 { // PostgreSQL, the provider, 3 etcd members and 3 nodes
+			var cmds []string
+			for _, pid := range kids {
+				b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+				cmds = append(cmds, string(bytes.ReplaceAll(b, []byte{0}, []byte{' '})))
+			}
+			t.Errorf("idemctl up has children %v, want PostgreSQL, the provider, 3 etcd members and 3 nodes:\n%s\nstderr:\n%s",
+				kids, strings.Join(cmds, "\n"), stderr.String())
 		}
 
 		if err := cmd.Process.Signal(os.Interrupt); err != nil {
@@ -133,7 +168,7 @@ func TestUp(t *testing.T) {
 	})
 }
 
-// upBuildBinaries builds idemd and idemctl into a temporary directory.
+// upBuildBinaries builds idemd, idemctl and etcd into a temporary directory.
 func upBuildBinaries(tb testing.TB) string {
 	tb.Helper()
 	goCmd := filepath.Join(runtime.GOROOT(), "bin", "go")
@@ -143,10 +178,13 @@ func upBuildBinaries(tb testing.TB) string {
 		}
 	}
 	dir := tb.TempDir()
-	cmd := exec.Command(goCmd, "build", "-o", dir+string(filepath.Separator),
-		"github.com/idemcoord/idem/cmd/idemd", "github.com/idemcoord/idem/cmd/idemctl")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		tb.Fatalf("go build: %v\n%s", err, out)
+	for _, args := range [][]string{
+		{"build", "-o", dir + string(filepath.Separator), "github.com/idemcoord/idem/cmd/idemd", "github.com/idemcoord/idem/cmd/idemctl"},
+		{"build", "-o", filepath.Join(dir, "etcd"), "go.etcd.io/etcd/server/v3"},
+	} {
+		if out, err := exec.Command(goCmd, args...).CombinedOutput(); err != nil {
+			tb.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
 	}
 	return dir
 }
@@ -190,14 +228,41 @@ func upWaitForState(tb testing.TB, path string, exited <-chan int, stderr fmt.St
 	}
 }
 
-// upCheckPayment creates a payment on the first region and replays it.
+// upCheckDefaults checks what the defaults give: etcd, the provider,
+// region-local databases and the tenants placed round-robin.
+func upCheckDefaults(tb testing.TB, info cluster.Info) {
+	tb.Helper()
+	if len(info.EtcdEndpoints) != 3 || info.ProviderURL == "" || info.StoreMode != cluster.StoreRegionLocal {
+		tb.Errorf("etcd %q, provider %q, store mode %q; want 3 members, the provider and region-local",
+			info.EtcdEndpoints, info.ProviderURL, info.StoreMode)
+	}
+	if info.Placements["tenant-a"] != info.Regions[0].Name || info.Placements["tenant-b"] != info.Regions[1].Name {
+		tb.Errorf("placements %q, want tenant-a in %s and tenant-b in %s", info.Placements, info.Regions[0].Name, info.Regions[1].Name)
+	}
+	if info.Regions[0].DatabaseURL == info.Regions[1].DatabaseURL {
+		tb.Errorf("regions share the database %s in region-local mode", info.Regions[0].DatabaseURL)
+	}
+}
+
+// upCheckPayment creates a payment on the first region, replays it there,
+// then replays it through the last region (forwarded to tenant-a's home
+// with etcd; a region of its own, hence a fresh payment, without).
 func upCheckPayment(tb testing.TB, info cluster.Info) {
 	tb.Helper()
 	if len(info.Regions) == 0 || info.Tokens["tenant-a"] == "" || info.DatabaseURL == "" {
 		tb.Fatalf("cluster.json lacks regions, a tenant-a token or the database: %+v", info)
 	}
-	for i, want := range []string{"", "true"} {
-		req, err := http.NewRequest(http.MethodPost, info.Regions[0].URL+"/payments", strings.NewReader(upSamplePayment))
+	last := info.Regions[len(info.Regions)-1].URL
+	for i, try := range []struct{ url, replayed string }{
+		{info.Regions[0].URL, ""},
+		{info.Regions[0].URL, "true"},
+		{last, "true"},
+	} {
+		want := try.replayed
+		if i == 2 && len(info.Placements) == 0 && len(info.Regions) > 1 {
+			want = ""
+		}
+		req, err := http.NewRequest(http.MethodPost, try.url+"/payments", strings.NewReader(upSamplePayment))
 		if err != nil {
 			tb.Fatal(err)
 		}
@@ -213,7 +278,7 @@ func upCheckPayment(tb testing.TB, info cluster.Info) {
 		_ = resp.Body.Close()
 		tr.CloseIdleConnections()
 		if resp.StatusCode != http.StatusCreated || resp.Header.Get("Idempotent-Replayed") != want {
-			tb.Errorf("POST %d: %s, Idempotent-Replayed %q (want 201, %q): %s", i+1, resp.Status, resp.Header.Get("Idempotent-Replayed"), want, body)
+			tb.Errorf("POST %d to %s: %s, Idempotent-Replayed %q (want 201, %q): %s", i+1, try.url, resp.Status, resp.Header.Get("Idempotent-Replayed"), want, body)
 		}
 	}
 }
@@ -229,8 +294,10 @@ func upCheckSummary(tb testing.TB, out string, info cluster.Info) {
 		want = append(want, r.Nodes...)
 	}
 	for tenant, token := range info.Tokens {
-		want = append(want, tenant+"  "+token)
+		want = append(want, tenant+"  "+token+"  home "+info.Placements[tenant])
 	}
+	want = append(want, info.EtcdEndpoints...)
+	want = append(want, "Provider simulator:\n  "+info.ProviderURL+"\n", "region-local store")
 	for _, w := range want {
 		if !strings.Contains(out, w) {
 			tb.Errorf("summary lacks %q:\n%s", w, out)
