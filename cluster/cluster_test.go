@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"go/build"
 	"io"
 	"log/slog"
 	"net/http"
@@ -16,7 +17,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -91,9 +91,9 @@ func testMain(m *testing.M) int {
 // goBuild builds pkgs into out (a file, or a directory ending in a
 // separator) with the go command of this toolchain.
 func goBuild(out string, pkgs ...string) error {
-	goCmd := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(goCmd); err != nil {
-		if goCmd, err = exec.LookPath("go"); err != nil {
+	goCmd, err := exec.LookPath("go")
+	if err != nil {
+		if goCmd, err = exec.LookPath(filepath.Join(build.Default.GOROOT, "bin", "go")); err != nil {
 			return fmt.Errorf("find the go command: %w", err)
 		}
 	}

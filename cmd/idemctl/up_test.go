@@ -6,12 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"go/build"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -171,9 +171,9 @@ func TestUp(t *testing.T) {
 // upBuildBinaries builds idemd, idemctl and etcd into a temporary directory.
 func upBuildBinaries(tb testing.TB) string {
 	tb.Helper()
-	goCmd := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(goCmd); err != nil {
-		if goCmd, err = exec.LookPath("go"); err != nil {
+	goCmd, err := exec.LookPath("go")
+	if err != nil {
+		if goCmd, err = exec.LookPath(filepath.Join(build.Default.GOROOT, "bin", "go")); err != nil {
 			tb.Fatalf("find the go command: %v", err)
 		}
 	}
