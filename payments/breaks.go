@@ -55,7 +55,7 @@ func (s *Service) attemptFindThenInsert(ctx context.Context, begin idem.BeginReq
 	}
 	b := make([]byte, 12)
 	_, _ = rand.Read(b)
-	p, ev := s.newPayment(begin.Scope, begin.RequestHashes[0], 0, cmd)
+	p, ev := s.newPayment(begin.Scope, cmd)
 	p.ID = "pay_" + hex.EncodeToString(b)
 	p.ProviderKey = ProviderKey(p.ID)
 	ev.ID, ev.AggregateID = "evt_"+p.ID+"_created", p.ID

@@ -53,7 +53,7 @@ func (s *Service) attemptWithProvider(ctx context.Context, begin idem.BeginReque
 	err := s.store.ExecTx(ctx, func(tx pgx.Tx) error {
 		res, lease, cp = Result{}, idem.Lease{}, ""
 		var ev store.Event
-		p, ev = s.newPayment(begin.Scope, begin.RequestHashes[0], 0, cmd)
+		p, ev = s.newPayment(begin.Scope, cmd)
 		inserted, err := store.ClaimWithPayment(ctx, tx, begin, idem.StatusInProgress, idem.CheckpointLocalPaymentCreated, nil, p, ev)
 		if err != nil {
 			return err
@@ -78,9 +78,8 @@ func (s *Service) attemptWithProvider(ctx context.Context, begin idem.BeginReque
 			return errNeedsLock
 		}
 		lease, cp = d.Lease, d.Record.Checkpoint
-		p, ev = s.newPayment(begin.Scope, d.Record.RequestHash, d.Record.Generation, cmd)
 		if cp == idem.CheckpointReceived {
-			if err := store.InsertPayment(ctx, tx, p, ev); err != nil {
+			if err := s.insertOwnedPayment(ctx, tx, d, p, ev); err != nil {
 				return err
 			}
 			cp = idem.CheckpointLocalPaymentCreated
@@ -146,6 +145,11 @@ func (s *Service) drive(ctx context.Context, lease idem.Lease, cp idem.Checkpoin
 		return s.decline(ctx, lease, p)
 	case errors.Is(err, provider.ErrUnavailable):
 		return s.retryable(ctx, lease, err)
+	case errors.Is(err, provider.ErrKeyReused):
+		// The provider holds this payment id (its merchant reference) with
+		// another amount: a payment another region made for the same
+		// business identity.
+		return s.duplicate(ctx, lease, p, err)
 	case errors.Is(err, provider.ErrStaleToken):
 		// A newer owner reached the provider first: it will finish.
 		s.logger.WarnContext(ctx, "provider rejected a stale fencing token", "tenant", lease.Tenant, "key", lease.Key, "token", lease.Token)
@@ -165,7 +169,7 @@ func (s *Service) lookup(ctx context.Context, key string) (provider.Charge, erro
 // confirm records a charge the provider confirmed.
 func (s *Service) confirm(ctx context.Context, lease idem.Lease, p store.Payment, ch provider.Charge) (Result, error) {
 	if ch.AmountMinor != p.AmountMinor || ch.Currency != p.Currency {
-		return s.markUnknown(ctx, lease, p, fmt.Errorf("provider charge %s is %d %s, payment is %d %s", ch.ChargeID, ch.AmountMinor, ch.Currency, p.AmountMinor, p.Currency))
+		return s.duplicate(ctx, lease, p, fmt.Errorf("provider charge %s is %d %s, payment is %d %s", ch.ChargeID, ch.AmountMinor, ch.Currency, p.AmountMinor, p.Currency))
 	}
 	var res Result
 	err := s.ownedTx(ctx, func(tx pgx.Tx) error {
@@ -201,6 +205,18 @@ func (s *Service) decline(ctx context.Context, lease idem.Lease, p store.Payment
 			return err
 		}
 		return store.SetPaymentStatus(ctx, tx, p.Tenant, p.ID, "DECLINED", paymentEvent(p, "PaymentDeclined", "declined", nil))
+	})
+	return Result{Response: resp}, s.fenceAsInProgress(err)
+}
+
+// duplicate records that the provider already holds a different payment for
+// this business identity (same merchant reference, another amount): a
+// replayable 409 DUPLICATE_MERCHANT_REFERENCE; nothing is charged.
+func (s *Service) duplicate(ctx context.Context, lease idem.Lease, p store.Payment, cause error) (Result, error) {
+	s.logger.WarnContext(ctx, "provider holds another payment for this merchant reference", "tenant", lease.Tenant, "key", lease.Key, "payment", p.ID, "err", cause)
+	resp := duplicateResponse(p.ID)
+	err := s.ownedTx(ctx, func(tx pgx.Tx) error {
+		return store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusFailedReplayable, ErrorCode: idem.ECodeDuplicateMerchantRef, Response: &resp})
 	})
 	return Result{Response: resp}, s.fenceAsInProgress(err)
 }

@@ -4,12 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
 	"time"
-
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/internal/pgtest"
@@ -255,5 +255,46 @@ func TestReplayAcrossSchemaChange(t *testing.T) {
 	}
 	if err := (payments.Config{ReplayRule: "guess"}).Validate(); err == nil {
 		t.Error("unknown replay rule accepted")
+	}
+}
+
+// TestBusinessIdentityAcrossStores: two regions with separate stores share a
+// provider. A client without stable keys sends the same payment (same
+// merchant reference) with a fresh key to each, as after a failover before
+// the handover: the payment id derives from the business identity, so the
+// provider deduplicates it and charges once.
+func TestBusinessIdentityAcrossStores(t *testing.T) {
+	f := newFixture(t, payments.Config{})
+	other, _ := storetest.New(t)
+	newHome := payments.NewService(other, payments.Config{Provider: f.provider, LockFor: 30 * time.Second})
+	first, err := f.create("key-in-old-region")
+	if err != nil || first.Response.Status != 201 {
+		t.Fatalf("first = %+v, %v", first, err)
+	}
+	third, _ := storetest.New(t)
+	for i, svc := range []*payments.Service{newHome, payments.NewService(third, payments.Config{Provider: f.provider, LockFor: 30 * time.Second})} {
+		uncertain := i == 0 // asks the provider first; the other charges with the same key
+		got, err := svc.Create(context.Background(), payments.Request{Tenant: "tenant-a", Key: fmt.Sprintf("fresh-%d", i), Body: []byte(article), Uncertain: uncertain})
+		if err != nil || got.Response.Status != 201 || paymentIDOf(t, got.Response.Body) != paymentIDOf(t, first.Response.Body) {
+			t.Errorf("store %d (uncertain=%v) = %d %s, %v; want the same payment", i, uncertain, got.Response.Status, got.Response.Body, err)
+		}
+	}
+	// In one store, the business constraint answers a fresh key directly.
+	dup, err := newHome.Create(context.Background(), payments.Request{Tenant: "tenant-a", Key: "fresh-again", Body: []byte(article)})
+	if err != nil || dup.Response.Status != 409 || !bytes.Contains(dup.Response.Body, []byte(paymentIDOf(t, first.Response.Body))) {
+		t.Errorf("fresh key in a store that has the payment = %d %s, %v; want 409 naming it", dup.Response.Status, dup.Response.Body, err)
+	}
+	if c := f.charges(); c.Total != 1 {
+		t.Errorf("charges = %+v, want 1", c)
+	}
+	// The same merchant reference with another amount is a duplicate, not a
+	// second charge.
+	changed := strings.Replace(article, `"10.00"`, `"12.00"`, 1)
+	got, err := newHome.Create(context.Background(), payments.Request{Tenant: "tenant-a", Key: "fresh-other-amount", Body: []byte(changed), Uncertain: true})
+	if err != nil || got.Response.Status != 409 || !bytes.Contains(got.Response.Body, []byte(idem.ECodeDuplicateMerchantRef)) {
+		t.Errorf("other amount, same reference = %d %s, %v; want 409 %s", got.Response.Status, got.Response.Body, err, idem.ECodeDuplicateMerchantRef)
+	}
+	if c := f.charges(); c.Total != 1 {
+		t.Errorf("charges after the different amount = %+v, want 1", c)
 	}
 }

@@ -59,12 +59,14 @@ var renderers = map[string]func(store.Payment) ([]byte, error){
 }
 
 // completion renders the 201 answer of a payment that is about to be (or has
-// just been) written in q's transaction. v3 needs the creation time, which is
-// the transaction's now().
+// already been) written in q's transaction. v3 needs the payment's creation
+// time: the stored row's created_at, or, for a payment this transaction is
+// about to insert, the transaction's now() (which the insert will write).
 func (s *Service) completion(ctx context.Context, q store.Querier, p store.Payment) (idem.Completion, error) {
 	if s.cfg.ResponseSchema == "v3" && p.CreatedAt.IsZero() {
-		if err := q.QueryRow(ctx, `SELECT now()`).Scan(&p.CreatedAt); err != nil {
-			return idem.Completion{}, fmt.Errorf("payments: read store time: %w", err)
+		if err := q.QueryRow(ctx, `SELECT COALESCE((SELECT created_at FROM payments WHERE tenant_id = $1 AND payment_id = $2), now())`,
+			p.Tenant, p.ID).Scan(&p.CreatedAt); err != nil {
+			return idem.Completion{}, fmt.Errorf("payments: read payment creation time: %w", err)
 		}
 	}
 	body, err := renderers[s.cfg.ResponseSchema](p)

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -233,7 +232,7 @@ func (s *Service) attempt(ctx context.Context, begin idem.BeginRequest, cmd Comm
 	var res Result
 	err := s.store.ExecTx(ctx, func(tx pgx.Tx) error {
 		res = Result{}
-		p, ev := s.newPayment(begin.Scope, begin.RequestHashes[0], 0, cmd)
+		p, ev := s.newPayment(begin.Scope, cmd)
 		completion, err := s.completion(ctx, tx, p)
 		if err != nil {
 			return err
@@ -257,10 +256,11 @@ func (s *Service) attempt(ctx context.Context, begin idem.BeginRequest, cmd Comm
 		if d.Lease.Token == 0 {
 			return errNeedsLock
 		}
-		// Recover or Expired: this transaction owns the record now. The
-		// payment's identity follows the record's generation.
-		p, ev = s.newPayment(begin.Scope, d.Record.RequestHash, d.Record.Generation, cmd)
-		if err := store.InsertPayment(ctx, tx, p, ev); err != nil {
+		// Recover or Expired: this transaction owns the record now. A
+		// recovery finds the payment its earlier owner may have written; a
+		// key reused after its window is a new operation, and a payment that
+		// already exists for its merchant reference is a duplicate.
+		if err := s.insertOwnedPayment(ctx, tx, d, p, ev); err != nil {
 			return err
 		}
 		if completion, err = s.completion(ctx, tx, p); err != nil {
@@ -320,6 +320,17 @@ func errInProgress() error {
 	return idem.Errorf(idem.ECodeInProgress, "A request with this idempotency key is still in progress; retry later.")
 }
 
+// duplicateResponse is the 409 answer naming the payment that already holds
+// the merchant reference.
+func duplicateResponse(existingID string) idem.Response {
+	body, _ := json.Marshal(struct {
+		ErrorCode         string `json:"errorCode"`
+		Message           string `json:"message"`
+		ExistingPaymentID string `json:"existingPaymentId"`
+	}{idem.ECodeDuplicateMerchantRef, "A payment with this merchant reference already exists for the account.", existingID})
+	return idem.Response{Status: 409, Headers: map[string]string{"Content-Type": "application/json"}, Body: body, SchemaVersion: DefaultSchemaVersion}
+}
+
 // rejectDuplicate answers a command whose merchant reference already has a
 // payment (sent with a fresh key): a deterministic business rejection, stored
 // as FAILED_REPLAYABLE so that a retry with this key gets the same answer.
@@ -330,15 +341,7 @@ func (s *Service) rejectDuplicate(ctx context.Context, begin idem.BeginRequest, 
 		if err != nil {
 			return err
 		}
-		body, err := json.Marshal(struct {
-			ErrorCode         string `json:"errorCode"`
-			Message           string `json:"message"`
-			ExistingPaymentID string `json:"existingPaymentId"`
-		}{idem.ECodeDuplicateMerchantRef, "A payment with this merchant reference already exists for the account.", existing.ID})
-		if err != nil {
-			return err
-		}
-		resp := idem.Response{Status: 409, Headers: map[string]string{"Content-Type": "application/json"}, Body: body, SchemaVersion: DefaultSchemaVersion}
+		resp := duplicateResponse(existing.ID)
 		d, err := store.BeginTx(ctx, tx, begin)
 		if err != nil {
 			return err
@@ -356,11 +359,16 @@ func (s *Service) rejectDuplicate(ctx context.Context, begin idem.BeginRequest, 
 	return res, err
 }
 
-// PaymentID derives the payment id of a scoped command: the same scope,
-// request hash and generation give the same id in every region.
-func PaymentID(scope idem.Scope, requestHash string, generation int) string {
+// PaymentID derives a payment's id from its business identity: the tenant,
+// the account and the merchant reference, which unique(tenant, account,
+// merchant_reference) already makes the identity of one payment. Every
+// retry, every region and every fresh key for the same business payment
+// derives the same id, hence the same provider key, so the provider
+// deduplicates a payment that two regions (or a client without stable keys)
+// attempt, even when neither can see the other's records.
+func PaymentID(tenant, accountID, merchantReference string) string {
 	h := sha256.New()
-	for _, part := range []string{scope.Tenant, scope.Operation, scope.Key, requestHash, strconv.Itoa(generation)} {
+	for _, part := range []string{tenant, accountID, merchantReference} {
 		h.Write([]byte(part))
 		h.Write([]byte{0})
 	}
@@ -370,8 +378,8 @@ func PaymentID(scope idem.Scope, requestHash string, generation int) string {
 // ProviderKey is the idempotency key the payment provider sees for a payment.
 func ProviderKey(paymentID string) string { return "provider_payment_" + paymentID }
 
-func (s *Service) newPayment(scope idem.Scope, requestHash string, generation int, cmd Command) (store.Payment, store.Event) {
-	id := PaymentID(scope, requestHash, generation)
+func (s *Service) newPayment(scope idem.Scope, cmd Command) (store.Payment, store.Event) {
+	id := PaymentID(scope.Tenant, cmd.AccountID, cmd.MerchantReference)
 	p := store.Payment{
 		Tenant: scope.Tenant, ID: id, AccountID: cmd.AccountID, AmountMinor: cmd.AmountMinor,
 		Currency: cmd.Currency, MerchantReference: cmd.MerchantReference, Channel: cmd.Channel,
@@ -387,6 +395,14 @@ func (s *Service) Get(ctx context.Context, tenant, id string) ([]byte, error) {
 		return nil, err
 	}
 	return renderers[s.cfg.ResponseSchema](p)
+}
+
+// insertOwnedPayment writes the payment of a record this request took over.
+func (s *Service) insertOwnedPayment(ctx context.Context, tx store.Querier, d idem.Decision, p store.Payment, ev store.Event) error {
+	if d.Outcome == idem.OutcomeExpired {
+		return store.InsertPaymentOnly(ctx, tx, p, ev)
+	}
+	return store.InsertPayment(ctx, tx, p, ev)
 }
 
 // fenced reports a rejected write or call of this process.

@@ -145,7 +145,10 @@ func InsertPaymentOnly(ctx context.Context, q Querier, p Payment, ev Event) erro
 
 func classifyPaymentErr(err error) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == codeUniqueViolation && pgErr.ConstraintName == "payments_merchant_reference_key" {
+	// The payment id derives from the same business identity as the
+	// merchant-reference constraint, so either index may report it.
+	if errors.As(err, &pgErr) && pgErr.Code == codeUniqueViolation &&
+		(pgErr.ConstraintName == "payments_merchant_reference_key" || pgErr.ConstraintName == "payments_pkey") {
 		return fmt.Errorf("%w: %w", ErrDuplicateMerchantReference, err)
 	}
 	return err

@@ -365,3 +365,25 @@ func TestExternalFencingTokens(t *testing.T) {
 		t.Errorf("owner 200 Complete: %v", err)
 	}
 }
+
+// TestClosedConnectionIsUnavailable: a connection that a network failure
+// already closed is an outage (retry with the same key), not an internal
+// error.
+func TestClosedConnectionIsUnavailable(t *testing.T) {
+	ctx := context.Background()
+	st, _ := storetest.New(t)
+	conn, err := st.Pool().Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := conn.Conn().PgConn()
+	_ = raw.Close(ctx)
+	_, err = conn.Exec(ctx, `SELECT 1`)
+	conn.Release()
+	if err == nil {
+		t.Fatal("a closed connection answered")
+	}
+	if got := idem.ErrorCode(store.Unavailable(err)); got != idem.ECodeStoreUnavailable {
+		t.Errorf("closed connection error %v classified %s, want %s", err, got, idem.ECodeStoreUnavailable)
+	}
+}

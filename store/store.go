@@ -171,12 +171,15 @@ func sqlState(err error) string {
 	return ""
 }
 
+// retryable reports whether the whole transaction may be run again: a
+// serialization failure or deadlock, or a failure that pgconn reports as
+// having happened before anything was sent (a connection already closed).
 func retryable(err error) bool {
 	switch sqlState(err) {
 	case codeSerializationFailure, codeDeadlock:
 		return true
 	}
-	return false
+	return pgconn.SafeToRetry(err)
 }
 
 // isUnavailable reports whether err means the store could not be reached or
@@ -187,13 +190,19 @@ func isUnavailable(err error) bool {
 	}
 	var connErr *pgconn.ConnectError
 	var netErr net.Error
-	if errors.As(err, &connErr) || errors.As(err, &netErr) || pgconn.Timeout(err) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, context.DeadlineExceeded) {
+	if errors.As(err, &connErr) || errors.As(err, &netErr) || pgconn.Timeout(err) || pgconn.SafeToRetry(err) ||
+		errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, context.DeadlineExceeded) {
 		return true
 	}
 	code := sqlState(err)
 	return len(code) == 5 && (code[:2] == "08" || code == "57P01" || code == "57P03")
 }
+
+// Unavailable classifies err as the store's callers see it: a failure to
+// reach the store becomes *idem.Error STORE_UNAVAILABLE; anything else is
+// returned unchanged.
+func Unavailable(err error) error { return unavailableOr(err) }
 
 func unavailable(err error) error {
 	var e *idem.Error
