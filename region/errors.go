@@ -2,6 +2,7 @@ package region
 
 import (
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"net/http"
 
@@ -56,7 +57,12 @@ type errorBody struct {
 func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err error) {
 	code := idem.ErrorCode(err)
 	status := StatusOf(code)
-	if status >= 500 {
+	if r.Context().Err() != nil && errors.Is(err, r.Context().Err()) {
+		// The client hung up: nobody reads this answer, and nothing failed
+		// on our side. Its retry with the same key gets the real answer.
+		logger.DebugContext(r.Context(), "client went away", "method", r.Method, "path", r.URL.Path, "err", err)
+		code, status = idem.ECodeUnavailable, http.StatusServiceUnavailable
+	} else if status >= 500 {
 		logger.ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path, "code", code, "err", err)
 	}
 	switch code {
