@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/internal/pgtest"
 	"github.com/idemcoord/idem/internal/storetest"

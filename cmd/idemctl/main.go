@@ -35,6 +35,7 @@ func commands() map[string]command {
 		"provider":  {"serve the payment provider simulator", runProvider},
 		"placement": {"get or set a tenant's home region (placement get|set --tenant T [--region R])", runPlacement},
 		"region":    {"region status, failover --from A --to B, handover of a failed region's records", runRegion},
+		"chaos":     {"chaos tests: list the scenarios, or run them against a local cluster and check the history (chaos list|run)", runChaos},
 	}
 }
 

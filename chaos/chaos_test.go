@@ -1,0 +1,187 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"go/build"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// The binaries built by TestMain; set once before the tests run and only
+// read by them.
+var (
+	idemdPath   string
+	idemctlPath string
+	etcdPath    string
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(testMain(m))
+}
+
+func testMain(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "chaos-test-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	idemdPath = filepath.Join(dir, "idemd")
+	idemctlPath = filepath.Join(dir, "idemctl")
+	etcdPath = filepath.Join(dir, "etcd")
+	if err := goBuild(dir+string(filepath.Separator), "./cmd/idemd", "./cmd/idemctl"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := goBuild(etcdPath, "go.etcd.io/etcd/server/v3"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return m.Run()
+}
+
+// goBuild builds pkgs (relative to the module root) into out, a file or a
+// directory ending in a separator, with this toolchain's go command.
+func goBuild(out string, pkgs ...string) error {
+	goCmd, err := exec.LookPath("go")
+	if err != nil {
+		if goCmd, err = exec.LookPath(filepath.Join(build.Default.GOROOT, "bin", "go")); err != nil {
+			return fmt.Errorf("find the go command: %w", err)
+		}
+	}
+	cmd := exec.Command(goCmd, append([]string{"build", "-o", out}, pkgs...)...)
+	cmd.Dir = ".." // the module root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build %s: %w\n%s", pkgs, err, b)
+	}
+	return nil
+}
+
+// runOpts are the options of the tests' runs: small and short.
+func runOpts(t *testing.T, scenario, brk string) Options {
+	t.Helper()
+	return Options{
+		Scenario: scenario, Duration: 6 * time.Second, Seed: 7, OutDir: t.TempDir(), Clients: 4, Break: brk,
+		StuckBound: 20 * time.Second, Idemd: idemdPath, Etcd: etcdPath, Idemctl: idemctlPath,
+	}
+}
+
+// summary renders the report's terminal summary for test logs.
+func summary(rep *Report) string {
+	var b strings.Builder
+	rep.Summary(&b)
+	return b.String()
+}
+
+// TestSmoke runs a few scenarios at a small scale: every check must pass,
+// and the report must be complete.
+func TestSmoke(t *testing.T) {
+	t.Parallel()
+	opts := runOpts(t, "completed-replay,unknown-downstream,same-key-different-command,service-hop", "")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, opts)
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	t.Log("\n" + summary(rep))
+	if !rep.Passed {
+		t.Errorf("smoke run failed: %s", rep.FailedChecks())
+	}
+	if len(rep.Scenarios) != 4 {
+		t.Fatalf("%d scenario reports, want 4", len(rep.Scenarios))
+	}
+	for _, s := range rep.Scenarios {
+		if !s.Valid || s.Ops == 0 || len(s.Faults) == 0 || len(s.Series) == 0 {
+			t.Errorf("%s: valid %v, %d calls, %d faults, %d buckets", s.Name, s.Valid, s.Ops, len(s.Faults), len(s.Series))
+		}
+		if len(s.Checks) != len(Checks()) {
+			t.Errorf("%s: %d checks, want %d", s.Name, len(s.Checks), len(Checks()))
+		}
+		if _, err := os.Stat(filepath.Join(opts.OutDir, s.History)); err != nil {
+			t.Errorf("%s: history: %v", s.Name, err)
+		}
+	}
+	var onDisk Report
+	b, err := os.ReadFile(filepath.Join(opts.OutDir, "report.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &onDisk); err != nil || onDisk.Passed != rep.Passed || len(onDisk.Scenarios) != 4 {
+		t.Errorf("report.json (%v): passed %v, %d scenarios", err, onDisk.Passed, len(onDisk.Scenarios))
+	}
+	html, err := os.ReadFile(filepath.Join(opts.OutDir, "report.html"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkHTML(t, string(html), rep)
+}
+
+// TestBreakModesCaught runs each deliberately broken engine with the
+// scenario built to catch it: the run must fail and its report must name
+// the failed check.
+func TestBreakModesCaught(t *testing.T) {
+	t.Parallel()
+	want := map[string][]string{
+		"find-then-insert": {CheckLinearizable, CheckIdenticalAnswers, CheckAckedNotLost, CheckSingleCharge, CheckSinglePayment},
+		"no-fencing":       {CheckLinearizable, CheckIdenticalAnswers, CheckSweepReplays},
+		"raw-body-hash":    {CheckNoFalseKeyReuse},
+	}
+	var mu sync.Mutex
+	for _, b := range BreakModes() {
+		t.Run(b, func(t *testing.T) {
+			t.Parallel()
+			s, err := ScenarioFor(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			opts := runOpts(t, s.Name, b)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			rep, err := Run(ctx, opts)
+			if err != nil {
+				t.Fatalf("run: %v", err)
+			}
+			mu.Lock()
+			t.Log("\n" + summary(rep))
+			mu.Unlock()
+			if rep.Passed {
+				t.Fatalf("--break %s passed %s: the harness did not catch the broken engine", b, s.Name)
+			}
+			sr := rep.Scenarios[0]
+			if !sr.Valid || sr.Error != "" {
+				t.Fatalf("--break %s: the run was invalid (%s) or failed (%s), which proves nothing", b, sr.Invalid, sr.Error)
+			}
+			caught := slices.ContainsFunc(sr.Failed, func(c string) bool { return slices.Contains(want[b], c) })
+			if !caught {
+				t.Errorf("--break %s failed checks %v, want one of %v", b, sr.Failed, want[b])
+			}
+			// The report on disk names the failed check, with a counter-example.
+			raw, err := os.ReadFile(filepath.Join(opts.OutDir, "report.json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var onDisk Report
+			if err := json.Unmarshal(raw, &onDisk); err != nil {
+				t.Fatal(err)
+			}
+			named := false
+			for _, c := range onDisk.Scenarios[0].Checks {
+				if !c.Passed && slices.Contains(want[b], c.Name) && len(c.CounterExamples) > 0 {
+					named = true
+				}
+			}
+			if onDisk.Passed || !named {
+				t.Errorf("report.json: passed %v, failed check with a counter-example among %v: %v", onDisk.Passed, want[b], named)
+			}
+		})
+	}
+}

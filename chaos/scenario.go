@@ -1,0 +1,310 @@
+package chaos
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/idemcoord/idem/provider"
+)
+
+// Scenario is one named chaos test: the cluster's shape, the traffic and
+// the faults injected while it runs.
+type Scenario struct {
+	Name        string
+	Description string
+	// Regions is how many regions the cluster has (default 2);
+	// NodesPerRegion how many nodes each (default 2).
+	Regions        int
+	NodesPerRegion int
+	// StoreMode is the cluster's store mode (default region-local).
+	StoreMode string
+	// NodeArgs are extra idemd flags for every node.
+	NodeArgs []string
+	// ReplayWindow is the nodes' --replay-window (default: idemd's).
+	ReplayWindow time.Duration
+	// Workload shapes the traffic (Clients and ReplayWindow are filled in
+	// by the run).
+	Workload WorkloadConfig
+	// Faults returns the fault steps, in order, for a cluster whose
+	// regions are regions (regions[i] is home of the i-th tenant).
+	Faults func(env *Env, regions []string) []Step
+	// Catches names the --break modes this scenario is built to catch.
+	Catches []string
+}
+
+// Step is one fault of a scenario and how long it is held.
+type Step struct {
+	Fault Fault
+	// Hold is how long the fault stays between Inject and Heal.
+	Hold time.Duration
+}
+
+// Default timings of chaos clusters.
+const (
+	// chaosLeaseTTL is the nodes' --region-lease-ttl.
+	chaosLeaseTTL = 3 * time.Second
+	// chaosLockTimeout is the nodes' --lock-timeout: a stale owner's record
+	// can be taken over this long after its last write.
+	chaosLockTimeout = 3 * time.Second
+)
+
+// baseNodeArgs are the flags every chaos node runs with: short locks and
+// a busy recovery worker, so that a run settles in seconds.
+var baseNodeArgs = []string{"--lock-timeout", chaosLockTimeout.String(), "--recovery-interval", "1s", "--outbox-interval", "200ms"}
+
+// Catalogue returns every scenario, in the order "all" runs them.
+func Catalogue() []Scenario {
+	return []Scenario{
+		{
+			Name: "completed-replay",
+			Description: "completed payments are retried, re-serialised (field order, \"10.0\", lower-case currency, default channel omitted or added), " +
+				"in another region: every retry replays the first answer byte for byte; a node crashes and restarts meanwhile",
+			Workload: WorkloadConfig{Mix: map[Role]int{RoleNormal: 1}, Replays: 0.7},
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{{KillNode(r[1], 0), 2 * time.Second}}
+			},
+			Catches: []string{"raw-body-hash", "find-then-insert"},
+		},
+		{
+			Name: "concurrent-retry",
+			Description: "each key's first attempt is sent twice at once to two nodes of one region, as a client retrying " +
+				"before its first try answered: one atomic claim wins, the other sees 409 IN_PROGRESS or the replay",
+			Workload: WorkloadConfig{Mix: map[Role]int{RoleRacer: 3, RoleNormal: 1}, RaceWidth: 2, RaceSameRegion: true, Replays: 0.3},
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{{PauseNode(r[0], 1), 2 * time.Second}}
+			},
+			Catches: []string{"find-then-insert"},
+		},
+		{
+			Name: "cross-region-race",
+			Description: "each key's first attempt goes to three regions at once, over a WAN with 40±20ms latency: " +
+				"forwarded to the home region, one claim wins and every region answers the same bytes",
+			Regions:  3,
+			Workload: WorkloadConfig{Mix: map[Role]int{RoleRacer: 3, RoleNormal: 1}, RaceWidth: 3, Replays: 0.3},
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{{WANLatency(40*time.Millisecond, 20*time.Millisecond), 6 * time.Second}}
+			},
+			Catches: []string{"find-then-insert"},
+		},
+		{
+			Name: "global-store-race",
+			Description: "one store for every region (--store-mode global): each key's first attempt goes to two regions at once and " +
+				"both serve it from the shared store, where one atomic claim wins; a node crashes meanwhile",
+			StoreMode: "global",
+			Workload:  WorkloadConfig{Mix: map[Role]int{RoleRacer: 3, RoleNormal: 1}, RaceWidth: 2, Replays: 0.3},
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{{KillNode(r[0], 1), 2 * time.Second}}
+			},
+			Catches: []string{"find-then-insert"},
+		},
+		{
+			Name: "partial-local-success",
+			Description: "nodes crash between the local commit (payment row, PROVIDER_REQUEST_SENT) and the provider's answer, " +
+				"and a region loses its store mid-request: retries and the recovery worker finish or release every record, never charging twice",
+			Workload: WorkloadConfig{Mix: map[Role]int{RoleNormal: 1}, Replays: 0.2},
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{
+					{CrashMidRequest(env, r[0], 0, "before-provider-call", time.Second), 2 * time.Second},
+					{StoreUnavailable(r[1]), 3 * time.Second},
+				}
+			},
+		},
+		{
+			Name: "unknown-downstream",
+			Description: "the provider charges but its answer is lost (lose-answer), or answers after the node's provider timeout (slow): " +
+				"clients get 202 PAYMENT_OUTCOME_UNKNOWN; retries and the recovery worker ask the provider and answer the real outcome, charged once",
+			Workload: WorkloadConfig{Mix: map[Role]int{RoleNormal: 1}, Replays: 0.2},
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{
+					{ProviderFault(env, provider.Fault{Mode: provider.FaultLoseAnswer}), 3 * time.Second},
+					{ProviderFault(env, provider.Fault{Mode: provider.FaultSlow, Delay: 1500 * time.Millisecond}), 3 * time.Second},
+				}
+			},
+		},
+		{
+			Name: "provider-outage",
+			Description: "the provider answers 503 for a while: nothing is charged, the record is FAILED_RETRYABLE, " +
+				"and the client's retry with the same key executes again with the same payment id and provider key",
+			Workload: WorkloadConfig{Mix: map[Role]int{RoleNormal: 3, RoleReuser: 1}, Replays: 0.2},
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{{ProviderFault(env, provider.Fault{Mode: provider.FaultFail}), 3 * time.Second}}
+			},
+		},
+		{
+			Name: "same-key-different-command",
+			Description: "buggy clients reuse a key with a different amount once the first command answered: " +
+				"409 IDEMPOTENCY_KEY_REUSED_WITH_DIFFERENT_REQUEST, and the second command never executes, even across a node crash",
+			Workload: WorkloadConfig{Mix: map[Role]int{RoleReuser: 2, RoleNormal: 1}},
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{{KillNode(r[0], 1), 2 * time.Second}}
+			},
+			Catches: []string{"raw-body-hash"},
+		},
+		{
+			Name: "duplicate-without-key",
+			Description: "a client without keys of its own resends the same payment (same merchant reference) with a fresh key: " +
+				"the first executes, the others get 409 DUPLICATE_MERCHANT_REFERENCE naming it",
+			Workload: WorkloadConfig{Mix: map[Role]int{RoleNoKey: 3, RoleNormal: 1}},
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{{KillNode(r[1], 1), 2 * time.Second}}
+			},
+		},
+		{
+			Name: "retry-after-expiry",
+			Description: "with a 6s replay window, clients retry the same key after it has passed: a new operation by contract " +
+				"(a new generation), which the merchant-reference constraint stops from paying twice (409 DUPLICATE_MERCHANT_REFERENCE)",
+			ReplayWindow: 6 * time.Second,
+			Workload:     WorkloadConfig{Mix: map[Role]int{RoleExpiry: 2, RoleNormal: 1}},
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{{KillNode(r[0], 0), 2 * time.Second}}
+			},
+		},
+		{
+			Name: "schema-deploy",
+			Description: "a rolling deploy moves new answers from response schema v2 to v3 (replay-as-stored): retries of answers " +
+				"written before the deploy replay the v2 bytes, from old and new nodes alike",
+			Workload: WorkloadConfig{Mix: map[Role]int{RoleNormal: 1}, Replays: 0.8},
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{{RollingSchemaChange(env, "v3"), time.Second}}
+			},
+		},
+		{
+			Name: "service-hop",
+			Description: "every first attempt lands outside the tenant's home region and is forwarded one hop; a home node's " +
+				"ingress link is cut, then the WAN slows down: forwarded calls fail over or retry, and every answer is the home region's",
+			Workload: WorkloadConfig{Mix: map[Role]int{RoleNormal: 1}, Away: true, Replays: 0.3},
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{
+					{PartitionLink("->" + r[0] + "-0"), 3 * time.Second},
+					{WANLatency(60*time.Millisecond, 30*time.Millisecond), 3 * time.Second},
+				}
+			},
+		},
+		{
+			Name: "region-failover",
+			Description: "a region is partitioned, its lease lapses, its tenants move to a survivor (routing.MoveRegion); retries reach " +
+				"the new home, which asks the provider before charging; clients without keys resubmit within 4s; after the heal the old region's records are handed over",
+			Workload: WorkloadConfig{Mix: map[Role]int{RoleNormal: 2, RoleNoKey: 2}, Replays: 0.3, NoKeyDelay: 4 * time.Second},
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{{RegionFailover(env, r[0], r[1]), 2 * time.Second}}
+			},
+		},
+		{
+			Name: "partition-region",
+			Description: "a region loses every link (store, etcd, provider, forwarded requests) for longer than its lease and comes back, " +
+				"without a failover: it stops serving on its own, and its keys are answered consistently once it is back",
+			Workload: WorkloadConfig{Mix: map[Role]int{RoleNormal: 1}, Replays: 0.3},
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{{PartitionRegion(r[0]), chaosLeaseTTL + 2*time.Second}}
+			},
+		},
+		{
+			Name: "store-unavailable",
+			Description: "a region's nodes lose their store for a while: 503 STORE_UNAVAILABLE, nothing half-done is left behind, " +
+				"retries succeed once it is back",
+			Workload: WorkloadConfig{Mix: map[Role]int{RoleNormal: 1}, Replays: 0.2},
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{{StoreUnavailable(r[0]), 3 * time.Second}}
+			},
+		},
+		{
+			Name:        "kill-region",
+			Description: "every node of a region crashes at once (SIGKILL) and restarts; then one node crashes on its own",
+			Workload:    WorkloadConfig{Mix: map[Role]int{RoleNormal: 1}, Replays: 0.2},
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{{KillRegion(r[1]), 2 * time.Second}, {KillNode(r[0], 0), time.Second}}
+			},
+		},
+		{
+			Name: "pause-node",
+			Description: "a node is frozen (SIGSTOP) longer than its lease, mid-request, then resumed (SIGCONT): it stops serving " +
+				"on its own local deadline, and its in-flight owners are fenced",
+			Workload: WorkloadConfig{Mix: map[Role]int{RoleNormal: 1}, Replays: 0.2},
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{{PauseNode(r[0], 0), chaosLeaseTTL + 2*time.Second}}
+			},
+		},
+		{
+			Name: "stale-owner",
+			Description: "owners are held at their provider call (failpoint) and frozen (SIGSTOP) past their lock and lease; other owners " +
+				"take the payments over and finish them; the stale owners then wake while the provider fails, and the store refuses their writes (fencing)",
+			Workload: WorkloadConfig{Mix: map[Role]int{RoleNormal: 1}, Replays: 0.3},
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{{StaleOwner(env, r[0], 0, 10*time.Second, 6*time.Second), 4 * time.Second}}
+			},
+			Catches: []string{"no-fencing"},
+		},
+		{
+			Name: "etcd-faults",
+			Description: "an etcd member crashes, then the etcd leader, then a node loses its link to one member: " +
+				"leases, placements and recovery locks keep working through a quorum",
+			Workload: WorkloadConfig{Mix: map[Role]int{RoleNormal: 1}, Replays: 0.2},
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{
+					{KillEtcdMember(2), 2 * time.Second},
+					{KillEtcdLeader(), 3 * time.Second},
+					{PartitionNodeEtcd(r[0], 0, 0), 3 * time.Second},
+				}
+			},
+		},
+		{
+			Name: "clock-skew",
+			Description: "nodes run with their wall clock 45s ahead or behind (IDEM_CLOCK_SKEW): record times come from the store's " +
+				"clock and leases from local monotonic deadlines, so nothing expires early or lives late",
+			Workload: WorkloadConfig{Mix: map[Role]int{RoleNormal: 1}, Replays: 0.4},
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{
+					{ClockSkew(env, r[0], 0, 45*time.Second), 3 * time.Second},
+					{ClockSkew(env, r[1], 1, -45*time.Second), 3 * time.Second},
+				}
+			},
+		},
+		{
+			Name: "duplicate-delivery",
+			Description: "every node delivers each outbox event twice (--duplicate-delivery): the ledger and receipt-email consumers " +
+				"deduplicate by message id, one entry and one email per payment",
+			Workload: WorkloadConfig{Mix: map[Role]int{RoleNormal: 1}},
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{{DuplicateDelivery(env), 4 * time.Second}}
+			},
+		},
+	}
+}
+
+// ScenarioNames returns the catalogue's names in order.
+func ScenarioNames() []string {
+	var out []string
+	for _, s := range Catalogue() {
+		out = append(out, s.Name)
+	}
+	return out
+}
+
+// Lookup returns the scenario called name.
+func Lookup(name string) (Scenario, error) {
+	for _, s := range Catalogue() {
+		if s.Name == name {
+			return s, nil
+		}
+	}
+	return Scenario{}, fmt.Errorf("chaos: no scenario %q (have: %s)", name, strings.Join(ScenarioNames(), ", "))
+}
+
+// BreakModes returns the deliberately broken engine modes idemd accepts
+// with --break.
+func BreakModes() []string { return []string{"find-then-insert", "no-fencing", "raw-body-hash"} }
+
+// ScenarioFor returns the scenario that catches break mode b.
+func ScenarioFor(b string) (Scenario, error) {
+	name := map[string]string{
+		"find-then-insert": "concurrent-retry",
+		"no-fencing":       "stale-owner",
+		"raw-body-hash":    "completed-replay",
+	}[b]
+	if name == "" || !slices.Contains(BreakModes(), b) {
+		return Scenario{}, fmt.Errorf("chaos: unknown break mode %q (want %s)", b, strings.Join(BreakModes(), ", "))
+	}
+	return Lookup(name)
+}
