@@ -17,7 +17,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -28,6 +27,7 @@ import (
 
 	"github.com/idemcoord/idem/cluster"
 	"github.com/idemcoord/idem/internal/pgserver"
+	"github.com/idemcoord/idem/internal/procfs"
 )
 
 // Environment of the helper process of TestParentKilledLeavesNothing.
@@ -522,7 +522,7 @@ func TestParentKilledLeavesNothing(t *testing.T) {
 		t.Fatalf("helper printed %q: %v", line, err)
 	}
 	for _, pid := range pids {
-		if !alive(pid) {
+		if !procfs.Alive(pid) {
 			t.Fatalf("pid %d of %v is not running before the kill", pid, pids)
 		}
 	}
@@ -532,7 +532,7 @@ func TestParentKilledLeavesNothing(t *testing.T) {
 	_ = cmd.Wait()
 	deadline := time.Now().Add(30 * time.Second)
 	for _, pid := range pids {
-		for alive(pid) {
+		for procfs.Alive(pid) {
 			if time.Now().After(deadline) {
 				t.Fatalf("pid %d (of %v: postgres, provider, nodes, etcd) survived the SIGKILL of the process that started it", pid, pids)
 			}
@@ -620,7 +620,7 @@ func clusterPids(tb testing.TB, c *cluster.Cluster) []int {
 		pids = append(pids, p.Pid())
 	}
 	for _, pid := range pids {
-		if pid <= 0 || !alive(pid) {
+		if pid <= 0 || !procfs.Alive(pid) {
 			tb.Fatalf("pid %d of %v is not running", pid, pids)
 		}
 	}
@@ -640,53 +640,9 @@ func assertGone(tb testing.TB, pids []int) {
 // assertNoChildren checks that this process has no child process left.
 func assertNoChildren(tb testing.TB) {
 	tb.Helper()
-	if kids := children(tb, os.Getpid()); len(kids) != 0 {
+	if kids := procfs.Children(os.Getpid()); len(kids) != 0 {
 		tb.Errorf("child processes left: %v", kids)
 	}
-}
-
-// alive reports whether pid exists and is not a zombie (a process whose
-// parent died is reaped by init, which may be slow or, in a container,
-// absent).
-func alive(pid int) bool {
-	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
-		return false
-	}
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	i := bytes.LastIndexByte(b, ')')
-	return i < 0 || !bytes.HasPrefix(bytes.TrimSpace(b[i+1:]), []byte("Z"))
-}
-
-// children lists the processes whose parent is ppid.
-func children(tb testing.TB, ppid int) []int {
-	tb.Helper()
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	var pids []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(b[i+1:]))
-		if len(f) >= 2 && f[1] == strconv.Itoa(ppid) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
 }
 
 type response struct {

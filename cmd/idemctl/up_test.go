@@ -22,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemcoord/idem/cluster"
+	"github.com/idemcoord/idem/internal/procfs"
 )
 
 // TestUp builds idemd, idemctl and etcd once and runs "idemctl up" in
@@ -101,7 +102,7 @@ func TestUp(t *testing.T) {
 		case <-time.After(time.Minute):
 			t.Fatal("idemctl up did not return after its context ended")
 		}
-		if kids := upChildren(t, os.Getpid()); len(kids) != 0 {
+		if kids := procfs.Children(os.Getpid()); len(kids) != 0 {
 			t.Errorf("child processes left: %v", kids)
 		}
 		if _, err := os.Stat(filepath.Join(dir, cluster.StateFile)); !errors.Is(err, os.ErrNotExist) {
@@ -138,7 +139,7 @@ func TestUp(t *testing.T) {
 		upCheckDefaults(t, info)
 		upCheckPayment(t, info)
 		upCheckSummary(t, stdout.String(), info)
-		kids := upChildren(t, cmd.Process.Pid)
+		kids := procfs.Children(cmd.Process.Pid)
 		if len(kids) != 8 { // PostgreSQL, the provider, 3 etcd members and 3 nodes
 			var cmds []string
 			for _, pid := range kids {
@@ -315,35 +316,6 @@ func upEnvWithoutIdem() []string {
 		}
 	}
 	return env
-}
-
-// upChildren lists the processes whose parent is ppid.
-func upChildren(tb testing.TB, ppid int) []int {
-	tb.Helper()
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	var pids []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(b[i+1:]))
-		if len(f) >= 2 && f[1] == strconv.Itoa(ppid) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
 }
 
 // upSyncBuffer is a bytes.Buffer safe for concurrent use.

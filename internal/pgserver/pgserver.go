@@ -22,6 +22,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemcoord/idem/internal/procfs"
 )
 
 // ErrNotInstalled is returned, wrapped, by Start and FindBinDir when the
@@ -671,41 +673,12 @@ func (s *Server) terminate() {
 	// collected, then kill them and it. Backends run in sessions of their
 	// own, so killing the process group would miss them.
 	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err == nil {
-		for _, pid := range childPids(s.cmd.Process.Pid) {
+		for _, pid := range procfs.Children(s.cmd.Process.Pid) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
 	_ = s.cmd.Process.Kill()
 	<-s.exited
-}
-
-// childPids lists the processes whose parent is pid, from /proc.
-func childPids(pid int) []int {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	var pids []int
-	for _, e := range ents {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid ...; comm may contain spaces and parens.
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(b[i+1:]))
-		if len(f) >= 2 && f[1] == strconv.Itoa(pid) {
-			pids = append(pids, p)
-		}
-	}
-	return pids
 }
 
 // removeDirs removes what Start created: the temporary Dir and socket

@@ -21,6 +21,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemcoord/idem/internal/pgserver"
+	"github.com/idemcoord/idem/internal/procfs"
 )
 
 func TestMain(m *testing.M) {
@@ -327,7 +328,7 @@ func TestParentKilled(t *testing.T) {
 		_ = cmd.Wait()
 		t.Fatal("helper did not start a server")
 	}
-	procs := append(childrenOf(t, pid), pid)
+	procs := append(procfs.Children(pid), pid)
 	if len(procs) < 2 {
 		t.Errorf("postmaster %d has no children", pid)
 	}
@@ -340,51 +341,13 @@ func TestParentKilled(t *testing.T) {
 
 	deadline := time.Now().Add(20 * time.Second)
 	for _, p := range procs {
-		for alive(p) {
+		for procfs.Alive(p) {
 			if time.Now().After(deadline) {
 				t.Fatalf("server process %d (postmaster %d) outlived the killed parent", p, pid)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-}
-
-// childrenOf lists the processes whose parent is pid.
-func childrenOf(t *testing.T, pid int) []int {
-	t.Helper()
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var pids []int
-	for _, e := range ents {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		i := bytes.LastIndexByte(b, ')')
-		if f := strings.Fields(string(b[i+1:])); i >= 0 && len(f) >= 2 && f[1] == strconv.Itoa(pid) {
-			pids = append(pids, p)
-		}
-	}
-	return pids
-}
-
-// alive reports whether pid is a live (not zombie) process.
-func alive(pid int) bool {
-	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
-		return false
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	i := bytes.LastIndexByte(b, ')')
-	return i < 0 || i+2 >= len(b) || b[i+2] != 'Z'
 }
 
 func TestNotInstalled(t *testing.T) {
