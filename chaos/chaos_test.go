@@ -4,15 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"go/build"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/idemcoord/idem/internal/testbin"
 )
 
 // The binaries built by TestMain; set once before the tests run and only
@@ -34,35 +34,13 @@ func testMain(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	idemdPath = filepath.Join(dir, "idemd")
-	idemctlPath = filepath.Join(dir, "idemctl")
-	etcdPath = filepath.Join(dir, "etcd")
-	if err := goBuild(dir+string(filepath.Separator), "./cmd/idemd", "./cmd/idemctl"); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if err := goBuild(etcdPath, "go.etcd.io/etcd/server/v3"); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	return m.Run()
-}
-
-// goBuild builds pkgs (relative to the module root) into out, a file or a
-// directory ending in a separator, with this toolchain's go command.
-func goBuild(out string, pkgs ...string) error {
-	goCmd, err := exec.LookPath("go")
+	bins, err := testbin.BuildAll(dir)
 	if err != nil {
-		if goCmd, err = exec.LookPath(filepath.Join(build.Default.GOROOT, "bin", "go")); err != nil {
-			return fmt.Errorf("find the go command: %w", err)
-		}
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
-	cmd := exec.Command(goCmd, append([]string{"build", "-o", out}, pkgs...)...)
-	cmd.Dir = ".." // the module root
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build %s: %w\n%s", pkgs, err, b)
-	}
-	return nil
+	idemdPath, idemctlPath, etcdPath = bins.Idemd, bins.Idemctl, bins.Etcd
+	return m.Run()
 }
 
 // runOpts are the options of the tests' runs: small and short.

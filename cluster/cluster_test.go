@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"go/build"
 	"io"
 	"log/slog"
 	"net/http"
@@ -28,6 +27,7 @@ import (
 	"github.com/idemcoord/idem/cluster"
 	"github.com/idemcoord/idem/internal/pgserver"
 	"github.com/idemcoord/idem/internal/procfs"
+	"github.com/idemcoord/idem/internal/testbin"
 )
 
 // Environment of the helper process of TestParentKilledLeavesNothing.
@@ -67,17 +67,12 @@ func testMain(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	idemdPath = filepath.Join(dir, "idemd")
-	idemctlPath = filepath.Join(dir, "idemctl")
-	etcdPath = filepath.Join(dir, "etcd")
-	if err := goBuild(dir+string(filepath.Separator), "github.com/idemcoord/idem/cmd/idemd", "github.com/idemcoord/idem/cmd/idemctl"); err != nil {
+	bins, err := testbin.BuildAll(dir)
+	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if err := goBuild(etcdPath, "go.etcd.io/etcd/server/v3"); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
+	idemdPath, idemctlPath, etcdPath = bins.Idemd, bins.Idemctl, bins.Etcd
 	code := m.Run()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
@@ -86,22 +81,6 @@ func testMain(m *testing.M) int {
 		}
 	}
 	return code
-}
-
-// goBuild builds pkgs into out (a file, or a directory ending in a
-// separator) with the go command of this toolchain.
-func goBuild(out string, pkgs ...string) error {
-	goCmd, err := exec.LookPath("go")
-	if err != nil {
-		if goCmd, err = exec.LookPath(filepath.Join(build.Default.GOROOT, "bin", "go")); err != nil {
-			return fmt.Errorf("find the go command: %w", err)
-		}
-	}
-	cmd := exec.Command(goCmd, append([]string{"build", "-o", out}, pkgs...)...)
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build %s: %w\n%s", pkgs, err, b)
-	}
-	return nil
 }
 
 // helperMain starts a cluster, prints the pids of its processes as JSON on

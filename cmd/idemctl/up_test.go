@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"go/build"
 	"io"
 	"net/http"
 	"os"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/idemcoord/idem/cluster"
 	"github.com/idemcoord/idem/internal/procfs"
+	"github.com/idemcoord/idem/internal/testbin"
 )
 
 // TestUp builds idemd, idemctl and etcd once and runs "idemctl up" in
@@ -172,20 +172,9 @@ func TestUp(t *testing.T) {
 // upBuildBinaries builds idemd, idemctl and etcd into a temporary directory.
 func upBuildBinaries(tb testing.TB) string {
 	tb.Helper()
-	goCmd, err := exec.LookPath("go")
-	if err != nil {
-		if goCmd, err = exec.LookPath(filepath.Join(build.Default.GOROOT, "bin", "go")); err != nil {
-			tb.Fatalf("find the go command: %v", err)
-		}
-	}
 	dir := tb.TempDir()
-	for _, args := range [][]string{
-		{"build", "-o", dir + string(filepath.Separator), "github.com/idemcoord/idem/cmd/idemd", "github.com/idemcoord/idem/cmd/idemctl"},
-		{"build", "-o", filepath.Join(dir, "etcd"), "go.etcd.io/etcd/server/v3"},
-	} {
-		if out, err := exec.Command(goCmd, args...).CombinedOutput(); err != nil {
-			tb.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
+	if _, err := testbin.BuildAll(dir); err != nil {
+		tb.Fatal(err)
 	}
 	return dir
 }

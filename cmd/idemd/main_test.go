@@ -20,6 +20,7 @@ import (
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/internal/pgtest"
 	"github.com/idemcoord/idem/internal/storetest"
+	"github.com/idemcoord/idem/internal/testbin"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/provider"
 	"github.com/idemcoord/idem/store"
@@ -34,10 +35,8 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	idemdBin = filepath.Join(dir, "idemd")
-	build := exec.Command("go", "build", "-o", idemdBin, ".")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build idemd:", err)
+	if err := testbin.Build(idemdBin, "github.com/idemcoord/idem/cmd/idemd"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	code := pgtest.Main(m)
