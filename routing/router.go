@@ -120,6 +120,13 @@ func (r *Router) Route(ctx context.Context, tenant string) (Route, error) {
 	if !home {
 		nodes := r.m.Nodes(p.Region)
 		if len(nodes) == 0 {
+			// The map may lag a failover that just moved the tenant: ask
+			// etcd before refusing.
+			if fresh, ok, err := GetPlacement(ctx, r.cli, tenant); err == nil && ok && fresh.Epoch > p.Epoch {
+				if err := r.m.WaitRevision(ctx, fresh.Epoch); err == nil {
+					return r.Route(ctx, tenant)
+				}
+			}
 			if r.cfg.Mode == Global {
 				return rt, nil // the global store is safe anywhere
 			}
