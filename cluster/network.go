@@ -162,6 +162,18 @@ func (n *network) getLocked(names []string) ([]*netLink, error) {
 	return out, nil
 }
 
+// lockLinks locks the network and looks up links by name; the caller runs
+// unlock when done with them (nothing is held when err is set).
+func (n *network) lockLinks(names []string) (links []*netLink, unlock func(), err error) {
+	n.mu.Lock()
+	links, err = n.getLocked(names)
+	if err != nil {
+		n.mu.Unlock()
+		return nil, nil, err
+	}
+	return links, n.mu.Unlock, nil
+}
+
 func (n *network) linkList() []Link {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -173,12 +185,11 @@ func (n *network) linkList() []Link {
 }
 
 func (n *network) partition(names []string) error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	links, err := n.getLocked(names)
+	links, unlock, err := n.lockLinks(names)
 	if err != nil {
 		return err
 	}
+	defer unlock()
 	for _, l := range links {
 		l.proxy.Stop() // closes the listener and every open connection
 		l.partitioned = true
@@ -188,12 +199,11 @@ func (n *network) partition(names []string) error {
 }
 
 func (n *network) heal(names []string) error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	links, err := n.getLocked(names)
+	links, unlock, err := n.lockLinks(names)
 	if err != nil {
 		return err
 	}
+	defer unlock()
 	var (
 		errs   []error
 		healed []string
@@ -222,12 +232,11 @@ func (n *network) allNames() []string {
 }
 
 func (n *network) addToxic(name string, t Toxic) error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	links, err := n.getLocked([]string{name})
+	links, unlock, err := n.lockLinks([]string{name})
 	if err != nil {
 		return err
 	}
+	defer unlock()
 	if t.Toxicity == 0 {
 		t.Toxicity = 1
 	}
@@ -245,12 +254,11 @@ func (n *network) addToxic(name string, t Toxic) error {
 }
 
 func (n *network) removeToxic(link, toxic string) error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	links, err := n.getLocked([]string{link})
+	links, unlock, err := n.lockLinks([]string{link})
 	if err != nil {
 		return err
 	}
+	defer unlock()
 	if err := links[0].proxy.Toxics.RemoveToxic(context.Background(), toxic); err != nil {
 		return fmt.Errorf("cluster: remove toxic %s from %s: %w", toxic, link, err)
 	}
@@ -258,12 +266,11 @@ func (n *network) removeToxic(link, toxic string) error {
 }
 
 func (n *network) removeToxics(names []string) error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	links, err := n.getLocked(names)
+	links, unlock, err := n.lockLinks(names)
 	if err != nil {
 		return err
 	}
+	defer unlock()
 	for _, l := range links {
 		l.proxy.Toxics.ResetToxics(context.Background())
 	}
