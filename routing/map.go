@@ -195,6 +195,26 @@ func (m *Map) Nodes(region string) []string {
 	return out
 }
 
+// Node is a live node of a region as registered in etcd.
+type Node struct {
+	// ID is the node's id in its region.
+	ID string
+	// URL is the base URL the node advertised.
+	URL string
+}
+
+// NodeList returns region's live nodes, sorted by id.
+func (m *Map) NodeList(region string) []Node {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	out := make([]Node, 0, len(m.nodes[region]))
+	for id, u := range m.nodes[region] {
+		out = append(out, Node{ID: id, URL: u})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
 // Failover returns the tenant's last failover record, if any.
 func (m *Map) Failover(tenant string) (Failover, bool) {
 	m.mu.RLock()

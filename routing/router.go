@@ -47,6 +47,9 @@ type Route struct {
 	// ForwardTo is the base URL of a home-region node to forward to; empty
 	// means serve here.
 	ForwardTo string
+	// ForwardNode is the node ForwardTo belongs to, in the home region
+	// (Placement.Region): the identity its certificate must carry.
+	ForwardNode string
 	// Uncertain is true when the tenant failed over to this region within
 	// the replay window and the old region's records were not handed over
 	// yet: a key this region has no record of may have been accepted by the
@@ -118,7 +121,7 @@ func (r *Router) Route(ctx context.Context, tenant string) (Route, error) {
 		return rt, nil
 	}
 	if !home {
-		nodes := r.m.Nodes(p.Region)
+		nodes := r.m.NodeList(p.Region)
 		if len(nodes) == 0 {
 			// The map may lag a failover that just moved the tenant: ask
 			// etcd before refusing.
@@ -132,7 +135,8 @@ func (r *Router) Route(ctx context.Context, tenant string) (Route, error) {
 			}
 			return Route{}, idem.Errorf(idem.ECodeNotHome, "The home region %s of this tenant has no live node; retry later.", p.Region)
 		}
-		rt.ForwardTo = nodes[rand.IntN(len(nodes))]
+		n := nodes[rand.IntN(len(nodes))]
+		rt.ForwardTo, rt.ForwardNode = n.URL, n.ID
 		return rt, nil
 	}
 	if r.lease == nil || !r.lease.Valid() {
