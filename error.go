@@ -20,13 +20,17 @@ const (
 	ECodeNotHome               = "TENANT_NOT_SERVED_HERE"
 	ECodeReconciliationPending = "IDEMPOTENCY_RECONCILIATION_PENDING"
 	ECodeUnauthenticated       = "UNAUTHENTICATED"
-	ECodeRequestMalformed      = "REQUEST_MALFORMED"
-	ECodeValidationFailed      = "REQUEST_VALIDATION_FAILED"
-	ECodeBodyTooLarge          = "REQUEST_BODY_TOO_LARGE"
-	ECodeUnsupportedMediaType  = "UNSUPPORTED_MEDIA_TYPE"
-	ECodeAPIVersionUnsupported = "API_VERSION_UNSUPPORTED"
-	ECodeNotFound              = "NOT_FOUND"
-	ECodeMethodNotAllowed      = "METHOD_NOT_ALLOWED"
+	// ECodeForwardingNotAuthenticated: a request claims to be forwarded by
+	// a node (Idem-Forwarded-By) but does not come from an authenticated
+	// peer of the cluster.
+	ECodeForwardingNotAuthenticated = "FORWARDING_NOT_AUTHENTICATED"
+	ECodeRequestMalformed           = "REQUEST_MALFORMED"
+	ECodeValidationFailed           = "REQUEST_VALIDATION_FAILED"
+	ECodeBodyTooLarge               = "REQUEST_BODY_TOO_LARGE"
+	ECodeUnsupportedMediaType       = "UNSUPPORTED_MEDIA_TYPE"
+	ECodeAPIVersionUnsupported      = "API_VERSION_UNSUPPORTED"
+	ECodeNotFound                   = "NOT_FOUND"
+	ECodeMethodNotAllowed           = "METHOD_NOT_ALLOWED"
 
 	// Payments domain.
 	ECodeDuplicateMerchantRef = "DUPLICATE_MERCHANT_REFERENCE"

@@ -3,6 +3,7 @@ package region
 import (
 	"context"
 	"crypto/subtle"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/internal/tlsutil"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/routing"
 	"github.com/idemcoord/idem/store"
@@ -52,6 +54,23 @@ type Config struct {
 	NodeID string
 	// Listener, if set, is served instead of listening on Addr.
 	Listener net.Listener
+	// TLS, if set, makes Open serve HTTPS with it (see tlsutil.ServerConfig).
+	// Default: plain HTTP.
+	TLS *tls.Config
+	// PeerCAs, if set, authenticates nodes by certificate: a request
+	// forwarded by a node is accepted with a client certificate it
+	// verifies that names a node (routing.PeerOf), and this node forwards
+	// only over HTTPS, to a node whose certificate it verifies and which
+	// names the node looked up. Default: nil (no mTLS between nodes).
+	PeerCAs *tlsutil.Pool
+	// PeerCert is the certificate this node presents to the nodes it
+	// forwards to (with PeerCAs).
+	PeerCert *tlsutil.Reloader
+	// PeerSecret, if set, authenticates nodes of a cluster without TLS:
+	// forwarded requests carry it (Idem-Peer-Secret, compared in constant
+	// time). With neither PeerCAs nor PeerSecret the node refuses
+	// forwarded requests and cannot forward.
+	PeerSecret []byte
 }
 
 // Server is a regional node's HTTP server. Create it with NewServer, start it
@@ -68,7 +87,8 @@ type Server struct {
 	http *http.Server
 	done chan error
 
-	forwardTransport http.RoundTripper
+	forwardTransport *http.Transport
+	peers            peerTransports
 	workerMetrics    *workerMetrics
 	workers          workerGroup
 	stopWorkers      context.CancelFunc
@@ -142,6 +162,11 @@ func (s *Server) Open() error {
 	s.ln = ln
 	s.http = &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second}
 	s.done = make(chan error, 1)
+	if s.cfg.TLS != nil {
+		s.http.TLSConfig = s.cfg.TLS
+		go func() { s.done <- s.http.ServeTLS(ln, "", "") }()
+		return nil
+	}
 	go func() { s.done <- s.http.Serve(ln) }()
 	return nil
 }
@@ -150,6 +175,9 @@ func (s *Server) Open() error {
 func (s *Server) URL() string {
 	if s.ln == nil {
 		return ""
+	}
+	if s.cfg.TLS != nil {
+		return "https://" + s.ln.Addr().String()
 	}
 	return "http://" + s.ln.Addr().String()
 }
@@ -161,6 +189,8 @@ func (s *Server) Close(ctx context.Context) error {
 		s.stopWorkers()
 	}
 	defer s.workers.Wait()
+	defer s.peers.closeIdle()
+	defer s.forwardTransport.CloseIdleConnections()
 	if s.http == nil {
 		return nil
 	}
@@ -175,9 +205,20 @@ type tenantHandler func(w http.ResponseWriter, r *http.Request, tenant string)
 
 // authenticated resolves the bearer token to a tenant, or answers 401 before
 // anything else happens (no record is ever written for an unauthenticated
-// request).
+// request). A request carrying Idem-Forwarded-By is a forwarded one: its
+// tenant is the one an authenticated peer states, and anything else is
+// refused with 403 FORWARDING_NOT_AUTHENTICATED.
 func (s *Server) authenticated(h tenantHandler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := r.Header[HeaderForwardedBy]; ok {
+			tenant, hops, err := s.forwarded(r)
+			if err != nil {
+				writeError(w, r, s.logger, err)
+				return
+			}
+			s.routed(h, hops)(w, r, tenant)
+			return
+		}
 		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		tenant := ""
 		if ok && token != "" {
@@ -192,7 +233,7 @@ func (s *Server) authenticated(h tenantHandler) http.HandlerFunc {
 			writeError(w, r, s.logger, idem.Errorf(idem.ECodeUnauthenticated, "A valid bearer token is required."))
 			return
 		}
-		s.routed(h)(w, r, tenant)
+		s.routed(h, 0)(w, r, tenant)
 	}
 }
 
