@@ -5,12 +5,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -18,10 +20,11 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/idemcoord/idem/internal/cli"
+	"github.com/idemcoord/idem/internal/etcdclient"
 	"github.com/idemcoord/idem/internal/failpoint"
+	"github.com/idemcoord/idem/internal/tlsutil"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/provider"
 	"github.com/idemcoord/idem/region"
@@ -81,7 +84,19 @@ type Main struct {
 	ReplayRule      string
 	Workers         region.WorkerConfig
 
+	// TLSCert and TLSKey make the node serve HTTPS; TLSClientCA is the
+	// cluster CA that peers' certificates are verified against.
+	TLSCert, TLSKey, TLSClientCA string
+	// PeerSecretFile holds the cluster's peer secret (clusters without
+	// mTLS).
+	PeerSecretFile string
+	// ProviderCA verifies the provider's certificate (https provider URL).
+	ProviderCA string
+	// Etcd holds the etcd client's TLS and authentication flags.
+	Etcd etcdclient.Flags
+
 	logger     *slog.Logger
+	getenv     func(string) string
 	store      *store.Store
 	server     *region.Server
 	etcd       *clientv3.Client
@@ -113,7 +128,7 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	storeMode := fs.String("store-mode", string(routing.RegionLocal), "region-local (each region its own store; requests forwarded home) or global (one store for all regions)")
 	fs.BoolVar(&m.RouteToHome, "route-to-home", false, "in global store mode, still forward to the tenant's home region (latency choice)")
 	fs.StringVar(&m.NodeID, "node-id", "", "this node's name in its region (default: host-pid)")
-	fs.StringVar(&m.AdvertiseURL, "advertise-url", "", "URL other regions forward to (default: http://<listen address>)")
+	fs.StringVar(&m.AdvertiseURL, "advertise-url", "", "URL other regions forward to (default: http://<listen address>, https:// with --tls-cert)")
 	fs.DurationVar(&m.RegionLeaseTTL, "region-lease-ttl", 5*time.Second, "TTL of the node's region liveness lease; the node stops serving home tenants TTL minus a margin after its last successful keepalive")
 	fs.DurationVar(&m.AutoFailoverAfter, "auto-failover-after", 0, "move a region's tenants once it has had no live node for this long (0: off; operators run 'idemctl region failover')")
 	fs.StringVar(&m.Break, "break", "", "run a deliberately broken engine so a chaos run must fail: find-then-insert, no-fencing or raw-body-hash (never in production)")
@@ -126,6 +141,12 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	fs.DurationVar(&m.Workers.RecoveryInterval, "recovery-interval", 5*time.Second, "how often stale and unknown payments are reconciled (0 disables)")
 	fs.DurationVar(&m.Workers.OutboxInterval, "outbox-interval", 200*time.Millisecond, "how often the outbox is published and consumed (0 disables)")
 	fs.BoolVar(&m.Workers.DuplicateDelivery, "duplicate-delivery", false, "deliver every outbox event twice (fault injection)")
+	fs.StringVar(&m.TLSCert, "tls-cert", "", "certificate (PEM) to serve HTTPS with; reloaded when the file changes (needs --tls-key)")
+	fs.StringVar(&m.TLSKey, "tls-key", "", "private key (PEM) of --tls-cert")
+	fs.StringVar(&m.TLSClientCA, "tls-client-ca", "", "cluster CA (PEM): verifies the client certificates of nodes forwarding requests here and the certificates of nodes this node forwards to; reloaded when it changes")
+	fs.StringVar(&m.PeerSecretFile, "peer-secret-file", "", "file holding the cluster's shared peer secret, which authenticates forwarded requests between nodes without mTLS")
+	fs.StringVar(&m.ProviderCA, "provider-ca", "", "CA (PEM) that verifies an https --provider-url (default: the system's roots)")
+	m.Etcd.Register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -172,6 +193,45 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	if len(m.AuthTokens) == 0 {
 		m.logger.Warn("no --auth-tokens: every authenticated endpoint will answer 401")
 	}
+	if (m.TLSCert == "") != (m.TLSKey == "") {
+		return errors.New("--tls-cert and --tls-key go together")
+	}
+	if m.TLSClientCA != "" && m.TLSCert == "" {
+		return errors.New("--tls-client-ca needs --tls-cert and --tls-key: peers authenticate over HTTPS")
+	}
+	m.getenv = getenv
+	return nil
+}
+
+// peerConfig loads the node's TLS and peer authentication settings into
+// cfg.
+func (m *Main) peerConfig(cfg *region.Config) error {
+	if m.TLSCert != "" {
+		cert, err := tlsutil.NewReloader(m.TLSCert, m.TLSKey)
+		if err != nil {
+			return fmt.Errorf("--tls-cert: %w", err)
+		}
+		var cas *tlsutil.Pool
+		if m.TLSClientCA != "" {
+			if cas, err = tlsutil.NewPool(m.TLSClientCA); err != nil {
+				return fmt.Errorf("--tls-client-ca: %w", err)
+			}
+			cfg.PeerCAs, cfg.PeerCert = cas, cert
+		}
+		cfg.TLS = tlsutil.ServerConfig(cert, cas)
+	}
+	if m.PeerSecretFile != "" {
+		b, err := os.ReadFile(m.PeerSecretFile)
+		if err != nil {
+			return fmt.Errorf("--peer-secret-file: %w", err)
+		}
+		if cfg.PeerSecret = bytes.TrimSpace(b); len(cfg.PeerSecret) < 16 {
+			return fmt.Errorf("--peer-secret-file %s: the secret must be at least 16 bytes", m.PeerSecretFile)
+		}
+	}
+	if len(m.EtcdEndpoints) > 0 && cfg.PeerCAs == nil && len(cfg.PeerSecret) == 0 {
+		m.logger.Warn("neither --tls-client-ca nor --peer-secret-file: this node refuses requests forwarded by other nodes and cannot forward to other regions")
+	}
 	return nil
 }
 
@@ -207,20 +267,35 @@ func (m *Main) Run(ctx context.Context) error {
 		return err
 	}
 	if m.ProviderURL != "" {
-		cfg.Provider = &provider.Client{BaseURL: m.ProviderURL}
+		pc := &provider.Client{BaseURL: m.ProviderURL}
+		if m.ProviderCA != "" {
+			roots, err := tlsutil.NewPool(m.ProviderCA)
+			if err != nil {
+				_ = ln.Close()
+				return fmt.Errorf("--provider-ca: %w", err)
+			}
+			tr := http.DefaultTransport.(*http.Transport).Clone()
+			tr.TLSClientConfig = tlsutil.ClientConfig(roots, nil)
+			pc.HTTP = &http.Client{Transport: tr}
+		}
+		cfg.Provider = pc
+	}
+	rcfg := region.Config{Listener: ln, Region: m.Region, NodeID: m.NodeID, Tokens: m.AuthTokens, Logger: m.logger}
+	if err := m.peerConfig(&rcfg); err != nil {
+		_ = ln.Close()
+		return err
 	}
 	var router *routing.Router
 	if len(m.EtcdEndpoints) > 0 {
-		if router, err = m.joinRegion(ctx, ln); err != nil {
+		if router, err = m.joinRegion(ctx, ln, rcfg.TLS != nil); err != nil {
 			_ = ln.Close()
 			return err
 		}
 		cfg.Locker = m.membership
 	}
 	pay := payments.NewService(st, cfg)
-	srv, err := region.NewServer(region.Config{
-		Listener: ln, Region: m.Region, NodeID: m.NodeID, Tokens: m.AuthTokens, Logger: m.logger, Router: router,
-	}, st, pay)
+	rcfg.Router = router
+	srv, err := region.NewServer(rcfg, st, pay)
 	if err != nil {
 		_ = ln.Close()
 		return err
@@ -237,8 +312,16 @@ func (m *Main) Run(ctx context.Context) error {
 
 // joinRegion connects to etcd, loads the routing map and joins the region
 // with a liveness lease.
-func (m *Main) joinRegion(ctx context.Context, ln net.Listener) (*routing.Router, error) {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: m.EtcdEndpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+func (m *Main) joinRegion(ctx context.Context, ln net.Listener, https bool) (*routing.Router, error) {
+	getenv := m.getenv
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	ecfg, err := m.Etcd.Config(m.EtcdEndpoints, getenv)
+	if err != nil {
+		return nil, err
+	}
+	cli, err := clientv3.New(ecfg)
 	if err != nil {
 		return nil, fmt.Errorf("etcd: %w", err)
 	}
@@ -249,6 +332,9 @@ func (m *Main) joinRegion(ctx context.Context, ln net.Listener) (*routing.Router
 	url := m.AdvertiseURL
 	if url == "" {
 		url = "http://" + ln.Addr().String()
+		if https {
+			url = "https://" + ln.Addr().String()
+		}
 		if host, _, _ := net.SplitHostPort(ln.Addr().String()); net.ParseIP(host).IsUnspecified() {
 			return nil, fmt.Errorf("listening on %s, other regions cannot reach %s: set --advertise-url", ln.Addr(), url)
 		}

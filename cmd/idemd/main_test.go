@@ -28,6 +28,9 @@ import (
 
 var idemdBin string
 
+// peerSecretFile is the peer secret of every multi-region test deployment.
+var peerSecretFile string
+
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "idemd-bin-")
 	if err != nil {
@@ -35,6 +38,11 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	idemdBin = filepath.Join(dir, "idemd")
+	peerSecretFile = filepath.Join(dir, "peer-secret")
+	if err := os.WriteFile(peerSecretFile, []byte("test-peer-secret-0123456789\n"), 0o600); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	if err := testbin.Build(idemdBin, "github.com/idemcoord/idem/cmd/idemd"); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -48,8 +56,9 @@ const article = `{"accountId":"acc_1","amount":"10.00","currency":"EUR","merchan
 
 // proc is a real idemd child process.
 type proc struct {
-	t    *testing.T
-	args []string
+	t      *testing.T
+	client *http.Client // nil: http.DefaultClient
+	args   []string
 	env  []string
 	url  string
 	cmd  *exec.Cmd
@@ -112,9 +121,13 @@ func (p *proc) start() {
 	if err := p.cmd.Start(); err != nil {
 		p.t.Fatal(err)
 	}
+	client := p.client
+	if client == nil {
+		client = http.DefaultClient
+	}
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
-		resp, err := http.Get(p.url + "/readyz")
+		resp, err := client.Get(p.url + "/readyz")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {

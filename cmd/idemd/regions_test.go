@@ -52,7 +52,7 @@ func startRegion(t *testing.T, name string, n int, etcd string, env []string, ex
 	r.store = openStore(t, r.db)
 	for i := range n {
 		args := append([]string{"--region", name, "--etcd-endpoints", etcd, "--node-id", fmt.Sprintf("%s-%d", name, i),
-			"--region-lease-ttl", "2s"}, extra...)
+			"--region-lease-ttl", "2s", "--peer-secret-file", peerSecretFile}, extra...)
 		r.nodes = append(r.nodes, startIdemdEnv(t, env, r.db, args...))
 	}
 	return r
@@ -83,7 +83,7 @@ func codeOf(body []byte) string {
 
 // TestSameKeyInTwoRegions: the same key sent to two regions at once makes one
 // payment, in the home region's store; replays from either region are byte
-// for byte the same; a second hop is refused.
+// for byte the same; a client's Idem-Forwarded-By is refused.
 func TestSameKeyInTwoRegions(t *testing.T) {
 	ctx := context.Background()
 	etcd := etcdtest.Start(t)
@@ -131,9 +131,10 @@ func TestSameKeyInTwoRegions(t *testing.T) {
 	if !bytes.Equal(fromEU, fromUS) || hEU.Get("Idempotent-Replayed") != "true" || hUS.Get("Idempotent-Replayed") != "true" {
 		t.Errorf("replays differ: %s (%v) vs %s (%v)", fromEU, hEU, fromUS, hUS)
 	}
+	// A client cannot pose as a forwarding node.
 	status, body, _ := payBody(t, urls[1], "loop", article, "Idem-Forwarded-By", "ap-south/x; hops=1")
-	if status != http.StatusLoopDetected || codeOf(body) != idem.ECodeRoutingLoop {
-		t.Errorf("second hop = %d %s, want 508 %s", status, body, idem.ECodeRoutingLoop)
+	if status != http.StatusForbidden || codeOf(body) != idem.ECodeForwardingNotAuthenticated {
+		t.Errorf("client-supplied Idem-Forwarded-By = %d %s, want 403 %s", status, body, idem.ECodeForwardingNotAuthenticated)
 	}
 }
 

@@ -42,6 +42,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
@@ -60,8 +61,9 @@ const (
 
 // Server is a running embedded etcd member.
 type Server struct {
-	// Endpoints are the client URLs (http://127.0.0.1:PORT) of the
-	// relay in front of the member; pass them to clientv3.Config.
+	// Endpoints are the client URLs (http://127.0.0.1:PORT, https:// with
+	// WithClientCertAuth) of the relay in front of the member; pass them to
+	// clientv3.Config.
 	Endpoints []string
 
 	etcd     *embed.Etcd
@@ -70,13 +72,32 @@ type Server struct {
 	stopOnce sync.Once
 }
 
+// Option configures Start.
+type Option func(*options)
+
+type options struct {
+	certFile, keyFile, caFile string
+}
+
+// WithClientCertAuth serves clients over TLS with certFile and keyFile
+// (valid for 127.0.0.1) and requires client certificates issued by the CA
+// of caFile (etcd's --client-cert-auth). Endpoints are then https:// and
+// Config, Client and NewClient callers must add a tls.Config.
+func WithClientCertAuth(certFile, keyFile, caFile string) Option {
+	return func(o *options) { o.certFile, o.keyFile, o.caFile = certFile, keyFile, caFile }
+}
+
 // Start starts a single-member embedded etcd in a temporary directory on
 // free 127.0.0.1 ports (client, peer and relay), waits until it is ready
 // (<-Server.ReadyNotify()), and stops it in tb.Cleanup. It fails the test
 // (tb.Fatal) if the member does not become ready within 30 seconds.
-func Start(tb testing.TB) *Server {
+func Start(tb testing.TB, opts ...Option) *Server {
 	tb.Helper()
 	dir := tb.TempDir() // registered first, so removed after the server stops
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
 
 	cfg := embed.NewConfig()
 	cfg.Name = "etcdtest"
@@ -84,8 +105,13 @@ func Start(tb testing.TB) *Server {
 	// Port 0: the kernel picks free ports at bind time, so there is no
 	// window in which another process can take a port we probed.
 	loopback := url.URL{Scheme: "http", Host: "127.0.0.1:0"}
-	cfg.ListenClientUrls = []url.URL{loopback}
-	cfg.AdvertiseClientUrls = []url.URL{loopback}
+	clientURL := loopback
+	if o.certFile != "" {
+		clientURL.Scheme = "https"
+		cfg.ClientTLSInfo = transport.TLSInfo{CertFile: o.certFile, KeyFile: o.keyFile, TrustedCAFile: o.caFile, ClientCertAuth: true}
+	}
+	cfg.ListenClientUrls = []url.URL{clientURL}
+	cfg.AdvertiseClientUrls = []url.URL{clientURL}
 	cfg.ListenPeerUrls = []url.URL{loopback}
 	cfg.AdvertisePeerUrls = []url.URL{loopback}
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
@@ -131,7 +157,7 @@ func Start(tb testing.TB) *Server {
 			tb.Fatalf("etcdtest: %v", err)
 		}
 		s.relays = append(s.relays, r)
-		s.Endpoints = append(s.Endpoints, "http://"+r.addr())
+		s.Endpoints = append(s.Endpoints, clientURL.Scheme+"://"+r.addr())
 	}
 	if len(s.Endpoints) == 0 {
 		tb.Fatal("etcdtest: embedded etcd has no client listener")

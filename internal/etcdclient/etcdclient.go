@@ -1,0 +1,92 @@
+// Package etcdclient holds the etcd client flags that idemd and idemctl
+// share: TLS (a CA to verify the members, a client certificate for etcd's
+// --client-cert-auth) and etcd's own authentication (a user whose password
+// comes from a file or IDEM_ETCD_PASSWORD, never from the command line).
+package etcdclient
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/idemcoord/idem/internal/tlsutil"
+)
+
+// PasswordEnv is the environment variable that holds the etcd user's
+// password when --etcd-password-file is not given.
+const PasswordEnv = "IDEM_ETCD_PASSWORD"
+
+// DialTimeout is the clients' connection timeout.
+const DialTimeout = 5 * time.Second
+
+// Flags are the etcd client's TLS and authentication settings.
+type Flags struct {
+	// CA is a PEM file of the CAs that sign the members' certificates.
+	CA string
+	// Cert and Key are the client certificate presented to members that
+	// run with --client-cert-auth.
+	Cert, Key string
+	// Username is the etcd user; its password comes from PasswordFile or
+	// the PasswordEnv variable.
+	Username     string
+	PasswordFile string
+}
+
+// Register adds --etcd-ca, --etcd-cert, --etcd-key, --etcd-username and
+// --etcd-password-file to fs.
+func (f *Flags) Register(fs *flag.FlagSet) {
+	fs.StringVar(&f.CA, "etcd-ca", "", "PEM file of the CA that signs the etcd members' certificates (endpoints then use https://)")
+	fs.StringVar(&f.Cert, "etcd-cert", "", "client certificate (PEM) presented to etcd (for its --client-cert-auth); reloaded when it changes")
+	fs.StringVar(&f.Key, "etcd-key", "", "private key (PEM) of --etcd-cert")
+	fs.StringVar(&f.Username, "etcd-username", "", "etcd user (etcd auth enabled); the password comes from --etcd-password-file or "+PasswordEnv)
+	fs.StringVar(&f.PasswordFile, "etcd-password-file", "", "file holding the password of --etcd-username")
+}
+
+// Config returns a client configuration for endpoints with f's TLS and
+// authentication; getenv reads PasswordEnv.
+func (f *Flags) Config(endpoints []string, getenv func(string) string) (clientv3.Config, error) {
+	cfg := clientv3.Config{Endpoints: endpoints, DialTimeout: DialTimeout, Logger: zap.NewNop()}
+	if (f.Cert == "") != (f.Key == "") {
+		return cfg, errors.New("--etcd-cert and --etcd-key go together")
+	}
+	if f.CA != "" || f.Cert != "" {
+		var roots *tlsutil.Pool
+		var cert *tlsutil.Reloader
+		var err error
+		if f.CA != "" {
+			if roots, err = tlsutil.NewPool(f.CA); err != nil {
+				return cfg, fmt.Errorf("--etcd-ca: %w", err)
+			}
+		}
+		if f.Cert != "" {
+			if cert, err = tlsutil.NewReloader(f.Cert, f.Key); err != nil {
+				return cfg, fmt.Errorf("--etcd-cert: %w", err)
+			}
+		}
+		cfg.TLS = tlsutil.ClientConfig(roots, cert)
+	}
+	password := ""
+	if f.PasswordFile != "" {
+		b, err := os.ReadFile(f.PasswordFile)
+		if err != nil {
+			return cfg, fmt.Errorf("--etcd-password-file: %w", err)
+		}
+		password = strings.TrimRight(string(b), "\r\n")
+	} else {
+		password = getenv(PasswordEnv)
+	}
+	switch {
+	case f.Username == "" && password != "":
+		return cfg, fmt.Errorf("an etcd password (--etcd-password-file or %s) needs --etcd-username", PasswordEnv)
+	case f.Username != "" && password == "":
+		return cfg, fmt.Errorf("--etcd-username needs a password: --etcd-password-file or %s", PasswordEnv)
+	}
+	cfg.Username, cfg.Password = f.Username, password
+	return cfg, nil
+}
