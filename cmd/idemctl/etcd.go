@@ -4,25 +4,33 @@ import (
 	"flag"
 	"fmt"
 	"strings"
-	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/idemcoord/idem/internal/cli"
+	"github.com/idemcoord/idem/internal/etcdclient"
 )
 
-// etcdFlag registers --etcd-endpoints on fs (default from IDEM_ETCD_ENDPOINTS
-// through cli.ApplyEnv).
-func etcdFlag(fs *flag.FlagSet) *string {
-	return fs.String("etcd-endpoints", "", "comma-separated etcd endpoints (or "+cli.EnvName("etcd-endpoints")+")")
+// etcdFlags are the flags of the commands that talk to etcd.
+type etcdFlags struct {
+	endpoints string
+	etcdclient.Flags
 }
 
-// dialEtcd connects to the endpoints of an --etcd-endpoints value. The caller
-// closes the client.
-func dialEtcd(endpoints string) (*clientv3.Client, error) {
+// etcdFlag registers --etcd-endpoints and etcd's TLS and authentication
+// flags on fs (defaults from IDEM_* through cli.ApplyEnv).
+func etcdFlag(fs *flag.FlagSet) *etcdFlags {
+	f := &etcdFlags{}
+	fs.StringVar(&f.endpoints, "etcd-endpoints", "", "comma-separated etcd endpoints (or "+cli.EnvName("etcd-endpoints")+")")
+	f.Register(fs)
+	return f
+}
+
+// dialEtcd connects to the etcd of f; getenv reads IDEM_ETCD_PASSWORD. The
+// caller closes the client.
+func dialEtcd(f *etcdFlags, getenv func(string) string) (*clientv3.Client, error) {
 	var eps []string
-	for _, e := range strings.Split(endpoints, ",") {
+	for _, e := range strings.Split(f.endpoints, ",") {
 		if e = strings.TrimSpace(e); e != "" {
 			eps = append(eps, e)
 		}
@@ -30,7 +38,11 @@ func dialEtcd(endpoints string) (*clientv3.Client, error) {
 	if len(eps) == 0 {
 		return nil, usageError{fmt.Errorf("--etcd-endpoints (or %s) is required", cli.EnvName("etcd-endpoints"))}
 	}
-	c, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	cfg, err := f.Config(eps, getenv)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	c, err := clientv3.New(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("etcd: %w", err)
 	}

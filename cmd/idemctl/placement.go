@@ -32,7 +32,7 @@ func runPlacement(ctx context.Context, args []string, env *Env) error {
 	if *tenant == "" || (verb == "set" && *region == "") {
 		return usageError{errors.New("--tenant is required, and --region for set")}
 	}
-	c, err := dialEtcd(*endpoints)
+	c, err := dialEtcd(endpoints, env.Getenv)
 	if err != nil {
 		return err
 	}

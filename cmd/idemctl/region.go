@@ -32,7 +32,7 @@ func runRegion(ctx context.Context, args []string, env *Env) error {
 	return usageError{fmt.Errorf("unknown region command %q (want status, failover or handover)", args[0])}
 }
 
-func regionFlags(name string, env *Env) (*flag.FlagSet, *string) {
+func regionFlags(name string, env *Env) (*flag.FlagSet, *etcdFlags) {
 	fs := flag.NewFlagSet("region "+name, flag.ContinueOnError)
 	fs.SetOutput(env.Stderr)
 	return fs, etcdFlag(fs)
@@ -59,7 +59,7 @@ func regionStatus(ctx context.Context, args []string, env *Env) error {
 	if err := parseRegionFlags(fs, args, env); err != nil {
 		return err
 	}
-	c, err := dialEtcd(*endpoints)
+	c, err := dialEtcd(endpoints, env.Getenv)
 	if err != nil {
 		return err
 	}
@@ -110,7 +110,7 @@ func regionFailover(ctx context.Context, args []string, env *Env) error {
 	if *from == "" || *to == "" {
 		return usageError{errors.New("--from and --to are required")}
 	}
-	c, err := dialEtcd(*endpoints)
+	c, err := dialEtcd(endpoints, env.Getenv)
 	if err != nil {
 		return err
 	}
@@ -156,7 +156,7 @@ func regionHandover(ctx context.Context, args []string, env *Env) error {
 	if *from == "" || *to == "" || *fromURL == "" || *toURL == "" {
 		return usageError{errors.New("--from, --to, --from-database-url and --to-database-url are required")}
 	}
-	c, err := dialEtcd(*endpoints)
+	c, err := dialEtcd(endpoints, env.Getenv)
 	if err != nil {
 		return err
 	}

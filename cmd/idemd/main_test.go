@@ -59,10 +59,10 @@ type proc struct {
 	t      *testing.T
 	client *http.Client // nil: http.DefaultClient
 	args   []string
-	env  []string
-	url  string
-	cmd  *exec.Cmd
-	log  *syncBuffer
+	env    []string
+	url    string
+	cmd    *exec.Cmd
+	log    *syncBuffer
 }
 
 // syncBuffer is a bytes.Buffer safe for the child's writes and the test's
