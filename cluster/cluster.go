@@ -199,6 +199,18 @@ type Config struct {
 	// Logger receives progress messages from the cluster and PostgreSQL.
 	// Default: discard.
 	Logger *slog.Logger
+
+	// TLS runs the cluster with TLS on every link. Start makes a throwaway
+	// CA and certificates (<StateDir>/tls/, keys 0600, made afresh every
+	// Start) for every node, etcd member and the provider; etcd requires
+	// client certificates from its clients and its members authenticate
+	// each other with theirs; nodes serve HTTPS, forward to each other
+	// over mutual TLS, each certificate naming its region and node, and
+	// verify the provider's certificate. Every URL is https and Info's
+	// CAFile names the CA certificate (ClientTLS returns a configuration
+	// that trusts it). Default false: plain HTTP, the nodes authenticating
+	// forwarded requests with a shared secret (<StateDir>/peer-secret).
+	TLS bool
 }
 
 // Info describes a running cluster; it is what cluster.json holds.
@@ -218,6 +230,9 @@ type Info struct {
 	// Placements maps each tenant to its home region as Start placed it
 	// (empty without etcd, where every region serves every tenant).
 	Placements map[string]string `json:"placements"`
+	// CAFile is the path of the CA certificate that signs every
+	// certificate of a cluster with Config.TLS (omitted without).
+	CAFile string `json:"caFile,omitempty"`
 }
 
 // RegionInfo describes one region of a running cluster.
@@ -247,6 +262,8 @@ type Cluster struct {
 	tokens      map[string]string // tenant -> token
 	placements  map[string]string // tenant -> home region
 	provider    *Process          // nil unless Config.Provider
+	tls         *clusterTLS       // nil unless Config.TLS
+	peerSecret  string            // the peer secret file, without TLS
 
 	mu         sync.Mutex // guards etcd
 	etcd       []*Process
@@ -295,6 +312,13 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	}
 	var err error
 	if c.tokens, err = newTokens(cfg.Tenants); err != nil {
+		return nil, err
+	}
+	if cfg.TLS {
+		if c.tls, err = newClusterTLS(c.stateDir); err != nil {
+			return nil, err
+		}
+	} else if c.peerSecret, err = writePeerSecret(c.stateDir); err != nil {
 		return nil, err
 	}
 	if cfg.Proxied {
@@ -423,12 +447,20 @@ func (c *Cluster) startStore(ctx context.Context, cfg *Config) (map[string]strin
 // startProvider starts the provider simulator and waits for its /healthz.
 func (c *Cluster) startProvider(ctx context.Context, cfg *Config) error {
 	dir := filepath.Join(c.stateDir, "provider")
+	args := []string{"--data-dir", dir}
+	if c.tls != nil {
+		cert, key, err := c.tls.issue(KindProvider, nil)
+		if err != nil {
+			return err
+		}
+		args = append(args, "--tls-cert", cert, "--tls-key", key)
+	}
 	p := &Process{
 		kind: KindProvider,
 		name: KindProvider,
 		path: cfg.IdemctlPath,
 		argv: func(addr string) []string {
-			return []string{"provider", "--listen", addr, "--data-dir", dir}
+			return append([]string{"provider", "--listen", addr}, args...)
 		},
 		env:          nodeEnv(nil),
 		readyPath:    "/healthz",
@@ -436,6 +468,8 @@ func (c *Cluster) startProvider(ctx context.Context, cfg *Config) error {
 		readyTimeout: cfg.ReadyTimeout,
 		stopGrace:    cfg.StopGrace,
 		log:          c.log,
+		scheme:       c.scheme(),
+		tlsConfig:    c.ClientTLS(),
 	}
 	c.provider = p
 	return firstStart(ctx, p)
@@ -458,6 +492,17 @@ func (c *Cluster) newNode(cfg *Config, rs *regionState, i int, env []string, tok
 		"--node-id", name,
 		"--store-mode", cfg.StoreMode,
 	}
+	if c.tls != nil {
+		cert, key, err := c.tls.issue(name, &routing.Peer{Region: rs.name, Node: name})
+		if err != nil {
+			return nil, err
+		}
+		ca := c.tls.ca.CertFile
+		args = append(args, "--tls-cert", cert, "--tls-key", key, "--tls-client-ca", ca,
+			"--etcd-ca", ca, "--etcd-cert", cert, "--etcd-key", key, "--provider-ca", ca)
+	} else {
+		args = append(args, "--peer-secret-file", c.peerSecret)
+	}
 	if cfg.ReplayWindow > 0 {
 		args = append(args, "--replay-window", cfg.ReplayWindow.String())
 	}
@@ -470,7 +515,7 @@ func (c *Cluster) newNode(cfg *Config, rs *regionState, i int, env []string, tok
 				if err != nil {
 					return nil, err
 				}
-				ep = "http://" + l.Listen
+				ep = c.scheme() + "://" + l.Listen
 			}
 			endpoints = append(endpoints, ep)
 		}
@@ -484,7 +529,7 @@ func (c *Cluster) newNode(cfg *Config, rs *regionState, i int, env []string, tok
 			if err != nil {
 				return nil, err
 			}
-			u = "http://" + l.Listen
+			u = c.scheme() + "://" + l.Listen
 		}
 		args = append(args, "--provider-url", u)
 	}
@@ -500,6 +545,8 @@ func (c *Cluster) newNode(cfg *Config, rs *regionState, i int, env []string, tok
 		readyTimeout: cfg.ReadyTimeout,
 		stopGrace:    cfg.StopGrace,
 		log:          c.log,
+		scheme:       c.scheme(),
+		tlsConfig:    c.ClientTLS(),
 	}
 	args = append(args, cfg.ExtraNodeArgs...)
 	p.argv = func(addr string) []string { return append([]string{"--listen", addr}, args...) }
@@ -513,7 +560,7 @@ func (c *Cluster) newNode(cfg *Config, rs *regionState, i int, env []string, tok
 		}
 		p.argv = func(addr string) []string {
 			// Before ExtraNodeArgs, which may override it.
-			return slices.Concat([]string{"--listen", addr, "--advertise-url", "http://" + c.net.listen(ingress)}, args)
+			return slices.Concat([]string{"--listen", addr, "--advertise-url", c.scheme() + "://" + c.net.listen(ingress)}, args)
 		}
 	}
 	return p, nil
@@ -807,7 +854,7 @@ func (c *Cluster) waitRouting(ctx context.Context, timeout time.Duration) error 
 	began := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	tr := &http.Transport{DisableKeepAlives: true}
+	tr := &http.Transport{DisableKeepAlives: true, TLSClientConfig: c.ClientTLS()}
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr, Timeout: probeTimeout}
 	tenants := slices.Sorted(maps.Keys(c.placements))
@@ -898,6 +945,7 @@ func (c *Cluster) Info() Info {
 		ProviderURL:   c.ProviderURL(),
 		Tokens:        maps.Clone(c.tokens),
 		Placements:    maps.Clone(c.placements),
+		CAFile:        c.CAFile(),
 	}
 	if info.Tokens == nil {
 		info.Tokens = map[string]string{}

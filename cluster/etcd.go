@@ -39,6 +39,17 @@ type etcdMember struct {
 	peerAddr  string // where it listens for peers
 	advertise string // the peer address it advertises (a peerDemux when proxied)
 	demux     *peerDemux
+	cert, key string // its certificate, with Config.TLS
+}
+
+// etcdTLSArgs makes member m serve clients and peers over TLS with its
+// certificate and require certificates of the cluster's CA from both.
+func etcdTLSArgs(m *etcdMember, t *clusterTLS) []string {
+	ca := t.ca.CertFile
+	return []string{
+		"--cert-file", m.cert, "--key-file", m.key, "--client-cert-auth", "--trusted-ca-file", ca,
+		"--peer-cert-file", m.cert, "--peer-key-file", m.key, "--peer-client-cert-auth", "--peer-trusted-ca-file", ca,
+	}
 }
 
 // startEtcd starts cfg.EtcdMembers etcd members forming one new cluster in
@@ -86,7 +97,7 @@ func (c *Cluster) startEtcd(ctx context.Context, cfg *Config) error {
 		endpoints = append(endpoints, p.URL())
 	}
 	cli, err := clientv3.New(clientv3.Config{
-		Endpoints: endpoints, DialTimeout: etcdDialTimeout, Logger: zap.NewNop(),
+		Endpoints: endpoints, DialTimeout: etcdDialTimeout, Logger: zap.NewNop(), TLS: c.ClientTLS(),
 	})
 	if err != nil {
 		return fmt.Errorf("cluster: etcd client: %w", err)
@@ -150,7 +161,17 @@ func (c *Cluster) tryStartEtcd(ctx context.Context, cfg *Config, root string, me
 	}
 	initial := make([]string, len(members))
 	for i, m := range members {
-		initial[i] = m.name + "=http://" + m.advertise
+		initial[i] = m.name + "=" + c.scheme() + "://" + m.advertise
+	}
+	if c.tls != nil {
+		for _, m := range members {
+			if m.cert == "" {
+				var err error
+				if m.cert, m.key, err = c.tls.issue("etcd-"+m.name, nil); err != nil {
+					return err
+				}
+			}
+		}
 	}
 	env := nodeEnv(nil)
 	procs := make([]*Process, len(members))
@@ -158,16 +179,19 @@ func (c *Cluster) tryStartEtcd(ctx context.Context, cfg *Config, root string, me
 		args := []string{
 			"--name", m.name,
 			"--data-dir", m.dataDir,
-			"--listen-client-urls", "http://" + clientAddrs[i],
-			"--advertise-client-urls", "http://" + clientAddrs[i],
-			"--listen-peer-urls", "http://" + m.peerAddr,
-			"--initial-advertise-peer-urls", "http://" + m.advertise,
+			"--listen-client-urls", c.scheme() + "://" + clientAddrs[i],
+			"--advertise-client-urls", c.scheme() + "://" + clientAddrs[i],
+			"--listen-peer-urls", c.scheme() + "://" + m.peerAddr,
+			"--initial-advertise-peer-urls", c.scheme() + "://" + m.advertise,
 			"--initial-cluster", strings.Join(initial, ","),
 			"--initial-cluster-state", "new",
 			"--initial-cluster-token", token,
 			// Like PostgreSQL's fsync=off: a killed member loses nothing
 			// (the page cache survives it), only an OS crash would.
 			"--unsafe-no-fsync",
+		}
+		if c.tls != nil {
+			args = append(args, etcdTLSArgs(m, c.tls)...)
 		}
 		args = append(args, cfg.ExtraEtcdArgs...)
 		procs[i] = &Process{
@@ -183,6 +207,8 @@ func (c *Cluster) tryStartEtcd(ctx context.Context, cfg *Config, root string, me
 			readyTimeout: cfg.ReadyTimeout,
 			stopGrace:    cfg.StopGrace,
 			log:          c.log,
+			scheme:       c.scheme(),
+			tlsConfig:    c.ClientTLS(),
 		}
 	}
 	c.mu.Lock()
@@ -326,9 +352,8 @@ func (c *Cluster) writePlacements(ctx context.Context, tenants, regions []string
 func (p *Process) waitNoActivePeers(ctx context.Context, max time.Duration) {
 	ctx, cancel := context.WithTimeout(ctx, max)
 	defer cancel()
-	tr := &http.Transport{DisableKeepAlives: true}
-	defer tr.CloseIdleConnections()
-	client := &http.Client{Transport: tr, Timeout: probeTimeout}
+	client, release := p.probeClient()
+	defer release()
 	for {
 		if n, err := activePeers(ctx, client, p.URL()+"/metrics"); err != nil || n == 0 {
 			return

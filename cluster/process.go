@@ -3,6 +3,7 @@ package cluster
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -57,6 +58,10 @@ type Process struct {
 	readyTimeout time.Duration
 	stopGrace    time.Duration
 	log          *slog.Logger
+	// scheme is "http" or "https" (Config.TLS); tlsConfig, with https,
+	// is the probes' client configuration.
+	scheme    string
+	tlsConfig *tls.Config
 	// onAddr, if set, is called by firstStart with each address it picks
 	// (a new one when the last was taken), before the child starts there.
 	onAddr func(addr string) error
@@ -109,8 +114,20 @@ func (p *Process) Addr() string {
 }
 
 // URL returns the base URL of Addr, http://127.0.0.1:PORT (an etcd
-// member's client URL).
-func (p *Process) URL() string { return "http://" + p.Addr() }
+// member's client URL), https:// in a cluster with Config.TLS.
+func (p *Process) URL() string {
+	if p.scheme == "" {
+		return "http://" + p.Addr()
+	}
+	return p.scheme + "://" + p.Addr()
+}
+
+// probeClient returns a client for probing the process once, and the
+// function that releases it.
+func (p *Process) probeClient() (*http.Client, func()) {
+	tr := &http.Transport{DisableKeepAlives: true, TLSClientConfig: p.tlsConfig}
+	return &http.Client{Transport: tr, Timeout: probeTimeout}, tr.CloseIdleConnections
+}
 
 // LogPath returns the file that receives the process's stdout and stderr.
 // Every start appends a "=== cluster:" marker line and then its output.
@@ -280,9 +297,8 @@ func (p *Process) WaitReady(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.readyTimeout)
 	defer cancel()
-	tr := &http.Transport{DisableKeepAlives: true}
-	defer tr.CloseIdleConnections()
-	client := &http.Client{Transport: tr, Timeout: probeTimeout}
+	client, release := p.probeClient()
+	defer release()
 	url := p.URL() + p.readyPath
 	tick := time.NewTicker(readyPoll)
 	defer tick.Stop()

@@ -51,6 +51,7 @@ func runUp(ctx context.Context, args []string, env *Env) error {
 	idemd := fs.String("idemd", "", "path of the idemd binary (default: next to idemctl, then ./bin, then PATH)")
 	etcd := fs.String("etcd", "", "path of the etcd binary (default: next to idemctl, then ./bin, then PATH)")
 	window := fs.Duration("replay-window", 0, "replay window of every node (default: idemd's default)")
+	withTLS := fs.Bool("tls", false, "TLS everywhere: a throwaway CA and certificates for every node, etcd member and the provider; etcd with client-certificate auth and peer mTLS; nodes forward over mutual TLS; https URLs and the CA's path (caFile) in cluster.json")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: idemctl up [flags]\n\nStarts PostgreSQL, etcd, the provider simulator and idemd nodes locally and runs until interrupted.\nBuild the binaries first, from the module root: %s\n\nflags:\n", cluster.BuildCommand)
 		fs.PrintDefaults()
@@ -124,6 +125,7 @@ func runUp(ctx context.Context, args []string, env *Env) error {
 		DatabaseURL:    *dbURL,
 		ReplayWindow:   *window,
 		Logger:         logger,
+		TLS:            *withTLS,
 	})
 	if err != nil {
 		if errors.Is(err, pgserver.ErrNotInstalled) {
@@ -235,6 +237,10 @@ func printUpSummary(w io.Writer, c *cluster.Cluster, tempState bool, took time.D
 		}
 	}
 
+	if info.CAFile != "" {
+		fmt.Fprintf(w, "\nCA certificate (every URL is https):\n  %s\n", info.CAFile)
+	}
+
 	state := c.StatePath()
 	if tempState {
 		fmt.Fprintf(w, "\nState: %s, logs in %s (temporary: removed on exit)\n", state, filepath.Join(c.StateDir(), "logs"))
@@ -243,8 +249,12 @@ func printUpSummary(w io.Writer, c *cluster.Cluster, tempState bool, took time.D
 	}
 
 	if len(info.Regions) > 0 && len(tenants) > 0 {
-		fmt.Fprintf(w, "\nTry:\n  curl -s -X POST %s/payments -H 'Authorization: Bearer %s' -H 'Idempotency-Key: abc-123' -H 'Content-Type: application/json' -d '%s'\n",
-			info.Regions[0].URL, info.Tokens[tenants[0]], upSamplePayment)
+		cacert := ""
+		if info.CAFile != "" {
+			cacert = "--cacert " + info.CAFile + " "
+		}
+		fmt.Fprintf(w, "\nTry:\n  curl -s %s-X POST %s/payments -H 'Authorization: Bearer %s' -H 'Idempotency-Key: abc-123' -H 'Content-Type: application/json' -d '%s'\n",
+			cacert, info.Regions[0].URL, info.Tokens[tenants[0]], upSamplePayment)
 	}
 	fmt.Fprintln(w, "\nPress Ctrl-C to stop.")
 }

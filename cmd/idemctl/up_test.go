@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -107,6 +109,33 @@ func TestUp(t *testing.T) {
 		}
 		if _, err := os.Stat(filepath.Join(dir, cluster.StateFile)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("cluster.json after exit: %v, want it removed", err)
+		}
+	})
+
+	t.Run("tls", func(t *testing.T) {
+		t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+		dir := upStateDir(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		var stdout, stderr upSyncBuffer
+		env := &Env{Stdout: &stdout, Stderr: &stderr, Getenv: func(string) string { return "" }}
+		code := make(chan int, 1)
+		go func() {
+			code <- Run(ctx, []string{"up", "--tls", "--state-dir", dir, "--idemd", idemd, "--etcd", etcd, "--regions", "eu-west,us-east"}, env)
+		}()
+		info := upWaitForState(t, filepath.Join(dir, cluster.StateFile), code, &stderr)
+		upCheckTLS(t, info)
+		upCheckDefaults(t, info)
+		upCheckPayment(t, info) // through us-east: forwarded over mutual TLS
+		upCheckSummary(t, stdout.String(), info)
+		cancel()
+		select {
+		case c := <-code:
+			if c != 0 {
+				t.Errorf("exit %d, want 0; stderr:\n%s", c, stderr.String())
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("idemctl up did not return after its context ended")
 		}
 	})
 
@@ -218,6 +247,46 @@ func upWaitForState(tb testing.TB, path string, exited <-chan int, stderr fmt.St
 	}
 }
 
+// upCheckTLS checks a cluster started with --tls: every URL is https, the
+// CA file is named, keys are private, etcd refuses a client without a
+// certificate and the nodes refuse plain HTTP.
+func upCheckTLS(tb testing.TB, info cluster.Info) {
+	tb.Helper()
+	if info.CAFile == "" {
+		tb.Fatal("cluster.json has no caFile")
+	}
+	urls := append([]string{info.ProviderURL}, info.EtcdEndpoints...)
+	for _, r := range info.Regions {
+		urls = append(urls, r.Nodes...)
+	}
+	for _, u := range urls {
+		if !strings.HasPrefix(u, "https://") {
+			tb.Errorf("%s is not https", u)
+		}
+	}
+	keys, _ := filepath.Glob(filepath.Join(filepath.Dir(info.CAFile), "*-key.pem"))
+	if len(keys) == 0 {
+		tb.Error("no key files beside the CA")
+	}
+	for _, k := range keys {
+		if fi, err := os.Stat(k); err != nil || fi.Mode().Perm() != 0o600 {
+			tb.Errorf("%s: %v, mode %v; want 0600", k, err, fi.Mode().Perm())
+		}
+	}
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true, TLSClientConfig: upClientTLS(tb, info)}, Timeout: 10 * time.Second}
+	if resp, err := client.Get(info.EtcdEndpoints[0] + "/health"); err == nil {
+		resp.Body.Close()
+		tb.Errorf("etcd answered a client without a certificate: %s", resp.Status)
+	}
+	plain := "http://" + strings.TrimPrefix(info.Regions[0].URL, "https://") + "/healthz"
+	if resp, err := client.Get(plain); err == nil {
+		if resp.StatusCode == http.StatusOK {
+			tb.Errorf("a node answered plain HTTP: %s", resp.Status)
+		}
+		resp.Body.Close()
+	}
+}
+
 // upCheckDefaults checks what the defaults give: etcd, the provider,
 // region-local databases and the tenants placed round-robin.
 func upCheckDefaults(tb testing.TB, info cluster.Info) {
@@ -259,7 +328,7 @@ func upCheckPayment(tb testing.TB, info cluster.Info) {
 		req.Header.Set("Authorization", "Bearer "+info.Tokens["tenant-a"])
 		req.Header.Set("Idempotency-Key", "abc-123")
 		req.Header.Set("Content-Type", "application/json")
-		tr := &http.Transport{DisableKeepAlives: true}
+		tr := &http.Transport{DisableKeepAlives: true, TLSClientConfig: upClientTLS(tb, info)}
 		resp, err := (&http.Client{Transport: tr, Timeout: 30 * time.Second}).Do(req)
 		if err != nil {
 			tb.Fatal(err)
@@ -277,8 +346,12 @@ func upCheckPayment(tb testing.TB, info cluster.Info) {
 // curl command.
 func upCheckSummary(tb testing.TB, out string, info cluster.Info) {
 	tb.Helper()
+	cacert := ""
+	if info.CAFile != "" {
+		cacert = "--cacert " + info.CAFile + " "
+	}
 	want := []string{info.DatabaseURL, "Press Ctrl-C",
-		"curl -s -X POST " + info.Regions[0].URL + "/payments -H 'Authorization: Bearer " + info.Tokens["tenant-a"] + "'" +
+		"curl -s " + cacert + "-X POST " + info.Regions[0].URL + "/payments -H 'Authorization: Bearer " + info.Tokens["tenant-a"] + "'" +
 			" -H 'Idempotency-Key: abc-123' -H 'Content-Type: application/json' -d '" + upSamplePayment + "'"}
 	for _, r := range info.Regions {
 		want = append(want, r.Nodes...)
@@ -293,6 +366,24 @@ func upCheckSummary(tb testing.TB, out string, info cluster.Info) {
 			tb.Errorf("summary lacks %q:\n%s", w, out)
 		}
 	}
+}
+
+// upClientTLS returns a client configuration trusting info.CAFile, or nil
+// without one.
+func upClientTLS(tb testing.TB, info cluster.Info) *tls.Config {
+	tb.Helper()
+	if info.CAFile == "" {
+		return nil
+	}
+	b, err := os.ReadFile(info.CAFile)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		tb.Fatalf("%s holds no certificate", info.CAFile)
+	}
+	return &tls.Config{RootCAs: pool}
 }
 
 // upEnvWithoutIdem is this process's environment without IDEM_* variables,
