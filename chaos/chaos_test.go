@@ -163,3 +163,49 @@ func TestBreakModesCaught(t *testing.T) {
 		})
 	}
 }
+
+// TestServiceHopOverTLS runs the forwarding scenario on a cluster with TLS
+// on every link: every first attempt is forwarded over mutual TLS through
+// the home node's ingress proxy (which the forwarder must verify by the
+// node's identity, not the proxy's address), and every check passes.
+func TestServiceHopOverTLS(t *testing.T) {
+	t.Parallel()
+	opts := runOpts(t, "service-hop", "")
+	opts.TLS = true
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, opts)
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	t.Log("\n" + summary(rep))
+	if !rep.Passed {
+		t.Errorf("service-hop over TLS failed: %s", rep.FailedChecks())
+	}
+	sr := rep.Scenarios[0]
+	if !sr.Valid || sr.Outcomes["201"] == 0 {
+		t.Errorf("valid %v, outcomes %v: want a valid run with created payments", sr.Valid, sr.Outcomes)
+	}
+	for outcome := range sr.Outcomes {
+		if strings.Contains(outcome, "FORWARDING_NOT_AUTHENTICATED") {
+			t.Errorf("a forwarded request was refused: %v", sr.Outcomes)
+		}
+	}
+	// No node failed to forward for want of a verified peer.
+	logs, _ := filepath.Glob(filepath.Join(opts.OutDir, sr.Name, "logs", "*.log"))
+	if len(logs) == 0 {
+		t.Fatal("no node logs kept")
+	}
+	for _, l := range logs {
+		if base := filepath.Base(l); strings.HasPrefix(base, "etcd-") || strings.HasPrefix(base, "provider") {
+			continue
+		}
+		b, err := os.ReadFile(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(b), "cannot forward") || strings.Contains(string(b), "certificate") {
+			t.Errorf("%s shows a forwarding or certificate problem", l)
+		}
+	}
+}

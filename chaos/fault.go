@@ -3,6 +3,7 @@ package chaos
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -679,9 +680,12 @@ func (f *staleOwner) Heal(ctx context.Context, _ *cluster.Cluster) error {
 	return errors.Join(errs...)
 }
 
-// providerClient returns a client of the provider simulator at url.
-func providerClient(url string) *provider.Client {
-	return &provider.Client{BaseURL: url, HTTP: &http.Client{Timeout: 10 * time.Second}}
+// providerClient returns a client of the provider simulator at url,
+// trusting tlsConfig's roots (nil: plain HTTP).
+func providerClient(url string, tlsConfig *tls.Config) *provider.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = tlsConfig
+	return &provider.Client{BaseURL: url, HTTP: &http.Client{Transport: tr, Timeout: 10 * time.Second}}
 }
 
 type crashMidRequest struct {

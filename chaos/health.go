@@ -19,7 +19,7 @@ const healthProbeTimeout = 2 * time.Second
 // the provider's /healthz, directly (never through a link), and returns
 // one error per process that is not healthy.
 func checkHealth(ctx context.Context, c *cluster.Cluster) error {
-	tr := &http.Transport{DisableKeepAlives: true}
+	tr := &http.Transport{DisableKeepAlives: true, TLSClientConfig: c.ClientTLS()}
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr, Timeout: healthProbeTimeout}
 	var errs []error

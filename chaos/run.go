@@ -83,6 +83,11 @@ type Options struct {
 	// after a failover. By default those are warnings: the README
 	// documents them as the region-local trade-off.
 	StrictRegionalEffects bool
+	// TLS runs every scenario's cluster with TLS on every link
+	// (cluster.Config.TLS): nodes forward over mutual TLS through the
+	// links' TCP proxies, etcd requires client certificates, the provider
+	// serves HTTPS. Default false.
+	TLS bool
 }
 
 func (o *Options) setDefaults() error {
@@ -260,7 +265,7 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 		Regions: regions, NodesPerRegion: perRegion, IdemdPath: nodes.wrapper,
 		EtcdMembers: 3, EtcdPath: opts.Etcd, Provider: true, IdemctlPath: opts.Idemctl, StoreMode: storeMode,
 		RegionLeaseTTL: chaosLeaseTTL, Proxied: true, Tenants: tenants, ReplayWindow: s.ReplayWindow,
-		ExtraNodeArgs: args, Logger: opts.Logger,
+		ExtraNodeArgs: args, Logger: opts.Logger, TLS: opts.TLS,
 	}
 	progress := newProgress(opts.Progress, opts.ProgressTTY, s.Name, opts.Duration)
 	defer progress.stop()
@@ -290,7 +295,7 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 	info := c.Info()
 	env := &Env{Cluster: c, LeaseTTL: chaosLeaseTTL, nodes: nodes, log: opts.Logger}
 	if info.ProviderURL != "" {
-		env.Provider = providerClient(info.ProviderURL)
+		env.Provider = providerClient(info.ProviderURL, c.ClientTLS())
 	}
 	targets := map[string][]target{}
 	for _, r := range info.Regions {
@@ -302,6 +307,7 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 	wcfg := s.Workload
 	wcfg.Clients = opts.Clients
 	wcfg.ReplayWindow = s.ReplayWindow
+	wcfg.TLS = c.ClientTLS()
 	if s.ReplayWindow > 0 && s.ReplayWindow < time.Minute {
 		wcfg.GiveUpAfter = s.ReplayWindow / 2
 	}

@@ -3,6 +3,7 @@ package chaos
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,6 +27,9 @@ type WorkloadConfig struct {
 	Mix map[Role]int
 	// Timeout bounds one HTTP call. Default 2s.
 	Timeout time.Duration
+	// TLS is the clients' TLS configuration for a cluster with TLS (the
+	// cluster's ClientTLS). Default nil: plain HTTP.
+	TLS *tls.Config
 	// MaxAttempts bounds the calls of one command with one key. Default 10.
 	MaxAttempts int
 	// Think is the mean pause of a client between operations. Default 40ms.
@@ -150,6 +154,7 @@ func (w *workload) run(traffic, drain context.Context) {
 			DialContext:         (&net.Dialer{Timeout: w.cfg.Timeout}).DialContext,
 			MaxIdleConnsPerHost: 4,
 			IdleConnTimeout:     5 * time.Second,
+			TLSClientConfig:     w.cfg.TLS,
 		}
 		c := &client{
 			w: w, id: i, tenant: w.tenants[i%len(w.tenants)],
@@ -511,7 +516,7 @@ func (w *workload) sweep(ctx context.Context) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for i := range w.cfg.Clients {
-		tr := &http.Transport{MaxIdleConnsPerHost: 4}
+		tr := &http.Transport{MaxIdleConnsPerHost: 4, TLSClientConfig: w.cfg.TLS}
 		hc := &http.Client{Transport: tr, Timeout: w.cfg.Timeout}
 		rng := rand.New(rand.NewPCG(w.seed^0x5eed, uint64(i)+1))
 		wg.Go(func() {

@@ -63,12 +63,12 @@ func TestChaosOptions(t *testing.T) {
 		return map[string]string{"IDEM_SEED": "42"}[k]
 	}}
 	opts, err := chaosOptions([]string{"--scenario", "stale-owner", "--break", "no-fencing", "--duration", "12s",
-		"--clients", "3", "--regions", "a, b", "--out", "/tmp/x", "--min-rate", "2"}, env)
+		"--clients", "3", "--regions", "a, b", "--out", "/tmp/x", "--min-rate", "2", "--tls"}, env)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if opts.Scenario != "stale-owner" || opts.Break != "no-fencing" || opts.Duration.String() != "12s" || opts.Clients != 3 ||
-		strings.Join(opts.Regions, ",") != "a,b" || opts.OutDir != "/tmp/x" || opts.Seed != 42 || opts.MinRate != 2 {
+		strings.Join(opts.Regions, ",") != "a,b" || opts.OutDir != "/tmp/x" || opts.Seed != 42 || opts.MinRate != 2 || !opts.TLS {
 		t.Errorf("options %+v", opts)
 	}
 }
