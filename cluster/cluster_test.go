@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -633,6 +634,12 @@ type response struct {
 // postPayment sends the sample create-payment request.
 func postPayment(tb testing.TB, baseURL, token, key, ref string) response {
 	tb.Helper()
+	return postPaymentTLS(tb, nil, baseURL, token, key, ref)
+}
+
+// postPaymentTLS is postPayment with a client TLS configuration.
+func postPaymentTLS(tb testing.TB, tlsConfig *tls.Config, baseURL, token, key, ref string) response {
+	tb.Helper()
 	req, err := http.NewRequest(http.MethodPost, baseURL+"/payments", strings.NewReader(paymentBody(ref)))
 	if err != nil {
 		tb.Fatal(err)
@@ -640,7 +647,7 @@ func postPayment(tb testing.TB, baseURL, token, key, ref string) response {
 	req.Header.Set("Authorization", "Bearer "+token)
 	req.Header.Set("Idempotency-Key", key)
 	req.Header.Set("Content-Type", "application/json")
-	tr := &http.Transport{DisableKeepAlives: true}
+	tr := &http.Transport{DisableKeepAlives: true, TLSClientConfig: tlsConfig}
 	defer tr.CloseIdleConnections()
 	resp, err := (&http.Client{Transport: tr, Timeout: 30 * time.Second}).Do(req)
 	if err != nil {

@@ -120,6 +120,89 @@ func TestMultiRegion(t *testing.T) {
 		t.Errorf("us-east has %d payment(s) of tenant-b, want 1", n)
 	}
 
+	// Without TLS the nodes authenticate forwarding with a private secret.
+	if fi, err := os.Stat(filepath.Join(dir, cluster.PeerSecretFile)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("peer secret file: %v (mode %v), want 0600", err, fi.Mode().Perm())
+	}
+	if info.CAFile != "" || strings.Contains(string(raw), "caFile") {
+		t.Errorf("a cluster without TLS names a CA: %q", info.CAFile)
+	}
+
+	pids := clusterPids(t, c)
+	stopCluster(t, c)
+	assertGone(t, pids)
+	assertNoChildren(t)
+}
+
+// TestTLSCluster runs a proxied cluster with TLS on every link: https URLs
+// and the CA in cluster.json, a payment forwarded over mutual TLS through
+// the home node's ingress proxy, etcd that refuses clients without a
+// certificate, and a node restarted on its certificate.
+func TestTLSCluster(t *testing.T) {
+	dir := stateDir(t)
+	c := startCluster(t, cluster.Config{
+		StateDir:    dir,
+		Regions:     []string{"eu-west", "us-east"},
+		EtcdMembers: 1,
+		Provider:    true,
+		Proxied:     true,
+		TLS:         true,
+	})
+	info := c.Info()
+	if info.CAFile == "" || info.CAFile != c.CAFile() {
+		t.Fatalf("caFile %q, CAFile() %q", info.CAFile, c.CAFile())
+	}
+	urls := append([]string{info.ProviderURL}, info.EtcdEndpoints...)
+	for _, r := range info.Regions {
+		urls = append(urls, r.Nodes...)
+	}
+	for _, u := range urls {
+		if !strings.HasPrefix(u, "https://") {
+			t.Errorf("%s is not https", u)
+		}
+	}
+	keys, _ := filepath.Glob(filepath.Join(dir, cluster.TLSDir, "*-key.pem"))
+	for _, k := range keys {
+		if fi, err := os.Stat(k); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: mode %v, want 0600", k, fi.Mode().Perm())
+		}
+	}
+	if len(keys) < 6 { // CA, cluster, etcd member, provider, two nodes
+		t.Errorf("key files %v", keys)
+	}
+
+	home, away := info.Regions[0], info.Regions[1]
+	token := info.Tokens["tenant-a"]
+	fwd := postPaymentTLS(t, c.ClientTLS(), away.URL, token, "tls-1", "invoice-tls")
+	if fwd.status != http.StatusCreated {
+		t.Fatalf("POST to the non-home region: %d %s", fwd.status, fwd.body)
+	}
+	if r := postPaymentTLS(t, c.ClientTLS(), home.URL, token, "tls-1", "invoice-tls"); r.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(r.body, fwd.body) {
+		t.Errorf("replay from the home region: %d %s", r.status, r.body)
+	}
+
+	// etcd wants a client certificate: trusting its CA is not enough.
+	noCert := c.ClientTLS()
+	noCert.GetClientCertificate = nil
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true, TLSClientConfig: noCert}, Timeout: 10 * time.Second}
+	if resp, err := client.Get(info.EtcdEndpoints[0] + "/health"); err == nil {
+		resp.Body.Close()
+		t.Errorf("etcd answered a client without a certificate: %s", resp.Status)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	n := c.Node("eu-west", 0)
+	if err := n.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := postPaymentTLS(t, c.ClientTLS(), away.URL, token, "tls-2", "invoice-tls-2"); r.status != http.StatusCreated {
+		t.Errorf("after the home node restarted: %d %s", r.status, r.body)
+	}
+
 	pids := clusterPids(t, c)
 	stopCluster(t, c)
 	assertGone(t, pids)
