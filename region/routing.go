@@ -129,12 +129,6 @@ func (s *Server) knowsTenant(tenant string) bool {
 	return false
 }
 
-// canForward reports whether this node can authenticate itself to the
-// nodes it forwards to.
-func (s *Server) canForward() bool {
-	return (s.cfg.PeerCAs != nil && s.cfg.PeerCert != nil) || len(s.cfg.PeerSecret) > 0
-}
-
 // routed admits a tenant's request: served here when this node's region is
 // the tenant's home (and holds its lease), or forwarded once to a node of the
 // home region. A request that would be forwarded a second time is refused
