@@ -159,7 +159,7 @@ func (s *Server) routed(h tenantHandler, hops int) tenantHandler {
 			return
 		}
 		peer := routing.Peer{Region: rt.Placement.Region, Node: rt.ForwardNode}
-		transport, err := s.transportTo(target, peer)
+		transport, bySecret, err := s.transportTo(target, peer)
 		if err != nil {
 			s.logger.WarnContext(r.Context(), "cannot forward", "to", peer.String(), "url", rt.ForwardTo, "err", err)
 			writeError(w, r, s.logger, idem.Errorf(idem.ECodeNotHome,
@@ -177,7 +177,7 @@ func (s *Server) routed(h tenantHandler, hops int) tenantHandler {
 				out.Del(HeaderPeerSecret)
 				out.Set(HeaderTenant, tenant)
 				out.Set(HeaderForwardedBy, fmt.Sprintf("%s/%s; hops=%d", s.cfg.Region, s.cfg.NodeID, hops+1))
-				if target.Scheme == "http" {
+				if bySecret {
 					out.Set(HeaderPeerSecret, string(s.cfg.PeerSecret))
 				}
 			},
@@ -206,35 +206,32 @@ func (p *peerTransports) closeIdle() {
 	}
 }
 
-// transportTo returns the transport for forwarding to peer at target: over
-// HTTPS, verifying that the target's certificate is issued by Config.PeerCAs
-// to exactly that region and node (not to its host name, which may be a
-// proxy's) and presenting Config.PeerCert; over plain HTTP only with a peer
-// secret and without mTLS (a node with PeerCAs never downgrades).
-func (s *Server) transportTo(target *url.URL, peer routing.Peer) (http.RoundTripper, error) {
+// transportTo returns the transport for forwarding to peer at target, and
+// whether the request must carry the peer secret. With mTLS (PeerCAs and
+// PeerCert) only over HTTPS, verifying that the target's certificate is
+// issued by PeerCAs to exactly that region and node (not to its host name,
+// which may be a proxy's) and presenting PeerCert: such a node never
+// downgrades to plain HTTP. Without mTLS, with the peer secret, over HTTP or
+// HTTPS (verified against the system's roots).
+func (s *Server) transportTo(target *url.URL, peer routing.Peer) (http.RoundTripper, bool, error) {
 	if peer.Node == "" {
-		return nil, errors.New("no node id for the target")
+		return nil, false, errors.New("no node id for the target")
 	}
-	switch target.Scheme {
-	case "http":
-		if s.cfg.PeerCAs != nil {
-			return nil, errors.New("refusing to forward over plain HTTP with mTLS configured")
-		}
-		if len(s.cfg.PeerSecret) == 0 {
-			return nil, errors.New("no peer secret to authenticate with")
-		}
-		return s.forwardTransport, nil
-	case "https":
-		if s.cfg.PeerCAs == nil || s.cfg.PeerCert == nil {
-			return nil, errors.New("no peer CA and certificate to forward over HTTPS")
-		}
-	default:
-		return nil, fmt.Errorf("unsupported scheme %q", target.Scheme)
+	mtls := s.cfg.PeerCAs != nil && s.cfg.PeerCert != nil
+	switch {
+	case target.Scheme != "http" && target.Scheme != "https":
+		return nil, false, fmt.Errorf("unsupported scheme %q", target.Scheme)
+	case mtls && target.Scheme == "http":
+		return nil, false, errors.New("refusing to forward over plain HTTP with mTLS configured")
+	case !mtls && len(s.cfg.PeerSecret) == 0:
+		return nil, false, errors.New("neither mTLS nor a peer secret to authenticate with")
+	case !mtls:
+		return s.forwardTransport, true, nil
 	}
 	s.peers.mu.Lock()
 	defer s.peers.mu.Unlock()
 	if t, ok := s.peers.m[peer]; ok {
-		return t, nil
+		return t, false, nil
 	}
 	if s.peers.m == nil {
 		s.peers.m = map[routing.Peer]*http.Transport{}
@@ -242,7 +239,7 @@ func (s *Server) transportTo(target *url.URL, peer routing.Peer) (http.RoundTrip
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.TLSClientConfig = peerClientConfig(s.cfg.PeerCAs, s.cfg.PeerCert, peer)
 	s.peers.m[peer] = t
-	return t, nil
+	return t, false, nil
 }
 
 // peerClientConfig verifies that the server is the node peer.

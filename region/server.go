@@ -66,10 +66,11 @@ type Config struct {
 	// PeerCert is the certificate this node presents to the nodes it
 	// forwards to (with PeerCAs).
 	PeerCert *tlsutil.Reloader
-	// PeerSecret, if set, authenticates nodes of a cluster without TLS:
-	// forwarded requests carry it (Idem-Peer-Secret, compared in constant
-	// time). With neither PeerCAs nor PeerSecret the node refuses
-	// forwarded requests and cannot forward.
+	// PeerSecret, if set, authenticates nodes without mTLS: forwarded
+	// requests carry it (Idem-Peer-Secret, compared in constant time), over
+	// HTTP or over HTTPS verified against the system's roots. With neither
+	// PeerCAs nor PeerSecret the node refuses forwarded requests and cannot
+	// forward.
 	PeerSecret []byte
 }
 
