@@ -330,3 +330,38 @@ func TestForwarderVerifiesTargetIdentity(t *testing.T) {
 		t.Errorf("the rogue target received %d requests", n)
 	}
 }
+
+// TestForwardingStripsBearerToken: the node a request is forwarded to
+// receives the tenant from the forwarder, never the client's bearer token.
+func TestForwardingStripsBearerToken(t *testing.T) {
+	c := newFwdCluster(t, false)
+	got := make(chan http.Header, 1)
+	home := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case got <- r.Header.Clone():
+		default:
+		}
+		w.WriteHeader(http.StatusCreated)
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = home.Serve(ln) }()
+	t.Cleanup(func() { _ = home.Close() })
+	val, _ := json.Marshal(map[string]string{"url": "http://" + ln.Addr().String()})
+	if _, err := c.cli.Put(context.Background(), routing.NodeKey("eu-west", "eu-west-0"), string(val)); err != nil {
+		t.Fatal(err)
+	}
+	us := c.start("us-east", region.Config{PeerSecret: []byte("s3cret-peer")})
+	if a := c.send(us.url, "strip", map[string]string{region.HeaderTenant: "someone-else"}); a.status != http.StatusCreated {
+		t.Fatalf("forwarded: %d %s", a.status, a.body)
+	}
+	h := <-got
+	if h.Get("Authorization") != "" || h.Get(region.HeaderTenant) != "tenant-a" ||
+		h.Get(region.HeaderForwardedBy) != "us-east/us-east-0; hops=1" || h.Get(region.HeaderPeerSecret) != "s3cret-peer" {
+		t.Errorf("the home node received Authorization %q, %s %q, %s %q, secret %q",
+			h.Get("Authorization"), region.HeaderTenant, h.Get(region.HeaderTenant),
+			region.HeaderForwardedBy, h.Get(region.HeaderForwardedBy), h.Get(region.HeaderPeerSecret))
+	}
+}
