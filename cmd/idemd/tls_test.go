@@ -179,3 +179,15 @@ func TestEtcdUserPassword(t *testing.T) {
 	nodeRegistered(t, root, "eu-west", "from-file")
 	nodeRegistered(t, root, "eu-west", "from-env")
 }
+
+// TestWarnsWithoutPeerCredentials: a node in a multi-region deployment with
+// neither mTLS nor a peer secret says at startup that it refuses forwarded
+// requests.
+func TestWarnsWithoutPeerCredentials(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	p := startIdemd(t, pgtest.NewDatabase(t), "--region", "eu-west", "--node-id", "lonely",
+		"--etcd-endpoints", strings.Join(etcd.Endpoints, ","))
+	if !strings.Contains(p.log.String(), "refuses requests forwarded by other nodes") {
+		t.Errorf("no startup warning about peer authentication:\n%s", p.log)
+	}
+}
