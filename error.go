@@ -27,6 +27,7 @@ const (
 	ECodeAPIVersionUnsupported = "API_VERSION_UNSUPPORTED"
 	ECodeNotFound              = "NOT_FOUND"
 	ECodeMethodNotAllowed      = "METHOD_NOT_ALLOWED"
+	ECodeOperationUnknown      = "OPERATION_UNKNOWN"
 
 	// Payments domain.
 	ECodeDuplicateMerchantRef = "DUPLICATE_MERCHANT_REFERENCE"

@@ -28,6 +28,9 @@ const (
 	RecoverySkipped = "skipped"
 )
 
+// RecoveryOutcomes are every outcome RecoverBatch reports.
+var RecoveryOutcomes = []string{RecoveryCompleted, RecoveryReleased, RecoveryDeclined, RecoveryUnknown, RecoverySkipped}
+
 // RecoverBatch reconciles up to limit stale create_payment records that no
 // client is retrying: it takes recovery ownership of each (atomically,
 // fenced, exactly as a retry would), asks the provider by provider key, and

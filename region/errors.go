@@ -30,6 +30,7 @@ var codeStatus = map[string]int{
 	idem.ECodeAPIVersionUnsupported: http.StatusBadRequest,
 	idem.ECodeNotFound:              http.StatusNotFound,
 	idem.ECodeMethodNotAllowed:      http.StatusMethodNotAllowed,
+	idem.ECodeOperationUnknown:      http.StatusNotFound,
 	idem.ECodeDuplicateMerchantRef:  http.StatusConflict,
 	idem.ECodePaymentNotFound:       http.StatusNotFound,
 	idem.ECodePaymentDeclined:       http.StatusPaymentRequired,

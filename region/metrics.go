@@ -2,10 +2,12 @@ package region
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/store"
 )
 
@@ -26,7 +28,31 @@ type metrics struct {
 	store             *store.Store
 }
 
-func newMetrics(reg prometheus.Registerer, st *store.Store) (*metrics, error) {
+// outcomeRejected labels a keyed request refused before a decision (a bad
+// body, an unavailable store).
+const outcomeRejected = "rejected"
+
+// requestOutcomes are every outcome label of the keyed-request metrics.
+var requestOutcomes = []string{
+	idem.OutcomeExecute.String(), idem.OutcomeReplay.String(), idem.OutcomeConflict.String(),
+	idem.OutcomeInProgress.String(), idem.OutcomeRecover.String(), idem.OutcomeExpired.String(), outcomeRejected,
+}
+
+// outcomeLabel returns o's label, or "rejected" for a request that reached no
+// decision: every label value comes from requestOutcomes.
+func outcomeLabel(o idem.Outcome) string {
+	if s := o.String(); slices.Contains(requestOutcomes, s) {
+		return s
+	}
+	return outcomeRejected
+}
+
+// newMetrics registers the node's metrics on reg. Every labelled series of
+// the operations the node serves (operations) exists from the start at 0, so
+// that a rate over it reads 0 rather than "no data"; label values only ever
+// come from operations, the fixed outcome list and the mux's route patterns,
+// never from a request.
+func newMetrics(reg prometheus.Registerer, st *store.Store, operations []string) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idempotency_requests_total", Help: "Requests with an idempotency key, by operation and outcome.",
@@ -68,6 +94,14 @@ func newMetrics(reg prometheus.Registerer, st *store.Store) (*metrics, error) {
 		m.unknownStates, m.latency, m.httpDuration, m.forwarded, m.fenced, m} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
+		}
+	}
+	for _, op := range operations {
+		for _, outcome := range requestOutcomes {
+			m.requests.WithLabelValues(op, outcome)
+		}
+		for _, c := range []*prometheus.CounterVec{m.replays, m.conflicts, m.inProgress, m.expiredRetries, m.unknownStates} {
+			c.WithLabelValues(op)
 		}
 	}
 	return m, nil

@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"mime"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -52,6 +54,12 @@ type Config struct {
 	NodeID string
 	// Listener, if set, is served instead of listening on Addr.
 	Listener net.Listener
+	// Operations are the operations the coordination API serves, besides
+	// the node's own create_payment (which it never serves there). A
+	// request for any other operation is refused with 404
+	// OPERATION_UNKNOWN before anything is stored or counted. Default:
+	// none.
+	Operations []string
 }
 
 // Server is a regional node's HTTP server. Create it with NewServer, start it
@@ -63,6 +71,8 @@ type Server struct {
 	metrics  *metrics
 	logger   *slog.Logger
 	handler  http.Handler
+	// operations are the coordination operations served (Config.Operations).
+	operations map[string]bool
 
 	ln   net.Listener
 	http *http.Server
@@ -94,7 +104,14 @@ func NewServer(cfg Config, st *store.Store, pay *payments.Service) (*Server, err
 	if cfg.NodeID == "" {
 		cfg.NodeID = cfg.Region
 	}
-	m, err := newMetrics(cfg.Registry, st)
+	ops := map[string]bool{}
+	for _, op := range cfg.Operations {
+		if !validOperation(op) || op == payments.Operation {
+			return nil, fmt.Errorf("region: operation %q: want 1 to %d characters of a-z, 0-9, '_', '.' and '-', and not %s (the node's own)", op, maxOperationLen, payments.Operation)
+		}
+		ops[op] = true
+	}
+	m, err := newMetrics(cfg.Registry, st, append([]string{payments.Operation}, slices.Sorted(maps.Keys(ops))...))
 	if err != nil {
 		return nil, fmt.Errorf("region: register metrics: %w", err)
 	}
@@ -102,7 +119,7 @@ func NewServer(cfg Config, st *store.Store, pay *payments.Service) (*Server, err
 	if err != nil {
 		return nil, fmt.Errorf("region: register metrics: %w", err)
 	}
-	s := &Server{cfg: cfg, store: st, payments: pay, metrics: m, workerMetrics: wm, logger: cfg.Logger,
+	s := &Server{cfg: cfg, store: st, payments: pay, metrics: m, workerMetrics: wm, logger: cfg.Logger, operations: ops,
 		forwardTransport: http.DefaultTransport.(*http.Transport).Clone()}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /payments", s.authenticated(s.handleCreatePayment))
@@ -250,7 +267,7 @@ func (s *Server) Fenced() { s.metrics.fenced.Inc() }
 
 // observe counts an idempotent request's outcome.
 func (s *Server) observe(operation string, res payments.Result, err error, d time.Duration) {
-	outcome := res.Outcome.String()
+	outcome := outcomeLabel(res.Outcome)
 	switch idem.ErrorCode(err) {
 	case "":
 	case idem.ECodeKeyReused:
@@ -261,7 +278,7 @@ func (s *Server) observe(operation string, res payments.Result, err error, d tim
 		s.metrics.inProgress.WithLabelValues(operation).Inc()
 	default:
 		if res.Outcome == 0 {
-			outcome = "rejected"
+			outcome = outcomeRejected
 		}
 	}
 	if res.Replayed {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/store"
 )
 
@@ -32,6 +33,9 @@ type WorkerConfig struct {
 	// harness and tests use to prove that consumers deduplicate).
 	DuplicateDelivery bool
 }
+
+// workerNames label idempotency_worker_errors_total.
+var workerNames = []string{"recovery", "cleanup", "outbox"}
 
 type workerMetrics struct {
 	recovery       *prometheus.CounterVec
@@ -59,6 +63,13 @@ func newWorkerMetrics(reg prometheus.Registerer) (*workerMetrics, error) {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
+	}
+	// Every series exists from the start, so that a rate reads 0.
+	for _, outcome := range payments.RecoveryOutcomes {
+		m.recovery.WithLabelValues(outcome)
+	}
+	for _, w := range workerNames {
+		m.workerErrors.WithLabelValues(w)
 	}
 	return m, nil
 }

@@ -75,6 +75,9 @@ type Main struct {
 	AutoFailoverAfter time.Duration
 	FailoverTargets   map[string]string
 
+	// Operations are the coordination API's declared operations.
+	Operations []string
+
 	ProviderURL     string
 	ProviderTimeout time.Duration
 	ResponseSchema  string
@@ -126,6 +129,7 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	fs.DurationVar(&m.Workers.RecoveryInterval, "recovery-interval", 5*time.Second, "how often stale and unknown payments are reconciled (0 disables)")
 	fs.DurationVar(&m.Workers.OutboxInterval, "outbox-interval", 200*time.Millisecond, "how often the outbox is published and consumed (0 disables)")
 	fs.BoolVar(&m.Workers.DuplicateDelivery, "duplicate-delivery", false, "deliver every outbox event twice (fault injection)")
+	operations := fs.String("operations", "", "comma-separated operations the coordination API serves (names of a-z, 0-9, '_', '.', '-'); others are refused with 404 OPERATION_UNKNOWN")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -134,6 +138,11 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	}
 	if m.DatabaseURL == "" {
 		return fmt.Errorf("--database-url (or %s) is required", cli.EnvName("database-url"))
+	}
+	for _, op := range strings.Split(*operations, ",") {
+		if op = strings.TrimSpace(op); op != "" {
+			m.Operations = append(m.Operations, op)
+		}
 	}
 	for _, e := range strings.Split(*etcd, ",") {
 		if e = strings.TrimSpace(e); e != "" {
@@ -220,6 +229,7 @@ func (m *Main) Run(ctx context.Context) error {
 	pay := payments.NewService(st, cfg)
 	srv, err := region.NewServer(region.Config{
 		Listener: ln, Region: m.Region, NodeID: m.NodeID, Tokens: m.AuthTokens, Logger: m.logger, Router: router,
+		Operations: m.Operations,
 	}, st, pay)
 	if err != nil {
 		_ = ln.Close()
