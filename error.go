@@ -31,6 +31,7 @@ const (
 
 	// Payments domain.
 	ECodeDuplicateMerchantRef = "DUPLICATE_MERCHANT_REFERENCE"
+	ECodeProviderKeyConflict  = "PROVIDER_KEY_CONFLICT"
 	ECodePaymentNotFound      = "PAYMENT_NOT_FOUND"
 	ECodePaymentDeclined      = "PAYMENT_DECLINED"
 	ECodeProviderUnavailable  = "PROVIDER_UNAVAILABLE"

@@ -32,6 +32,7 @@ var codeStatus = map[string]int{
 	idem.ECodeMethodNotAllowed:      http.StatusMethodNotAllowed,
 	idem.ECodeOperationUnknown:      http.StatusNotFound,
 	idem.ECodeDuplicateMerchantRef:  http.StatusConflict,
+	idem.ECodeProviderKeyConflict:   http.StatusConflict,
 	idem.ECodePaymentNotFound:       http.StatusNotFound,
 	idem.ECodePaymentDeclined:       http.StatusPaymentRequired,
 	idem.ECodeProviderUnavailable:   http.StatusServiceUnavailable,

@@ -24,6 +24,7 @@ type metrics struct {
 	httpDuration      *prometheus.HistogramVec
 	forwarded         *prometheus.CounterVec
 	fenced            prometheus.Counter
+	keyConflicts      prometheus.Counter
 	inProgressAgeDesc *prometheus.Desc
 	store             *store.Store
 }
@@ -86,12 +87,15 @@ func newMetrics(reg prometheus.Registerer, st *store.Store, operations []string)
 		fenced: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "idempotency_fenced_total", Help: "Writes or provider calls of this node rejected because a newer owner held the record.",
 		}),
+		keyConflicts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idempotency_provider_key_conflicts_total", Help: "Payments ended CONFLICT because the provider held another charge under their provider key (an operator must look).",
+		}),
 		inProgressAgeDesc: prometheus.NewDesc("idempotency_in_progress_age_max_seconds",
 			"Age of the oldest record in IN_PROGRESS, by the store's clock (0 when none).", nil, nil),
 		store: st,
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.replays, m.conflicts, m.inProgress, m.expiredRetries,
-		m.unknownStates, m.latency, m.httpDuration, m.forwarded, m.fenced, m} {
+		m.unknownStates, m.latency, m.httpDuration, m.forwarded, m.fenced, m.keyConflicts, m} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

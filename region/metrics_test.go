@@ -104,13 +104,13 @@ func TestMetricsExistAtZero(t *testing.T) {
 			want = append(want, fmt.Sprintf(`%s{operation=%q}`, name, op))
 		}
 	}
-	for _, outcome := range []string{"completed", "released", "declined", "unknown", "skipped"} {
+	for _, outcome := range []string{"completed", "released", "declined", "unknown", "skipped", "conflict"} {
 		want = append(want, fmt.Sprintf(`idempotency_recovery_total{outcome=%q}`, outcome))
 	}
 	for _, w := range []string{"recovery", "cleanup", "outbox"} {
 		want = append(want, fmt.Sprintf(`idempotency_worker_errors_total{worker=%q}`, w))
 	}
-	want = append(want, "idempotency_fenced_total")
+	want = append(want, "idempotency_provider_key_conflicts_total", "idempotency_fenced_total")
 	body := string(n.do(http.MethodGet, "/metrics", "", nil, "").body)
 	for _, s := range want {
 		if !got[s] {

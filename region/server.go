@@ -290,6 +290,9 @@ func (s *Server) observe(operation string, res payments.Result, err error, d tim
 	if res.Unknown {
 		s.metrics.unknownStates.WithLabelValues(operation).Inc()
 	}
+	if res.ProviderKeyConflict {
+		s.metrics.keyConflicts.Inc()
+	}
 	s.metrics.requests.WithLabelValues(operation, outcome).Inc()
 	s.metrics.latency.WithLabelValues(operation, outcome).Observe(d.Seconds())
 }

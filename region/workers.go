@@ -47,7 +47,7 @@ type workerMetrics struct {
 func newWorkerMetrics(reg prometheus.Registerer) (*workerMetrics, error) {
 	m := &workerMetrics{
 		recovery: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "idempotency_recovery_total", Help: "Records handled by the recovery worker, by outcome (completed, released, declined, unknown, skipped).",
+			Name: "idempotency_recovery_total", Help: "Records handled by the recovery worker, by outcome (completed, released, declined, unknown, skipped, conflict).",
 		}, []string{"outcome"}),
 		bodiesPruned: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "idempotency_cleanup_bodies_pruned_total", Help: "Response bodies dropped from records past their window.",
@@ -91,6 +91,7 @@ func (s *Server) StartWorkers(ctx context.Context, cfg WorkerConfig) {
 		for outcome, n := range out {
 			s.workerMetrics.recovery.WithLabelValues(outcome).Add(float64(n))
 		}
+		s.metrics.keyConflicts.Add(float64(out[payments.RecoveryConflict]))
 		return err
 	})
 	s.every(ctx, "cleanup", cfg.CleanupInterval, func(ctx context.Context) error {
