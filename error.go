@@ -28,6 +28,7 @@ const (
 	ECodeNotFound              = "NOT_FOUND"
 	ECodeMethodNotAllowed      = "METHOD_NOT_ALLOWED"
 	ECodeOperationUnknown      = "OPERATION_UNKNOWN"
+	ECodeRequestTimeout        = "REQUEST_TIMEOUT"
 
 	// Payments domain.
 	ECodeDuplicateMerchantRef = "DUPLICATE_MERCHANT_REFERENCE"

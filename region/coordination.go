@@ -385,13 +385,9 @@ func (s *Server) decodeCoordBody(w http.ResponseWriter, r *http.Request, dst any
 			return idem.Errorf(idem.ECodeUnsupportedMediaType, "The body must be application/json.")
 		}
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	body, err := s.readBody(w, r)
 	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			return idem.Errorf(idem.ECodeBodyTooLarge, "The body is larger than %d bytes.", s.cfg.MaxBodyBytes)
-		}
-		return &idem.Error{Code: idem.ECodeRequestMalformed, Message: "The body could not be read.", Err: err}
+		return err
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()

@@ -31,6 +31,7 @@ var codeStatus = map[string]int{
 	idem.ECodeNotFound:              http.StatusNotFound,
 	idem.ECodeMethodNotAllowed:      http.StatusMethodNotAllowed,
 	idem.ECodeOperationUnknown:      http.StatusNotFound,
+	idem.ECodeRequestTimeout:        http.StatusRequestTimeout,
 	idem.ECodeDuplicateMerchantRef:  http.StatusConflict,
 	idem.ECodeProviderKeyConflict:   http.StatusConflict,
 	idem.ECodePaymentNotFound:       http.StatusNotFound,
@@ -66,6 +67,10 @@ func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 		code, status = idem.ECodeUnavailable, http.StatusServiceUnavailable
 	} else if status >= 500 {
 		logger.ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path, "code", code, "err", err)
+	}
+	if code == idem.ECodeRequestTimeout {
+		// The rest of the body may still be on its way: end the connection.
+		w.Header().Set("Connection", "close")
 	}
 	switch code {
 	case idem.ECodeInProgress, idem.ECodeStoreUnavailable, idem.ECodeUnavailable, idem.ECodeNotHome, idem.ECodeProviderUnavailable, idem.ECodeReconciliationPending:

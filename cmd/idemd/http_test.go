@@ -5,10 +5,40 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/internal/pgtest"
+	"github.com/idemcoord/idem/region"
 )
+
+// TestParseHTTPFlags: the server's timeouts, header bound and declared
+// operations come from flags or IDEM_* variables, with safe defaults.
+func TestParseHTTPFlags(t *testing.T) {
+	m := NewMain()
+	if err := m.ParseFlags([]string{"--database-url", "x"}, func(string) string { return "" }); err != nil {
+		t.Fatal(err)
+	}
+	if m.HTTP.ReadHeaderTimeout != 5*time.Second || m.HTTP.ReadTimeout != 30*time.Second || m.HTTP.IdleTimeout != 120*time.Second ||
+		m.HTTP.WriteTimeout != region.DefaultWriteTimeout || m.HTTP.MaxHeaderBytes != region.DefaultMaxHeaderBytes || len(m.Operations) != 0 {
+		t.Errorf("defaults = %+v, operations %q", m.HTTP, m.Operations)
+	}
+	env := map[string]string{"IDEM_DATABASE_URL": "x", "IDEM_OPERATIONS": "create_transfer, ship.order", "IDEM_READ_TIMEOUT": "7s",
+		"IDEM_IDLE_TIMEOUT": "9s", "IDEM_MAX_HEADER_BYTES": "4096"}
+	m = NewMain()
+	if err := m.ParseFlags([]string{"--read-header-timeout", "2s", "--write-timeout", "11s"}, func(k string) string { return env[k] }); err != nil {
+		t.Fatal(err)
+	}
+	if m.HTTP.ReadHeaderTimeout != 2*time.Second || m.HTTP.ReadTimeout != 7*time.Second || m.HTTP.WriteTimeout != 11*time.Second ||
+		m.HTTP.IdleTimeout != 9*time.Second || m.HTTP.MaxHeaderBytes != 4096 || strings.Join(m.Operations, ",") != "create_transfer,ship.order" {
+		t.Errorf("parsed %+v, operations %q", m.HTTP, m.Operations)
+	}
+	for _, bad := range [][]string{{"--read-timeout", "0s"}, {"--idle-timeout", "-1s"}, {"--max-header-bytes", "0"}} {
+		if err := NewMain().ParseFlags(append(bad, "--database-url", "x"), func(string) string { return "" }); err == nil {
+			t.Errorf("%v was accepted", bad)
+		}
+	}
+}
 
 // TestOperationsFlag: a real idemd serves the coordination operations it
 // declares, refuses others with 404 OPERATION_UNKNOWN, and exposes the

@@ -77,6 +77,8 @@ type Main struct {
 
 	// Operations are the coordination API's declared operations.
 	Operations []string
+	// HTTP bounds the node's HTTP server (timeouts, header size).
+	HTTP region.Config
 
 	ProviderURL     string
 	ProviderTimeout time.Duration
@@ -130,6 +132,11 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	fs.DurationVar(&m.Workers.OutboxInterval, "outbox-interval", 200*time.Millisecond, "how often the outbox is published and consumed (0 disables)")
 	fs.BoolVar(&m.Workers.DuplicateDelivery, "duplicate-delivery", false, "deliver every outbox event twice (fault injection)")
 	operations := fs.String("operations", "", "comma-separated operations the coordination API serves (names of a-z, 0-9, '_', '.', '-'); others are refused with 404 OPERATION_UNKNOWN")
+	fs.DurationVar(&m.HTTP.ReadHeaderTimeout, "read-header-timeout", region.DefaultReadHeaderTimeout, "bound on reading a request's headers")
+	fs.DurationVar(&m.HTTP.ReadTimeout, "read-timeout", region.DefaultReadTimeout, "bound on reading a request's body (408 REQUEST_TIMEOUT past it)")
+	fs.DurationVar(&m.HTTP.WriteTimeout, "write-timeout", region.DefaultWriteTimeout, "bound on a request from its headers to its answer; Prefer: wait=N adds read-timeout + N")
+	fs.DurationVar(&m.HTTP.IdleTimeout, "idle-timeout", region.DefaultIdleTimeout, "close keep-alive connections idle this long")
+	fs.IntVar(&m.HTTP.MaxHeaderBytes, "max-header-bytes", region.DefaultMaxHeaderBytes, "bound on a request's header block (431 past it)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -143,6 +150,17 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 		if op = strings.TrimSpace(op); op != "" {
 			m.Operations = append(m.Operations, op)
 		}
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"read-header-timeout", m.HTTP.ReadHeaderTimeout}, {"read-timeout", m.HTTP.ReadTimeout}, {"write-timeout", m.HTTP.WriteTimeout}, {"idle-timeout", m.HTTP.IdleTimeout}} {
+		if d.v <= 0 {
+			return fmt.Errorf("--%s must be positive", d.name)
+		}
+	}
+	if m.HTTP.MaxHeaderBytes <= 0 {
+		return fmt.Errorf("--max-header-bytes must be positive")
 	}
 	for _, e := range strings.Split(*etcd, ",") {
 		if e = strings.TrimSpace(e); e != "" {
@@ -229,7 +247,8 @@ func (m *Main) Run(ctx context.Context) error {
 	pay := payments.NewService(st, cfg)
 	srv, err := region.NewServer(region.Config{
 		Listener: ln, Region: m.Region, NodeID: m.NodeID, Tokens: m.AuthTokens, Logger: m.logger, Router: router,
-		Operations: m.Operations,
+		Operations: m.Operations, ReadHeaderTimeout: m.HTTP.ReadHeaderTimeout, ReadTimeout: m.HTTP.ReadTimeout,
+		WriteTimeout: m.HTTP.WriteTimeout, IdleTimeout: m.HTTP.IdleTimeout, MaxHeaderBytes: m.HTTP.MaxHeaderBytes,
 	}, st, pay)
 	if err != nil {
 		_ = ln.Close()
