@@ -31,9 +31,12 @@ const (
 	ECodeAPIVersionUnsupported      = "API_VERSION_UNSUPPORTED"
 	ECodeNotFound                   = "NOT_FOUND"
 	ECodeMethodNotAllowed           = "METHOD_NOT_ALLOWED"
+	ECodeOperationUnknown           = "OPERATION_UNKNOWN"
+	ECodeRequestTimeout             = "REQUEST_TIMEOUT"
 
 	// Payments domain.
 	ECodeDuplicateMerchantRef = "DUPLICATE_MERCHANT_REFERENCE"
+	ECodeProviderKeyConflict  = "PROVIDER_KEY_CONFLICT"
 	ECodePaymentNotFound      = "PAYMENT_NOT_FOUND"
 	ECodePaymentDeclined      = "PAYMENT_DECLINED"
 	ECodeProviderUnavailable  = "PROVIDER_UNAVAILABLE"

@@ -146,10 +146,10 @@ func (s *Service) drive(ctx context.Context, lease idem.Lease, cp idem.Checkpoin
 	case errors.Is(err, provider.ErrUnavailable):
 		return s.retryable(ctx, lease, err)
 	case errors.Is(err, provider.ErrKeyReused):
-		// The provider holds this payment id (its merchant reference) with
-		// another amount: a payment another region made for the same
-		// business identity.
-		return s.duplicate(ctx, lease, p, err)
+		// The provider holds this payment's key with another amount: a
+		// payment another region made for the same business identity, or
+		// a charge another party made under the key.
+		return s.providerKeyConflict(ctx, lease, p, err)
 	case errors.Is(err, provider.ErrStaleToken):
 		// A newer owner reached the provider first: it will finish.
 		s.logger.WarnContext(ctx, "provider rejected a stale fencing token", "tenant", lease.Tenant, "key", lease.Key, "token", lease.Token)
@@ -169,7 +169,7 @@ func (s *Service) lookup(ctx context.Context, key string) (provider.Charge, erro
 // confirm records a charge the provider confirmed.
 func (s *Service) confirm(ctx context.Context, lease idem.Lease, p store.Payment, ch provider.Charge) (Result, error) {
 	if ch.AmountMinor != p.AmountMinor || ch.Currency != p.Currency {
-		return s.duplicate(ctx, lease, p, fmt.Errorf("provider charge %s is %d %s, payment is %d %s", ch.ChargeID, ch.AmountMinor, ch.Currency, p.AmountMinor, p.Currency))
+		return s.providerKeyConflict(ctx, lease, p, fmt.Errorf("provider charge %s is %d %s, payment is %d %s", ch.ChargeID, ch.AmountMinor, ch.Currency, p.AmountMinor, p.Currency))
 	}
 	var res Result
 	err := s.ownedTx(ctx, func(tx pgx.Tx) error {
@@ -209,16 +209,43 @@ func (s *Service) decline(ctx context.Context, lease idem.Lease, p store.Payment
 	return Result{Response: resp}, s.fenceAsInProgress(err)
 }
 
-// duplicate records that the provider already holds a different payment for
-// this business identity (same merchant reference, another amount): a
-// replayable 409 DUPLICATE_MERCHANT_REFERENCE; nothing is charged.
-func (s *Service) duplicate(ctx context.Context, lease idem.Lease, p store.Payment, cause error) (Result, error) {
-	s.logger.WarnContext(ctx, "provider holds another payment for this merchant reference", "tenant", lease.Tenant, "key", lease.Key, "payment", p.ID, "err", cause)
-	resp := duplicateResponse(p.ID)
+// PaymentStatusConflict is the terminal status of a payment whose provider
+// key already held a charge with another amount or currency: nothing was
+// charged for it, and its merchant reference cannot be charged again (the
+// payment id, hence the provider key, derives from it). The operator's way
+// out is in the README ("Provider key conflicts").
+const PaymentStatusConflict = "CONFLICT"
+
+// providerKeyConflict records that the provider already holds a charge with
+// another amount or currency under the payment's provider key: nothing is
+// charged, the payment ends CONFLICT, and the record stores a replayable
+// 409 PROVIDER_KEY_CONFLICT. The payment is never left PENDING without an
+// owner.
+func (s *Service) providerKeyConflict(ctx context.Context, lease idem.Lease, p store.Payment, cause error) (Result, error) {
+	s.logger.ErrorContext(ctx, "provider holds another charge under this payment's provider key",
+		"tenant", lease.Tenant, "key", lease.Key, "payment", p.ID, "provider_key", p.ProviderKey, "err", cause)
+	resp := providerKeyConflictResponse(p.ID)
 	err := s.ownedTx(ctx, func(tx pgx.Tx) error {
-		return store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusFailedReplayable, ErrorCode: idem.ECodeDuplicateMerchantRef, Response: &resp})
+		if err := store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusFailedReplayable, ErrorCode: idem.ECodeProviderKeyConflict, Response: &resp}); err != nil {
+			return err
+		}
+		return store.SetPaymentStatus(ctx, tx, p.Tenant, p.ID, PaymentStatusConflict, paymentEvent(p, "PaymentProviderKeyConflict", "conflict", nil))
 	})
-	return Result{Response: resp}, s.fenceAsInProgress(err)
+	if err != nil {
+		return Result{}, s.fenceAsInProgress(err)
+	}
+	return Result{Response: resp, ProviderKeyConflict: true}, nil
+}
+
+// providerKeyConflictResponse is the 409 answer of a payment whose provider
+// key holds another charge.
+func providerKeyConflictResponse(paymentID string) idem.Response {
+	body, _ := json.Marshal(struct {
+		ErrorCode string `json:"errorCode"`
+		Message   string `json:"message"`
+		PaymentID string `json:"paymentId"`
+	}{idem.ECodeProviderKeyConflict, "The payment provider already holds a different charge for this payment; nothing was charged. Use a new merchant reference, or contact support.", paymentID})
+	return idem.Response{Status: 409, Headers: map[string]string{"Content-Type": "application/json"}, Body: body, SchemaVersion: DefaultSchemaVersion}
 }
 
 // retryable records a failure that happened before any side effect: the next

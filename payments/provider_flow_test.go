@@ -298,3 +298,56 @@ func TestBusinessIdentityAcrossStores(t *testing.T) {
 		t.Errorf("charges after the different amount = %+v, want 1", c)
 	}
 }
+
+// TestProviderKeyConflictFoundByRecovery: the answer of a charge is lost
+// and, before the recovery worker asks, the provider holds another amount
+// under the payment's provider key. The worker ends the payment CONFLICT
+// (never PENDING for ever), reports the "conflict" outcome, and the client's
+// retry gets 409 PROVIDER_KEY_CONFLICT, as does a fresh key with the same
+// merchant reference, and as does a region that finds the charge by asking
+// first (Uncertain).
+func TestProviderKeyConflictFoundByRecovery(t *testing.T) {
+	f := newFixture(t, payments.Config{})
+	f.fault(provider.FaultFail, 1, 0)
+	first, err := f.create("k-conflict")
+	if idem.ErrorCode(err) != idem.ECodeProviderUnavailable {
+		t.Fatalf("first = %+v, %v; want %s", first, err, idem.ECodeProviderUnavailable)
+	}
+	// The record is left as a lost answer would leave it, and another party
+	// charges the key with another amount.
+	storetest.Exec(t, f.st, `UPDATE idempotency_records SET status = 'UNKNOWN_REQUIRES_RECOVERY', error_code = $1 WHERE idempotency_key = 'k-conflict'`, idem.ECodeOutcomeUnknown)
+	id := payments.PaymentID("tenant-a", "acc_1", "invoice-7781")
+	if _, err := f.provider.Charge(context.Background(), provider.ChargeRequest{ProviderKey: payments.ProviderKey(id), AmountMinor: 999, Currency: "EUR", AccountID: "acc_9"}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := f.svc.RecoverBatch(context.Background(), 10)
+	if err != nil || out[payments.RecoveryConflict] != 1 {
+		t.Fatalf("RecoverBatch = %v, %v; want 1 %s", out, err, payments.RecoveryConflict)
+	}
+	if n := storetest.Count(t, f.st, `SELECT count(*) FROM payments WHERE payment_id = $1 AND status = $2`, id, payments.PaymentStatusConflict); n != 1 {
+		t.Errorf("payment %s is not %s", id, payments.PaymentStatusConflict)
+	}
+	if rec := f.record("k-conflict"); rec.Status != idem.StatusFailedReplayable || rec.ErrorCode != idem.ECodeProviderKeyConflict {
+		t.Errorf("record = %s %s, want %s %s", rec.Status, rec.ErrorCode, idem.StatusFailedReplayable, idem.ECodeProviderKeyConflict)
+	}
+	for _, key := range []string{"k-conflict", "k-conflict-fresh", "k-conflict-fresh"} {
+		got, err := f.create(key)
+		if err != nil || got.Response.Status != 409 || !bytes.Contains(got.Response.Body, []byte(idem.ECodeProviderKeyConflict)) || got.ProviderKeyConflict {
+			t.Errorf("retry with %s = %d %s (counted again: %v), %v; want 409 %s", key, got.Response.Status, got.Response.Body, got.ProviderKeyConflict, err, idem.ECodeProviderKeyConflict)
+		}
+	}
+	// Another region (its own store) that asks the provider first finds the
+	// other charge: the same terminal answer, counted there.
+	other, _ := storetest.New(t)
+	newHome := payments.NewService(other, payments.Config{Provider: f.provider, LockFor: 30 * time.Second})
+	got, err := newHome.Create(context.Background(), payments.Request{Tenant: "tenant-a", Key: "k-moved", Body: []byte(article), Uncertain: true})
+	if err != nil || got.Response.Status != 409 || !got.ProviderKeyConflict || !bytes.Contains(got.Response.Body, []byte(idem.ECodeProviderKeyConflict)) {
+		t.Errorf("uncertain region = %d %s (conflict %v), %v; want 409 %s", got.Response.Status, got.Response.Body, got.ProviderKeyConflict, err, idem.ECodeProviderKeyConflict)
+	}
+	if n := storetest.Count(t, other, `SELECT count(*) FROM payments WHERE status = 'PENDING'`); n != 0 {
+		t.Errorf("%d payments left PENDING in the other region", n)
+	}
+	if c := f.charges(); c.Total != 1 {
+		t.Errorf("charges = %+v, want only the other party's", c)
+	}
+}

@@ -26,7 +26,14 @@ const (
 	RecoveryUnknown = "unknown"
 	// RecoverySkipped: another owner took the record first.
 	RecoverySkipped = "skipped"
+	// RecoveryConflict: the provider holds another charge under the
+	// payment's provider key; the payment is CONFLICT (see
+	// PaymentStatusConflict).
+	RecoveryConflict = "conflict"
 )
+
+// RecoveryOutcomes are every outcome RecoverBatch reports.
+var RecoveryOutcomes = []string{RecoveryCompleted, RecoveryReleased, RecoveryDeclined, RecoveryUnknown, RecoverySkipped, RecoveryConflict}
 
 // RecoverBatch reconciles up to limit stale create_payment records that no
 // client is retrying: it takes recovery ownership of each (atomically,
@@ -117,6 +124,8 @@ func (s *Service) recoverOwned(ctx context.Context, d idem.Decision, lock *fenci
 		return "", err
 	case res.Unknown:
 		return RecoveryUnknown, nil
+	case res.ProviderKeyConflict:
+		return RecoveryConflict, nil
 	case res.Response.Status == 402:
 		return RecoveryDeclined, nil
 	}

@@ -162,6 +162,10 @@ type Result struct {
 	ExpiredRetry bool
 	// Unknown is true when the operation entered UNKNOWN_REQUIRES_RECOVERY.
 	Unknown bool
+	// ProviderKeyConflict is true when this attempt found that the provider
+	// holds another charge under the payment's provider key (and ended the
+	// payment CONFLICT). Replays of that answer do not set it.
+	ProviderKeyConflict bool
 }
 
 // Create executes, replays or refuses a create_payment command. Errors are
@@ -334,6 +338,7 @@ func duplicateResponse(existingID string) idem.Response {
 // rejectDuplicate answers a command whose merchant reference already has a
 // payment (sent with a fresh key): a deterministic business rejection, stored
 // as FAILED_REPLAYABLE so that a retry with this key gets the same answer.
+// A payment in CONFLICT answers 409 PROVIDER_KEY_CONFLICT instead.
 func (s *Service) rejectDuplicate(ctx context.Context, begin idem.BeginRequest, cmd Command) (Result, error) {
 	var res Result
 	err := s.store.ExecTx(ctx, func(tx pgx.Tx) error {
@@ -341,7 +346,13 @@ func (s *Service) rejectDuplicate(ctx context.Context, begin idem.BeginRequest, 
 		if err != nil {
 			return err
 		}
-		resp := duplicateResponse(existing.ID)
+		resp, code := duplicateResponse(existing.ID), idem.ECodeDuplicateMerchantRef
+		if existing.Status == PaymentStatusConflict {
+			// The merchant reference's payment ended in a provider key
+			// conflict: answer that, not a duplicate naming the very payment
+			// this command would create.
+			resp, code = providerKeyConflictResponse(existing.ID), idem.ECodeProviderKeyConflict
+		}
 		d, err := store.BeginTx(ctx, tx, begin)
 		if err != nil {
 			return err
@@ -350,7 +361,7 @@ func (s *Service) rejectDuplicate(ctx context.Context, begin idem.BeginRequest, 
 		switch d.Outcome {
 		case idem.OutcomeExecute, idem.OutcomeRecover, idem.OutcomeExpired:
 			res.Response = resp
-			return store.FailTx(ctx, tx, d.Lease, idem.Failure{Status: idem.StatusFailedReplayable, ErrorCode: idem.ECodeDuplicateMerchantRef, Response: &resp})
+			return store.FailTx(ctx, tx, d.Lease, idem.Failure{Status: idem.StatusFailedReplayable, ErrorCode: code, Response: &resp})
 		default:
 			_, err := s.answerExisting(ctx, tx, d, &res)
 			return err

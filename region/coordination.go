@@ -148,7 +148,7 @@ type failInput struct {
 
 func (s *Server) handleCoordBegin(w http.ResponseWriter, r *http.Request, tenant string) {
 	start := time.Now()
-	scope, err := coordScope(r, tenant)
+	scope, err := s.coordScope(r, tenant)
 	if err != nil {
 		s.coordFail(w, r, err)
 		return
@@ -307,7 +307,7 @@ func (s *Server) handleCoordFail(w http.ResponseWriter, r *http.Request, tenant 
 // handleCoordGet shows the caller's own record with its stored response.
 // Another tenant's key is indistinguishable from an absent one.
 func (s *Server) handleCoordGet(w http.ResponseWriter, r *http.Request, tenant string) {
-	scope, err := coordScope(r, tenant)
+	scope, err := s.coordScope(r, tenant)
 	if err != nil {
 		s.coordFail(w, r, err)
 		return
@@ -324,9 +324,10 @@ func (s *Server) handleCoordGet(w http.ResponseWriter, r *http.Request, tenant s
 // --- helpers ---
 
 // coordScope reads {operation} and {key}: the key must be a valid idempotency
-// key (400), the operation 1-64 characters of [a-z0-9_.-] (422) and not one
-// the node serves itself.
-func coordScope(r *http.Request, tenant string) (idem.Scope, error) {
+// key (400), the operation 1-64 characters of [a-z0-9_.-] (422), not one the
+// node serves itself (422), and one the node declares (Config.Operations;
+// 404 OPERATION_UNKNOWN otherwise). The message never echoes the name.
+func (s *Server) coordScope(r *http.Request, tenant string) (idem.Scope, error) {
 	op, key := r.PathValue("operation"), r.PathValue("key")
 	if !idem.ValidKey(key) {
 		return idem.Scope{}, idem.Errorf(idem.ECodeKeyInvalid, "An idempotency key is 1 to 255 visible ASCII characters.")
@@ -338,6 +339,9 @@ func coordScope(r *http.Request, tenant string) (idem.Scope, error) {
 		// The node's own operations keep their records to themselves: their
 		// recovery worker acts on them and their stored bodies are never shown.
 		return idem.Scope{}, idem.Errorf(idem.ECodeValidationFailed, "Operation %q is reserved for the node's own API.", op)
+	}
+	if !s.operations[op] {
+		return idem.Scope{}, idem.Errorf(idem.ECodeOperationUnknown, "This node does not serve that operation.")
 	}
 	return idem.Scope{Tenant: tenant, Operation: op, Key: key}, nil
 }
@@ -359,7 +363,7 @@ func validOperation(op string) bool {
 // caller's lease from the scope (tenant from the token) and the fencing token
 // read by token() after decoding.
 func (s *Server) coordLease(w http.ResponseWriter, r *http.Request, tenant string, in any, token func() *int64) (idem.Lease, error) {
-	scope, err := coordScope(r, tenant)
+	scope, err := s.coordScope(r, tenant)
 	if err != nil {
 		return idem.Lease{}, err
 	}
@@ -381,13 +385,9 @@ func (s *Server) decodeCoordBody(w http.ResponseWriter, r *http.Request, dst any
 			return idem.Errorf(idem.ECodeUnsupportedMediaType, "The body must be application/json.")
 		}
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	body, err := s.readBody(w, r)
 	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			return idem.Errorf(idem.ECodeBodyTooLarge, "The body is larger than %d bytes.", s.cfg.MaxBodyBytes)
-		}
-		return &idem.Error{Code: idem.ECodeRequestMalformed, Message: "The body could not be read.", Err: err}
+		return err
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
@@ -505,11 +505,12 @@ func (s *Server) coordNoContent(w http.ResponseWriter, r *http.Request, err erro
 }
 
 // observeCoordination counts a begin like an idempotent payment request.
-// Only begins whose operation name passed validation get here.
+// Only begins of a declared operation (Config.Operations) get here, so no
+// label value comes from a request.
 func (s *Server) observeCoordination(operation string, d idem.Decision, err error, elapsed time.Duration) {
-	outcome := "rejected"
+	outcome := outcomeRejected
 	if err == nil {
-		outcome = d.Outcome.String()
+		outcome = outcomeLabel(d.Outcome)
 		switch d.Outcome {
 		case idem.OutcomeReplay:
 			s.metrics.replays.WithLabelValues(operation).Inc()

@@ -31,7 +31,10 @@ var codeStatus = map[string]int{
 	idem.ECodeAPIVersionUnsupported:      http.StatusBadRequest,
 	idem.ECodeNotFound:                   http.StatusNotFound,
 	idem.ECodeMethodNotAllowed:           http.StatusMethodNotAllowed,
+	idem.ECodeOperationUnknown:           http.StatusNotFound,
+	idem.ECodeRequestTimeout:             http.StatusRequestTimeout,
 	idem.ECodeDuplicateMerchantRef:       http.StatusConflict,
+	idem.ECodeProviderKeyConflict:        http.StatusConflict,
 	idem.ECodePaymentNotFound:            http.StatusNotFound,
 	idem.ECodePaymentDeclined:            http.StatusPaymentRequired,
 	idem.ECodeProviderUnavailable:        http.StatusServiceUnavailable,
@@ -65,6 +68,10 @@ func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 		code, status = idem.ECodeUnavailable, http.StatusServiceUnavailable
 	} else if status >= 500 {
 		logger.ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path, "code", code, "err", err)
+	}
+	if code == idem.ECodeRequestTimeout {
+		// The rest of the body may still be on its way: end the connection.
+		w.Header().Set("Connection", "close")
 	}
 	switch code {
 	case idem.ECodeInProgress, idem.ECodeStoreUnavailable, idem.ECodeUnavailable, idem.ECodeNotHome, idem.ECodeProviderUnavailable, idem.ECodeReconciliationPending:

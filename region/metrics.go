@@ -2,10 +2,12 @@ package region
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/store"
 )
 
@@ -22,11 +24,36 @@ type metrics struct {
 	httpDuration      *prometheus.HistogramVec
 	forwarded         *prometheus.CounterVec
 	fenced            prometheus.Counter
+	keyConflicts      prometheus.Counter
 	inProgressAgeDesc *prometheus.Desc
 	store             *store.Store
 }
 
-func newMetrics(reg prometheus.Registerer, st *store.Store) (*metrics, error) {
+// outcomeRejected labels a keyed request refused before a decision (a bad
+// body, an unavailable store).
+const outcomeRejected = "rejected"
+
+// requestOutcomes are every outcome label of the keyed-request metrics.
+var requestOutcomes = []string{
+	idem.OutcomeExecute.String(), idem.OutcomeReplay.String(), idem.OutcomeConflict.String(),
+	idem.OutcomeInProgress.String(), idem.OutcomeRecover.String(), idem.OutcomeExpired.String(), outcomeRejected,
+}
+
+// outcomeLabel returns o's label, or "rejected" for a request that reached no
+// decision: every label value comes from requestOutcomes.
+func outcomeLabel(o idem.Outcome) string {
+	if s := o.String(); slices.Contains(requestOutcomes, s) {
+		return s
+	}
+	return outcomeRejected
+}
+
+// newMetrics registers the node's metrics on reg. Every labelled series of
+// the operations the node serves (operations) exists from the start at 0, so
+// that a rate over it reads 0 rather than "no data"; label values only ever
+// come from operations, the fixed outcome list and the mux's route patterns,
+// never from a request.
+func newMetrics(reg prometheus.Registerer, st *store.Store, operations []string) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idempotency_requests_total", Help: "Requests with an idempotency key, by operation and outcome.",
@@ -60,14 +87,25 @@ func newMetrics(reg prometheus.Registerer, st *store.Store) (*metrics, error) {
 		fenced: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "idempotency_fenced_total", Help: "Writes or provider calls of this node rejected because a newer owner held the record.",
 		}),
+		keyConflicts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idempotency_provider_key_conflicts_total", Help: "Payments ended CONFLICT because the provider held another charge under their provider key (an operator must look).",
+		}),
 		inProgressAgeDesc: prometheus.NewDesc("idempotency_in_progress_age_max_seconds",
 			"Age of the oldest record in IN_PROGRESS, by the store's clock (0 when none).", nil, nil),
 		store: st,
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.replays, m.conflicts, m.inProgress, m.expiredRetries,
-		m.unknownStates, m.latency, m.httpDuration, m.forwarded, m.fenced, m} {
+		m.unknownStates, m.latency, m.httpDuration, m.forwarded, m.fenced, m.keyConflicts, m} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
+		}
+	}
+	for _, op := range operations {
+		for _, outcome := range requestOutcomes {
+			m.requests.WithLabelValues(op, outcome)
+		}
+		for _, c := range []*prometheus.CounterVec{m.replays, m.conflicts, m.inProgress, m.expiredRetries, m.unknownStates} {
+			c.WithLabelValues(op)
 		}
 	}
 	return m, nil

@@ -51,6 +51,12 @@ func (s *Server) startOutbox(ctx context.Context, cfg WorkerConfig) {
 			s.logger.Warn("outbox metrics not registered", "err", err)
 		}
 	}
+	m.published.WithLabelValues()
+	for _, name := range []string{outbox.ConsumerLedger, outbox.ConsumerReceiptEmail} {
+		for _, result := range []string{"processed", "duplicate", "rejected", "failed"} {
+			m.consumed.WithLabelValues(name, result)
+		}
+	}
 	s.every(ctx, "outbox", cfg.OutboxInterval, func(ctx context.Context) error {
 		n, err := pub.PublishBatch(ctx, cfg.OutboxBatch)
 		m.published.WithLabelValues().Add(float64(n))

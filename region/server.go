@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"mime"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -27,8 +29,13 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultAddr         = "127.0.0.1:8080"
-	DefaultMaxBodyBytes = 64 << 10
+	DefaultAddr              = "127.0.0.1:8080"
+	DefaultMaxBodyBytes      = 64 << 10
+	DefaultReadHeaderTimeout = 5 * time.Second
+	DefaultReadTimeout       = 30 * time.Second
+	DefaultWriteTimeout      = 60 * time.Second
+	DefaultIdleTimeout       = 120 * time.Second
+	DefaultMaxHeaderBytes    = 64 << 10
 )
 
 // Config configures a Server.
@@ -72,6 +79,32 @@ type Config struct {
 	// PeerCAs nor PeerSecret the node refuses forwarded requests and cannot
 	// forward.
 	PeerSecret []byte
+	// Operations are the operations the coordination API serves, besides
+	// the node's own create_payment (which it never serves there). A
+	// request for any other operation is refused with 404
+	// OPERATION_UNKNOWN before anything is stored or counted. Default:
+	// none.
+	Operations []string
+
+	// ReadHeaderTimeout bounds reading a request's headers. Default
+	// DefaultReadHeaderTimeout (5s).
+	ReadHeaderTimeout time.Duration
+	// ReadTimeout bounds reading a request's body, from the moment its
+	// handler starts; a body still arriving then is answered 408
+	// REQUEST_TIMEOUT and the connection is closed. Default
+	// DefaultReadTimeout (30s).
+	ReadTimeout time.Duration
+	// WriteTimeout bounds a request from the end of its headers to the end
+	// of its answer (body read and processing included). A request with
+	// Prefer: wait=N gets ReadTimeout + N more, so a legitimate wait is never
+	// cut. Default DefaultWriteTimeout (60s).
+	WriteTimeout time.Duration
+	// IdleTimeout closes a keep-alive connection with no request for this
+	// long. Default DefaultIdleTimeout (120s).
+	IdleTimeout time.Duration
+	// MaxHeaderBytes bounds a request's header block; larger ones get 431.
+	// Default DefaultMaxHeaderBytes (64 KiB).
+	MaxHeaderBytes int
 }
 
 // Server is a regional node's HTTP server. Create it with NewServer, start it
@@ -83,6 +116,8 @@ type Server struct {
 	metrics  *metrics
 	logger   *slog.Logger
 	handler  http.Handler
+	// operations are the coordination operations served (Config.Operations).
+	operations map[string]bool
 
 	ln   net.Listener
 	http *http.Server
@@ -115,7 +150,28 @@ func NewServer(cfg Config, st *store.Store, pay *payments.Service) (*Server, err
 	if cfg.NodeID == "" {
 		cfg.NodeID = cfg.Region
 	}
-	m, err := newMetrics(cfg.Registry, st)
+	for _, d := range []struct {
+		v   *time.Duration
+		def time.Duration
+	}{
+		{&cfg.ReadHeaderTimeout, DefaultReadHeaderTimeout}, {&cfg.ReadTimeout, DefaultReadTimeout},
+		{&cfg.WriteTimeout, DefaultWriteTimeout}, {&cfg.IdleTimeout, DefaultIdleTimeout},
+	} {
+		if *d.v <= 0 {
+			*d.v = d.def
+		}
+	}
+	if cfg.MaxHeaderBytes <= 0 {
+		cfg.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	ops := map[string]bool{}
+	for _, op := range cfg.Operations {
+		if !validOperation(op) || op == payments.Operation {
+			return nil, fmt.Errorf("region: operation %q: want 1 to %d characters of a-z, 0-9, '_', '.' and '-', and not %s (the node's own)", op, maxOperationLen, payments.Operation)
+		}
+		ops[op] = true
+	}
+	m, err := newMetrics(cfg.Registry, st, append([]string{payments.Operation}, slices.Sorted(maps.Keys(ops))...))
 	if err != nil {
 		return nil, fmt.Errorf("region: register metrics: %w", err)
 	}
@@ -123,7 +179,7 @@ func NewServer(cfg Config, st *store.Store, pay *payments.Service) (*Server, err
 	if err != nil {
 		return nil, fmt.Errorf("region: register metrics: %w", err)
 	}
-	s := &Server{cfg: cfg, store: st, payments: pay, metrics: m, workerMetrics: wm, logger: cfg.Logger,
+	s := &Server{cfg: cfg, store: st, payments: pay, metrics: m, workerMetrics: wm, logger: cfg.Logger, operations: ops,
 		forwardTransport: http.DefaultTransport.(*http.Transport).Clone()}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /payments", s.authenticated(s.handleCreatePayment))
@@ -143,7 +199,7 @@ func NewServer(cfg Config, st *store.Store, pay *payments.Service) (*Server, err
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.logger, idem.Errorf(idem.ECodeNotFound, "No such endpoint."))
 	})
-	s.handler = s.instrument(mux)
+	s.handler = s.deadlines(s.instrument(mux))
 	return s, nil
 }
 
@@ -161,7 +217,16 @@ func (s *Server) Open() error {
 		}
 	}
 	s.ln = ln
-	s.http = &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second}
+	s.http = &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
+		// The body's own deadline is set per request (deadlines), so that
+		// it never cuts a request that has read its body and is waiting.
+		WriteTimeout:   s.cfg.WriteTimeout,
+		IdleTimeout:    s.cfg.IdleTimeout,
+		MaxHeaderBytes: s.cfg.MaxHeaderBytes,
+		ErrorLog:       slog.NewLogLogger(s.logger.Handler(), slog.LevelDebug),
+	}
 	s.done = make(chan error, 1)
 	if s.cfg.TLS != nil {
 		s.http.TLSConfig = s.cfg.TLS
@@ -255,14 +320,9 @@ func (s *Server) handleCreatePayment(w http.ResponseWriter, r *http.Request, ten
 			return
 		}
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	body, err := s.readBody(w, r)
 	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			writeError(w, r, s.logger, idem.Errorf(idem.ECodeBodyTooLarge, "The body is larger than %d bytes.", s.cfg.MaxBodyBytes))
-			return
-		}
-		writeError(w, r, s.logger, &idem.Error{Code: idem.ECodeRequestMalformed, Message: "The body could not be read.", Err: err})
+		writeError(w, r, s.logger, err)
 		return
 	}
 	res, err := s.payments.Create(r.Context(), payments.Request{
@@ -292,7 +352,7 @@ func (s *Server) Fenced() { s.metrics.fenced.Inc() }
 
 // observe counts an idempotent request's outcome.
 func (s *Server) observe(operation string, res payments.Result, err error, d time.Duration) {
-	outcome := res.Outcome.String()
+	outcome := outcomeLabel(res.Outcome)
 	switch idem.ErrorCode(err) {
 	case "":
 	case idem.ECodeKeyReused:
@@ -303,7 +363,7 @@ func (s *Server) observe(operation string, res payments.Result, err error, d tim
 		s.metrics.inProgress.WithLabelValues(operation).Inc()
 	default:
 		if res.Outcome == 0 {
-			outcome = "rejected"
+			outcome = outcomeRejected
 		}
 	}
 	if res.Replayed {
@@ -314,6 +374,9 @@ func (s *Server) observe(operation string, res payments.Result, err error, d tim
 	}
 	if res.Unknown {
 		s.metrics.unknownStates.WithLabelValues(operation).Inc()
+	}
+	if res.ProviderKeyConflict {
+		s.metrics.keyConflicts.Inc()
 	}
 	s.metrics.requests.WithLabelValues(operation, outcome).Inc()
 	s.metrics.latency.WithLabelValues(operation, outcome).Observe(d.Seconds())
@@ -406,6 +469,67 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready", "region": s.cfg.Region})
 }
 
+// readBody reads a request body of at most MaxBodyBytes: 413 when larger,
+// 408 when it does not arrive within ReadTimeout, 422 when it cannot be read.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err == nil {
+		return body, nil
+	}
+	var (
+		tooLarge *http.MaxBytesError
+		e        *idem.Error
+	)
+	switch {
+	case errors.As(err, &tooLarge):
+		return nil, idem.Errorf(idem.ECodeBodyTooLarge, "The body is larger than %d bytes.", s.cfg.MaxBodyBytes)
+	case errors.As(err, &e):
+		return nil, e
+	}
+	return nil, &idem.Error{Code: idem.ECodeRequestMalformed, Message: "The body could not be read.", Err: err}
+}
+
+// deadlines gives each request with a body a read deadline, ReadTimeout
+// from the handler's start (net/http lifts it once the body has been read,
+// for its background read), and extends the write deadline of a request
+// with Prefer: wait=N by the wait it is allowed.
+func (s *Server) deadlines(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		now := time.Now()
+		if wait := preferWait(r.Header); wait > 0 {
+			// Unsupported (a test recorder): nothing to extend.
+			_ = rc.SetWriteDeadline(now.Add(s.cfg.ReadTimeout + wait + s.cfg.WriteTimeout))
+		}
+		if r.Body != nil && r.Body != http.NoBody {
+			if err := rc.SetReadDeadline(now.Add(s.cfg.ReadTimeout)); err == nil {
+				r.Body = &deadlineBody{ReadCloser: r.Body}
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// deadlineBody turns a body read past its deadline into 408
+// REQUEST_TIMEOUT.
+type deadlineBody struct {
+	io.ReadCloser
+	done bool
+}
+
+func (b *deadlineBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == nil || b.done {
+		return n, err
+	}
+	b.done = true
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return n, &idem.Error{Code: idem.ECodeRequestTimeout, Message: "The request body did not arrive in time.", Err: err}
+	}
+	return n, err
+}
+
 // statusWriter records the status code for metrics.
 type statusWriter struct {
 	http.ResponseWriter
@@ -418,6 +542,9 @@ func (w *statusWriter) WriteHeader(code int) {
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
+
+// Unwrap lets http.ResponseController reach the connection.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func (w *statusWriter) Write(b []byte) (int, error) {
 	if w.status == 0 {

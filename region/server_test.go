@@ -43,15 +43,36 @@ func newNode(t *testing.T) *node {
 
 func newNodeOn(t *testing.T, st *store.Store, window time.Duration) *node {
 	t.Helper()
-	reg := prometheus.NewRegistry()
-	pay := payments.NewService(st, payments.Config{Region: "test", Window: window})
-	srv, err := region.NewServer(region.Config{Region: "test", Tokens: map[string]string{"tok-a": "tenant-a", "tok-b": "tenant-b"}, Registry: reg}, st, pay)
+	return startNode(t, st, payments.NewService(st, payments.Config{Region: "test", Window: window}), region.Config{})
+}
+
+// testOperations are the coordination operations the test nodes declare (the
+// longest name allowed among them).
+var testOperations = []string{"op", "charge", "ship.order", strings.Repeat("o", 64)}
+
+// startNode serves a node over pay on an httptest server. cfg gets the test
+// region, tokens, operations and a fresh registry where it leaves them empty.
+func startNode(t *testing.T, st *store.Store, pay *payments.Service, cfg region.Config) *node {
+	t.Helper()
+	if cfg.Region == "" {
+		cfg.Region = "test"
+	}
+	if cfg.Tokens == nil {
+		cfg.Tokens = map[string]string{"tok-a": "tenant-a", "tok-b": "tenant-b"}
+	}
+	if cfg.Operations == nil {
+		cfg.Operations = testOperations
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	srv, err := region.NewServer(cfg, st, pay)
 	if err != nil {
 		t.Fatal(err)
 	}
 	hs := httptest.NewServer(srv.Handler())
 	t.Cleanup(hs.Close)
-	return &node{t: t, url: hs.URL, store: st, reg: reg}
+	return &node{t: t, url: hs.URL, store: st, reg: cfg.Registry}
 }
 
 type answer struct {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/store"
 )
 
@@ -33,6 +34,9 @@ type WorkerConfig struct {
 	DuplicateDelivery bool
 }
 
+// workerNames label idempotency_worker_errors_total.
+var workerNames = []string{"recovery", "cleanup", "outbox"}
+
 type workerMetrics struct {
 	recovery       *prometheus.CounterVec
 	bodiesPruned   prometheus.Counter
@@ -43,7 +47,7 @@ type workerMetrics struct {
 func newWorkerMetrics(reg prometheus.Registerer) (*workerMetrics, error) {
 	m := &workerMetrics{
 		recovery: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "idempotency_recovery_total", Help: "Records handled by the recovery worker, by outcome (completed, released, declined, unknown, skipped).",
+			Name: "idempotency_recovery_total", Help: "Records handled by the recovery worker, by outcome (completed, released, declined, unknown, skipped, conflict).",
 		}, []string{"outcome"}),
 		bodiesPruned: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "idempotency_cleanup_bodies_pruned_total", Help: "Response bodies dropped from records past their window.",
@@ -59,6 +63,13 @@ func newWorkerMetrics(reg prometheus.Registerer) (*workerMetrics, error) {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
+	}
+	// Every series exists from the start, so that a rate reads 0.
+	for _, outcome := range payments.RecoveryOutcomes {
+		m.recovery.WithLabelValues(outcome)
+	}
+	for _, w := range workerNames {
+		m.workerErrors.WithLabelValues(w)
 	}
 	return m, nil
 }
@@ -80,6 +91,7 @@ func (s *Server) StartWorkers(ctx context.Context, cfg WorkerConfig) {
 		for outcome, n := range out {
 			s.workerMetrics.recovery.WithLabelValues(outcome).Add(float64(n))
 		}
+		s.metrics.keyConflicts.Add(float64(out[payments.RecoveryConflict]))
 		return err
 	})
 	s.every(ctx, "cleanup", cfg.CleanupInterval, func(ctx context.Context) error {

@@ -78,6 +78,11 @@ type Main struct {
 	AutoFailoverAfter time.Duration
 	FailoverTargets   map[string]string
 
+	// Operations are the coordination API's declared operations.
+	Operations []string
+	// HTTP bounds the node's HTTP server (timeouts, header size).
+	HTTP region.Config
+
 	ProviderURL     string
 	ProviderTimeout time.Duration
 	ResponseSchema  string
@@ -147,6 +152,12 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	fs.StringVar(&m.PeerSecretFile, "peer-secret-file", "", "file holding the cluster's shared peer secret, which authenticates forwarded requests between nodes without mTLS")
 	fs.StringVar(&m.ProviderCA, "provider-ca", "", "CA (PEM) that verifies an https --provider-url (default: the system's roots)")
 	m.Etcd.Register(fs)
+	operations := fs.String("operations", "", "comma-separated operations the coordination API serves (names of a-z, 0-9, '_', '.', '-'); others are refused with 404 OPERATION_UNKNOWN")
+	fs.DurationVar(&m.HTTP.ReadHeaderTimeout, "read-header-timeout", region.DefaultReadHeaderTimeout, "bound on reading a request's headers")
+	fs.DurationVar(&m.HTTP.ReadTimeout, "read-timeout", region.DefaultReadTimeout, "bound on reading a request's body (408 REQUEST_TIMEOUT past it)")
+	fs.DurationVar(&m.HTTP.WriteTimeout, "write-timeout", region.DefaultWriteTimeout, "bound on a request from its headers to its answer; Prefer: wait=N adds read-timeout + N")
+	fs.DurationVar(&m.HTTP.IdleTimeout, "idle-timeout", region.DefaultIdleTimeout, "close keep-alive connections idle this long")
+	fs.IntVar(&m.HTTP.MaxHeaderBytes, "max-header-bytes", region.DefaultMaxHeaderBytes, "bound on a request's header block (431 past it)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -155,6 +166,22 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	}
 	if m.DatabaseURL == "" {
 		return fmt.Errorf("--database-url (or %s) is required", cli.EnvName("database-url"))
+	}
+	for _, op := range strings.Split(*operations, ",") {
+		if op = strings.TrimSpace(op); op != "" {
+			m.Operations = append(m.Operations, op)
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"read-header-timeout", m.HTTP.ReadHeaderTimeout}, {"read-timeout", m.HTTP.ReadTimeout}, {"write-timeout", m.HTTP.WriteTimeout}, {"idle-timeout", m.HTTP.IdleTimeout}} {
+		if d.v <= 0 {
+			return fmt.Errorf("--%s must be positive", d.name)
+		}
+	}
+	if m.HTTP.MaxHeaderBytes <= 0 {
+		return fmt.Errorf("--max-header-bytes must be positive")
 	}
 	for _, e := range strings.Split(*etcd, ",") {
 		if e = strings.TrimSpace(e); e != "" {
@@ -295,6 +322,9 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	pay := payments.NewService(st, cfg)
 	rcfg.Router = router
+	rcfg.Operations = m.Operations
+	rcfg.ReadHeaderTimeout, rcfg.ReadTimeout = m.HTTP.ReadHeaderTimeout, m.HTTP.ReadTimeout
+	rcfg.WriteTimeout, rcfg.IdleTimeout, rcfg.MaxHeaderBytes = m.HTTP.WriteTimeout, m.HTTP.IdleTimeout, m.HTTP.MaxHeaderBytes
 	srv, err := region.NewServer(rcfg, st, pay)
 	if err != nil {
 		_ = ln.Close()
