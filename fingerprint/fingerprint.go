@@ -47,7 +47,9 @@
 // command whose v1 hash matches is a replay, so within its window a v1 record
 // of an amount above 2^53 minor units still cannot tell that amount from one
 // that rounds to the same double; all other v1 records compare exactly as
-// before.
+// before. Wherever version 1 was exact it hashed the same bytes as version 2,
+// so "v2:X" and "v1:X" stand for the same command ([Equivalent]): a caller
+// that sends only its own current-version hash still meets its v1 records.
 package fingerprint
 
 import (
@@ -135,6 +137,21 @@ func HashVersion(version int, operation string, fields map[string]any) (string, 
 // form), for diagnostics and for clients checking their own implementation.
 func Canonical(operation string, fields map[string]any) ([]byte, error) {
 	return canonicalV2(operation, fields)
+}
+
+// Equivalent returns h followed by the hashes of older supported versions
+// that stand for the same command: for "v2:X" it is ["v2:X", "v1:X"]. Equal
+// SHA-256 means equal canonical bytes, and wherever version 1 was exact its
+// canonical form is version 2's byte for byte, so a record stored as "v1:X"
+// was made by the same command. It lets a caller that sends only a
+// current-version hash (the coordination API's requestHash) still replay
+// and conflict against records written under version 1. Any other h is
+// returned alone.
+func Equivalent(h string) []string {
+	if VersionOf(h) != 2 || !strings.HasPrefix(h, "v2:") {
+		return []string{h}
+	}
+	return []string{h, "v1:" + strings.TrimPrefix(h, "v2:")}
 }
 
 // VersionOf returns the version of a "v<N>:<hex>" hash, or 0 if h has no such

@@ -266,3 +266,31 @@ func FuzzCanonical(f *testing.F) {
 		}
 	})
 }
+
+func TestEquivalent(t *testing.T) {
+	x := strings.Repeat("ab", 32)
+	for _, tc := range []struct {
+		h    string
+		want []string
+	}{
+		{"v2:" + x, []string{"v2:" + x, "v1:" + x}},
+		{"v1:" + x, []string{"v1:" + x}},
+		{"v3:" + x, []string{"v3:" + x}},
+		{"v02:" + x, []string{"v02:" + x}},
+		{"raw:" + x, []string{"raw:" + x}},
+	} {
+		if got := Equivalent(tc.h); strings.Join(got, ",") != strings.Join(tc.want, ",") {
+			t.Errorf("Equivalent(%s) = %v, want %v", tc.h, got, tc.want)
+		}
+	}
+	// What Equivalent relies on: for the golden commands v1 hashed exactly,
+	// the v1 hash is the v2 hash under the old prefix.
+	for _, tc := range goldenCommands {
+		if tc.name == "payment at 2^53+1 minor units" || strings.HasPrefix(tc.name, "payment of 9") {
+			continue
+		}
+		if eq := Equivalent(tc.v2); eq[1] != tc.v1 {
+			t.Errorf("%s: Equivalent(%s) = %v, want v1 %s", tc.name, tc.v2, eq, tc.v1)
+		}
+	}
+}

@@ -200,7 +200,9 @@ func (s *Server) coordBegin(w http.ResponseWriter, r *http.Request, scope idem.S
 			return idem.Decision{}, idem.Errorf(idem.ECodeValidationFailed,
 				"Field \"requestHash\" must be \"v<version>:<hash>\", at most %d visible ASCII characters.", maxRequestHashLen)
 		}
-		req.RequestHashes, req.HashVersion = []string{*in.RequestHash}, version
+		// A v2 hash also stands for the v1 hash of the same bytes, so a
+		// caller's retry after the version change still meets its v1 record.
+		req.RequestHashes, req.HashVersion = fingerprint.Equivalent(*in.RequestHash), version
 	case len(in.Command) > 0:
 		hashes, err := commandHashes(scope.Operation, in.Command)
 		if err != nil {

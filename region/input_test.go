@@ -158,3 +158,30 @@ func TestCoordinationV1RecordsStillCompare(t *testing.T) {
 		t.Errorf("different command against a v1 record = %d %s, want conflict", a.status, a.body)
 	}
 }
+
+// TestCoordinationV2HashMeetsV1Record: a caller that hashes for itself sends
+// only the current version's hash. Where v1 was exact it hashed the same
+// bytes, so "v2:X" is the command that wrote a record as "v1:X": a retry
+// across the version change replays instead of conflicting.
+func TestCoordinationV2HashMeetsV1Record(t *testing.T) {
+	n := newNode(t)
+	cmd := map[string]any{"amount": "10.00", "n": 1}
+	v1, err := fingerprint.HashVersion(1, "charge", cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v2, err := fingerprint.Hash("charge", cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, b := n.begin("tok-a", "charge", "own-hash", `{"requestHash":"`+v1+`"}`); a.status != http.StatusOK || b.Outcome != "execute" {
+		t.Fatalf("v1 begin = %d %s", a.status, a.body)
+	}
+	if a, b := n.begin("tok-a", "charge", "own-hash", `{"requestHash":"`+v2+`"}`); a.status != http.StatusOK || b.Outcome != "in_progress" {
+		t.Errorf("v2 hash of the same command = %d %s, want in_progress", a.status, a.body)
+	}
+	other, _ := fingerprint.Hash("charge", map[string]any{"amount": "10.01", "n": 1})
+	if a, b := n.begin("tok-a", "charge", "own-hash", `{"requestHash":"`+other+`"}`); a.status != http.StatusOK || b.Outcome != "conflict" {
+		t.Errorf("v2 hash of another command = %d %s, want conflict", a.status, a.body)
+	}
+}
