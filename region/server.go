@@ -287,7 +287,9 @@ func preferWait(h http.Header) time.Duration {
 			}
 			n, err := strconv.Atoi(strings.Trim(strings.TrimSpace(val), `"`))
 			if err == nil && n > 0 {
-				return min(time.Duration(n)*time.Second, payments.MaxWait)
+				// Clamp before multiplying: n seconds overflow a Duration
+				// from about 9.2e9 on.
+				return time.Duration(min(n, int(payments.MaxWait/time.Second))) * time.Second
 			}
 		}
 	}
