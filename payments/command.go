@@ -84,7 +84,7 @@ func ParseCommand(body []byte, apiVersion string) (Command, error) {
 	}
 	var w wireCommand
 	if err := strictjson.DecodeObject(body, &w); err != nil {
-		return Command{}, bodyError(err)
+		return Command{}, strictjson.ClientError(err)
 	}
 	c := Command{APIVersion: apiVersion, Channel: DefaultChannel}
 	var err error
@@ -113,24 +113,6 @@ func ParseCommand(body []byte, apiVersion string) (Command, error) {
 		}
 	}
 	return c, nil
-}
-
-// bodyError turns a strictjson error into the client's error.
-func bodyError(err error) error {
-	var e *strictjson.Error
-	switch {
-	case errors.Is(err, strictjson.ErrNotObject):
-		return &idem.Error{Code: idem.ECodeValidationFailed, Message: "The body must be a JSON object.", Err: err}
-	case !errors.As(err, &e) || e.Kind == strictjson.Malformed:
-		return &idem.Error{Code: idem.ECodeRequestMalformed,
-			Message: "The body is not one valid JSON object (each member name once, valid UTF-8, nothing after it).", Err: err}
-	case e.Kind == strictjson.UnknownMember:
-		return &idem.Error{Code: idem.ECodeValidationFailed, Message: "The body has an unknown field (names are case-sensitive).", Err: err}
-	case e.Field != "":
-		return &idem.Error{Code: idem.ECodeValidationFailed, Message: fmt.Sprintf("Field %q has the wrong type.", e.Field), Err: err}
-	default:
-		return &idem.Error{Code: idem.ECodeValidationFailed, Message: "A field has the wrong type.", Err: err}
-	}
 }
 
 // asciiUpper upper-cases ASCII letters only. A string with any other byte

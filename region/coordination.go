@@ -385,29 +385,7 @@ func (s *Server) decodeCoordBody(w http.ResponseWriter, r *http.Request, dst any
 		}
 		return &idem.Error{Code: idem.ECodeRequestMalformed, Message: "The body could not be read.", Err: err}
 	}
-	return coordBodyError(strictjson.DecodeObject(body, dst))
-}
-
-// coordBodyError turns a strictjson error into the client's error; its
-// messages never quote the body.
-func coordBodyError(err error) error {
-	var e *strictjson.Error
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, strictjson.ErrNotObject):
-		return &idem.Error{Code: idem.ECodeValidationFailed, Message: "The body must be a JSON object.", Err: err}
-	case !errors.As(err, &e) || e.Kind == strictjson.Malformed:
-		return &idem.Error{Code: idem.ECodeRequestMalformed,
-			Message: "The body is not one valid JSON object (each member name once, valid UTF-8, nothing after it).", Err: err}
-	case e.Kind == strictjson.UnknownMember:
-		return &idem.Error{Code: idem.ECodeValidationFailed, Message: "The body has an unknown field (names are case-sensitive).", Err: err}
-	case e.Field != "":
-		return &idem.Error{Code: idem.ECodeValidationFailed,
-			Message: fmt.Sprintf("Field %q has the wrong type or an invalid value (response bodies are standard base64).", e.Field), Err: err}
-	default:
-		return &idem.Error{Code: idem.ECodeValidationFailed, Message: "A field has the wrong type or an invalid value.", Err: err}
-	}
+	return strictjson.ClientError(strictjson.DecodeObject(body, dst))
 }
 
 // commandHashes hashes a begin's "command" under every supported fingerprint

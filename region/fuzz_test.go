@@ -36,7 +36,7 @@ func FuzzCoordinationBodies(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var b beginInput
-		if err := coordBodyError(strictjson.DecodeObject(body, &b)); err != nil {
+		if err := strictjson.ClientError(strictjson.DecodeObject(body, &b)); err != nil {
 			clientError(t, "begin body", err)
 		} else if len(b.Command) > 0 {
 			h1, err := commandHashes("op", b.Command)
@@ -69,7 +69,7 @@ func FuzzCoordinationBodies(f *testing.F) {
 			}
 		}
 		var c completeInput
-		if err := coordBodyError(strictjson.DecodeObject(body, &c)); err != nil {
+		if err := strictjson.ClientError(strictjson.DecodeObject(body, &c)); err != nil {
 			clientError(t, "complete body", err)
 		} else if c.Response != nil {
 			if _, err := responseFrom(c.Response); err != nil {
@@ -77,11 +77,11 @@ func FuzzCoordinationBodies(f *testing.F) {
 			}
 		}
 		var fl failInput
-		if err := coordBodyError(strictjson.DecodeObject(body, &fl)); err != nil {
+		if err := strictjson.ClientError(strictjson.DecodeObject(body, &fl)); err != nil {
 			clientError(t, "fail body", err)
 		}
 		var cp checkpointInput
-		if err := coordBodyError(strictjson.DecodeObject(body, &cp)); err != nil {
+		if err := strictjson.ClientError(strictjson.DecodeObject(body, &cp)); err != nil {
 			clientError(t, "checkpoint body", err)
 		}
 	})

@@ -24,12 +24,15 @@ package strictjson
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"reflect"
 	"strings"
 
 	"github.com/go-json-experiment/json"
 	"github.com/go-json-experiment/json/jsontext"
+
+	"github.com/idemcoord/idem"
 )
 
 // MaxDepth is the deepest nesting of arrays and objects a body may have,
@@ -131,6 +134,30 @@ func Object(data []byte) (jsontext.Value, error) {
 		}
 	}
 	return jsontext.Value(bytes.Trim(data, " \t\r\n")), nil
+}
+
+// ClientError turns an error of DecodeObject into the *idem.Error a client
+// sees (nil stays nil): REQUEST_MALFORMED for Malformed bodies,
+// REQUEST_VALIDATION_FAILED for a body that is valid JSON but not an object,
+// for unknown members and for wrong types. Messages never quote the body;
+// the cause is kept for the log.
+func ClientError(err error) error {
+	var e *Error
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrNotObject):
+		return &idem.Error{Code: idem.ECodeValidationFailed, Message: "The body must be a JSON object.", Err: err}
+	case !errors.As(err, &e) || e.Kind == Malformed:
+		return &idem.Error{Code: idem.ECodeRequestMalformed,
+			Message: fmt.Sprintf("The body is not one valid JSON object (each member name once and exactly as documented, valid UTF-8, at most %d levels deep, nothing after it).", MaxDepth), Err: err}
+	case e.Kind == UnknownMember:
+		return &idem.Error{Code: idem.ECodeValidationFailed, Message: "The body has an unknown field (names are case-sensitive).", Err: err}
+	case e.Field != "":
+		return &idem.Error{Code: idem.ECodeValidationFailed, Message: fmt.Sprintf("Field %q has the wrong type or an invalid value.", e.Field), Err: err}
+	default:
+		return &idem.Error{Code: idem.ECodeValidationFailed, Message: "A field has the wrong type or an invalid value.", Err: err}
+	}
 }
 
 // declaredField returns the first token of ptr if dst points to a struct

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/go-json-experiment/json/jsontext"
+
+	"github.com/idemcoord/idem"
 )
 
 type body struct {
@@ -124,4 +126,24 @@ func FuzzDecodeObject(f *testing.F) {
 			t.Fatalf("raw member %q is not valid JSON", b.Amount)
 		}
 	})
+}
+
+func TestClientError(t *testing.T) {
+	for _, tc := range []struct{ in, code string }{
+		{`{"accountId":"a"}`, ""},
+		{`{"amount":1,"amount":2}`, idem.ECodeRequestMalformed},
+		{`{} {}`, idem.ECodeRequestMalformed},
+		{`[]`, idem.ECodeValidationFailed},
+		{`{"<b>secret</b>":1}`, idem.ECodeValidationFailed},
+		{`{"fencingToken":"x"}`, idem.ECodeValidationFailed},
+	} {
+		var b body
+		err := ClientError(DecodeObject([]byte(tc.in), &b))
+		if got := idem.ErrorCode(err); got != tc.code {
+			t.Errorf("ClientError(%s) code = %q, want %q", tc.in, got, tc.code)
+		}
+		if strings.Contains(idem.ErrorMessage(err), "secret") {
+			t.Errorf("message %q quotes the body", idem.ErrorMessage(err))
+		}
+	}
 }
