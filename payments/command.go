@@ -1,16 +1,18 @@
 package payments
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strconv"
 	"strings"
 
+	"github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
+
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/fingerprint"
+	"github.com/idemcoord/idem/internal/ident"
+	"github.com/idemcoord/idem/internal/strictjson"
 )
 
 // Operation is the operation name of POST /payments, part of every scope and
@@ -56,41 +58,33 @@ type Command struct {
 	APIVersion        string
 }
 
-// wireCommand is the request body. Unknown fields are rejected.
+// wireCommand is the request body, decoded by package strictjson: names
+// match exactly, duplicates and unknown names are rejected.
 type wireCommand struct {
-	AccountID         *string         `json:"accountId"`
-	Amount            json.RawMessage `json:"amount"`
-	Currency          *string         `json:"currency"`
-	MerchantReference *string         `json:"merchantReference"`
-	Channel           *string         `json:"channel"`
+	AccountID         *string        `json:"accountId"`
+	Amount            jsontext.Value `json:"amount"`
+	Currency          *string        `json:"currency"`
+	MerchantReference *string        `json:"merchantReference"`
+	Channel           *string        `json:"channel"`
 }
 
 // ParseCommand parses a request body sent under apiVersion ("" means
 // DefaultAPIVersion). Errors are *idem.Error: REQUEST_MALFORMED for bodies that
-// are not one JSON object, REQUEST_VALIDATION_FAILED for unknown fields and
-// invalid values, API_VERSION_UNSUPPORTED for an unknown Api-Version.
+// are not one strict JSON object (syntax, a member name twice, invalid UTF-8,
+// nesting deeper than strictjson.MaxDepth, trailing data),
+// REQUEST_VALIDATION_FAILED for a body that is not an object, unknown fields
+// (names are case-sensitive) and invalid values, API_VERSION_UNSUPPORTED for
+// an unknown Api-Version. Messages never quote the body.
 func ParseCommand(body []byte, apiVersion string) (Command, error) {
 	if apiVersion == "" {
 		apiVersion = DefaultAPIVersion
 	}
 	if !validAPIVersion(apiVersion) {
-		return Command{}, idem.Errorf(idem.ECodeAPIVersionUnsupported, "Api-Version %q is not supported; supported: %s.", apiVersion, strings.Join(APIVersions, ", "))
+		return Command{}, idem.Errorf(idem.ECodeAPIVersionUnsupported, "The Api-Version is not supported; supported: %s.", strings.Join(APIVersions, ", "))
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
 	var w wireCommand
-	if err := dec.Decode(&w); err != nil {
-		if msg, ok := unknownField(err); ok {
-			return Command{}, idem.Errorf(idem.ECodeValidationFailed, "Unknown field %s.", msg)
-		}
-		var typeErr *json.UnmarshalTypeError
-		if errors.As(err, &typeErr) {
-			return Command{}, idem.Errorf(idem.ECodeValidationFailed, "Field %q has the wrong type.", typeErr.Field)
-		}
-		return Command{}, &idem.Error{Code: idem.ECodeRequestMalformed, Message: "The body is not a valid JSON object.", Err: err}
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return Command{}, idem.Errorf(idem.ECodeRequestMalformed, "The body must hold exactly one JSON object.")
+	if err := strictjson.DecodeObject(body, &w); err != nil {
+		return Command{}, strictjson.ClientError(err)
 	}
 	c := Command{APIVersion: apiVersion, Channel: DefaultChannel}
 	var err error
@@ -103,21 +97,53 @@ func ParseCommand(body []byte, apiVersion string) (Command, error) {
 	if w.Currency == nil {
 		return Command{}, idem.Errorf(idem.ECodeValidationFailed, "Field \"currency\" is required.")
 	}
-	c.Currency = strings.ToUpper(*w.Currency)
+	// Enums are ASCII: strings.ToUpper would map "uſd" (long s) to "USD".
+	c.Currency = asciiUpper(*w.Currency)
 	exp, ok := currencyExponents[c.Currency]
 	if !ok {
-		return Command{}, idem.Errorf(idem.ECodeValidationFailed, "Currency %q is not supported.", *w.Currency)
+		return Command{}, idem.Errorf(idem.ECodeValidationFailed, "Field \"currency\" is not a supported ISO 4217 code.")
 	}
 	if c.AmountMinor, err = parseAmount(w.Amount, exp); err != nil {
 		return Command{}, err
 	}
 	if w.Channel != nil {
-		c.Channel = strings.ToLower(*w.Channel)
+		c.Channel = asciiLower(*w.Channel)
 		if !channels[c.Channel] {
-			return Command{}, idem.Errorf(idem.ECodeValidationFailed, "Channel %q is not one of web, mobile, api, pos.", *w.Channel)
+			return Command{}, idem.Errorf(idem.ECodeValidationFailed, "Field \"channel\" is not one of web, mobile, api, pos.")
 		}
 	}
 	return c, nil
+}
+
+// asciiUpper upper-cases ASCII letters only. A string with any other byte
+// than ASCII letters is returned as is (and then matches no enum value).
+func asciiUpper(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		switch {
+		case c >= 'a' && c <= 'z':
+			b[i] = c - 'a' + 'A'
+		case c >= 'A' && c <= 'Z':
+		default:
+			return s
+		}
+	}
+	return string(b)
+}
+
+// asciiLower lower-cases ASCII letters only, like asciiUpper.
+func asciiLower(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		switch {
+		case c >= 'A' && c <= 'Z':
+			b[i] = c - 'A' + 'a'
+		case c >= 'a' && c <= 'z':
+		default:
+			return s
+		}
+	}
+	return string(b)
 }
 
 func validAPIVersion(v string) bool {
@@ -129,14 +155,9 @@ func validAPIVersion(v string) bool {
 	return false
 }
 
-func unknownField(err error) (string, bool) {
-	const prefix = "json: unknown field "
-	if s := err.Error(); strings.HasPrefix(s, prefix) {
-		return strings.TrimPrefix(s, prefix), true
-	}
-	return "", false
-}
-
+// requiredID checks an identifier: present, at most maxLen bytes, and
+// acceptable to package ident (NFC, no control or bidirectional control
+// characters). Non-NFC identifiers are rejected, not normalised.
 func requiredID(name string, v *string, maxLen int) (string, error) {
 	if v == nil || *v == "" {
 		return "", idem.Errorf(idem.ECodeValidationFailed, "Field %q is required.", name)
@@ -144,10 +165,11 @@ func requiredID(name string, v *string, maxLen int) (string, error) {
 	if len(*v) > maxLen {
 		return "", idem.Errorf(idem.ECodeValidationFailed, "Field %q is longer than %d bytes.", name, maxLen)
 	}
-	for _, r := range *v {
-		if r < 0x20 || r == 0x7f || r == '\uFFFD' {
-			return "", idem.Errorf(idem.ECodeValidationFailed, "Field %q holds a control or invalid character.", name)
-		}
+	switch err := ident.Check(*v); {
+	case errors.Is(err, ident.ErrNotNFC):
+		return "", &idem.Error{Code: idem.ECodeValidationFailed, Message: fmt.Sprintf("Field %q must be in Unicode Normalization Form C.", name), Err: err}
+	case err != nil:
+		return "", &idem.Error{Code: idem.ECodeValidationFailed, Message: fmt.Sprintf("Field %q holds a control, bidirectional control or invalid character.", name), Err: err}
 	}
 	return *v, nil
 }
@@ -156,19 +178,22 @@ func requiredID(name string, v *string, maxLen int) (string, error) {
 // or number (10.0), into minor units of a currency with exp fraction digits.
 // Trailing zeros are insignificant ("10.0" == "10.00"); more significant
 // fraction digits than the currency has are rejected, never rounded.
-func parseAmount(raw json.RawMessage, exp int) (int64, error) {
+func parseAmount(raw jsontext.Value, exp int) (int64, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return 0, idem.Errorf(idem.ECodeValidationFailed, "Field \"amount\" is required.")
 	}
 	var s string
-	if raw[0] == '"' {
+	switch raw.Kind() {
+	case '"':
 		if err := json.Unmarshal(raw, &s); err != nil {
 			return 0, idem.Errorf(idem.ECodeValidationFailed, "Field \"amount\" is not a decimal.")
 		}
-	} else {
+	case '0':
 		s = string(raw)
+	default:
+		return 0, idem.Errorf(idem.ECodeValidationFailed, "Field \"amount\" must be a decimal string or number.")
 	}
-	bad := idem.Errorf(idem.ECodeValidationFailed, "Field \"amount\" must be a positive decimal such as \"10.00\", not %.40q.", s)
+	bad := idem.Errorf(idem.ECodeValidationFailed, "Field \"amount\" must be a positive decimal such as \"10.00\".")
 	whole, frac, hasDot := strings.Cut(s, ".")
 	if whole == "" || !digits(whole) || (hasDot && (frac == "" || !digits(frac))) {
 		return 0, bad
@@ -218,11 +243,11 @@ func FormatMinor(minor int64, currency string) string {
 // Fingerprint returns the command's request hash under every supported hash
 // version, current first (see package fingerprint).
 func (c Command) Fingerprint() ([]string, error) {
-	h, err := fingerprint.Hash(Operation, c.fields())
+	h, err := fingerprint.Hashes(Operation, c.fields())
 	if err != nil {
 		return nil, fmt.Errorf("payments: %w", err)
 	}
-	return []string{h}, nil
+	return h, nil
 }
 
 // fields is what the hash covers: every normalised field and the Api-Version

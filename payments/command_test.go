@@ -3,9 +3,12 @@ package payments
 import (
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/fingerprint"
+	"github.com/idemcoord/idem/internal/ident"
 )
 
 func mustParse(t *testing.T, body, version string) Command {
@@ -107,7 +110,9 @@ func TestFormatMinor(t *testing.T) {
 
 // FuzzParseCommand checks that the parser never panics, that every accepted
 // command is normalised (re-serialising it parses back to the same command and
-// hash), and that rejections carry a stable code.
+// hash), that its enums and identifiers obey the rules, that its fingerprint
+// is deterministic under every supported version, and that rejections carry a
+// stable code.
 func FuzzParseCommand(f *testing.F) {
 	for _, s := range []string{
 		`{"accountId":"acc_1","amount":"10.00","currency":"EUR","merchantReference":"invoice-7781"}`,
@@ -115,6 +120,13 @@ func FuzzParseCommand(f *testing.F) {
 		`{"accountId":"a","amount":10,"currency":"JPY","merchantReference":"r"}`,
 		`{"accountId":"a","amount":"0.001","currency":"BHD","merchantReference":"r"}`,
 		`{`, `[]`, `null`, `{"foo":1}`,
+		`{"accountId":"acc_b","ACCOUNTID":"acc_victim","amount":"1","currency":"EUR","merchantReference":"r"}`,
+		`{"accountId":"a","amount":"1.00","amount":"2.00","currency":"EUR","merchantReference":"r"}`,
+		`{"accountId":"a","amount":"999999999999999.99","currency":"EUR","merchantReference":"r"}`,
+		`{"accountId":"a","amount":"1","currency":"u\u017fd","merchantReference":"r"}`,
+		`{"accountId":"a","amount":"1","currency":"EUR","merchantReference":"cafe\u0301"}`,
+		`{"accountId":"a\u202e","amount":"1","currency":"EUR","merchantReference":"r"}`,
+		"{\"accountId\":\"a\xff\",\"amount\":\"1\",\"currency\":\"EUR\",\"merchantReference\":\"r\"}",
 	} {
 		f.Add([]byte(s))
 	}
@@ -130,6 +142,18 @@ func FuzzParseCommand(f *testing.F) {
 		}
 		if c.AmountMinor <= 0 {
 			t.Fatalf("accepted non-positive amount %d from %q", c.AmountMinor, body)
+		}
+		if _, ok := currencyExponents[c.Currency]; !ok || !channels[c.Channel] {
+			t.Fatalf("accepted enum values outside the tables: %+v", c)
+		}
+		if ident.Check(c.AccountID) != nil || ident.Check(c.MerchantReference) != nil {
+			t.Fatalf("accepted identifiers that ident rejects: %+v", c)
+		}
+		h1, err1 := c.Fingerprint()
+		h2, err2 := c.Fingerprint()
+		if err1 != nil || err2 != nil || len(h1) != len(fingerprint.Versions()) || strings.Join(h1, ",") != strings.Join(h2, ",") ||
+			fingerprint.VersionOf(h1[0]) != fingerprint.Version {
+			t.Fatalf("fingerprint not deterministic or not versioned: %v %v (%v, %v)", h1, h2, err1, err2)
 		}
 		again := `{"accountId":` + quote(c.AccountID) + `,"amount":"` + c.Amount() + `","currency":"` + c.Currency +
 			`","merchantReference":` + quote(c.MerchantReference) + `,"channel":"` + c.Channel + `"}`

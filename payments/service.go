@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/fencing"
+	"github.com/idemcoord/idem/fingerprint"
 	"github.com/idemcoord/idem/internal/failpoint"
 	"github.com/idemcoord/idem/store"
 )
@@ -187,7 +188,7 @@ func (s *Service) Create(ctx context.Context, req Request) (Result, error) {
 	begin := idem.BeginRequest{
 		Scope:         idem.Scope{Tenant: req.Tenant, Operation: Operation, Key: req.Key},
 		RequestHashes: hashes,
-		HashVersion:   1,
+		HashVersion:   fingerprint.Version,
 		Owner:         s.cfg.Owner,
 		HomeRegion:    s.cfg.Region,
 		LockFor:       s.cfg.LockFor,

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/idemcoord/idem/internal/strictjson"
 )
 
 // HTTP header names used by the provider API.
@@ -149,11 +151,12 @@ func (f Fault) MarshalJSON() ([]byte, error) {
 	return json.Marshal(w)
 }
 
-// UnmarshalJSON decodes the fault; delay is a Go duration string like "2s".
+// UnmarshalJSON decodes the fault strictly (package strictjson: exact
+// names, each once); delay is a Go duration string like "2s".
 func (f *Fault) UnmarshalJSON(b []byte) error {
 	var w faultJSON
-	if err := json.Unmarshal(b, &w); err != nil {
-		return err
+	if err := strictjson.DecodeObject(b, &w); err != nil {
+		return fmt.Errorf("provider: fault: %w", err)
 	}
 	var d time.Duration
 	if w.Delay != "" {
@@ -172,7 +175,7 @@ func (f Fault) normalize() (Fault, error) {
 		f.Mode = FaultNone
 	}
 	if !f.Mode.valid() {
-		return Fault{}, fmt.Errorf("unknown fault mode %q", f.Mode)
+		return Fault{}, fmt.Errorf("unknown fault mode; modes are %s, %s, %s, %s and %s", FaultNone, FaultFail, FaultDecline, FaultSlow, FaultLoseAnswer)
 	}
 	if f.Times < 0 {
 		return Fault{}, fmt.Errorf("times must be >= 0, got %d", f.Times)
@@ -416,17 +419,18 @@ func parseChargeRequest(w http.ResponseWriter, r *http.Request) (chargeInput, bo
 		}
 		in.Token, in.HasToken = tok, true
 	}
-	var body chargeBody
-	rd := http.MaxBytesReader(w, r.Body, maxBodyBytes)
-	if err := json.NewDecoder(rd).Decode(&body); err != nil {
-		writeError(w, http.StatusBadRequest, CodeInvalidRequest, "invalid JSON body: "+err.Error())
-		return chargeInput{}, false
-	}
 	// Read the body to its end: only then does net/http watch the
 	// connection and cancel the request context when the client leaves,
 	// which a slow fault relies on.
-	if _, err := io.Copy(io.Discard, rd); err != nil {
-		writeError(w, http.StatusBadRequest, CodeInvalidRequest, "reading body: "+err.Error())
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, CodeInvalidRequest, fmt.Sprintf("the body could not be read or is larger than %d bytes", maxBodyBytes))
+		return chargeInput{}, false
+	}
+	var body chargeBody
+	if err := strictjson.DecodeObject(raw, &body); err != nil {
+		writeError(w, http.StatusBadRequest, CodeInvalidRequest,
+			"the body must be one JSON object of amountMinor, currency and accountId (exact names, each once, valid UTF-8)")
 		return chargeInput{}, false
 	}
 	if body.AmountMinor <= 0 {
@@ -521,11 +525,16 @@ func (s *Server) handleLookup(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) handleSetFault(w http.ResponseWriter, r *http.Request) {
 	var f Fault
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBodyBytes)).Decode(&f); err != nil {
-		writeError(w, http.StatusBadRequest, CodeInvalidFault, "invalid fault: "+err.Error())
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	if err == nil {
+		err = strictjson.DecodeObject(raw, &f)
+	}
+	if err != nil {
+		writeError(w, http.StatusBadRequest, CodeInvalidFault,
+			`the body must be one JSON object {"mode","times","delay"} (exact names, each once, valid UTF-8, delay a Go duration)`)
 		return
 	}
-	f, err := s.SetFault(f)
+	f, err = s.SetFault(f)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, CodeInvalidFault, err.Error())
 		return

@@ -1,10 +1,8 @@
 package region
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
-	"io"
+	"fmt"
 	"mime"
 	"net/http"
 	"strconv"
@@ -12,8 +10,12 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/go-json-experiment/json/jsontext"
+
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/fingerprint"
+	"github.com/idemcoord/idem/internal/ident"
+	"github.com/idemcoord/idem/internal/strictjson"
 	"github.com/idemcoord/idem/payments"
 )
 
@@ -97,11 +99,11 @@ func coordResponseOf(r *idem.Response) *coordResponse {
 }
 
 type beginInput struct {
-	RequestHash        *string         `json:"requestHash"`
-	Command            json.RawMessage `json:"command"`
-	LockTimeoutSeconds *int64          `json:"lockTimeoutSeconds"`
-	WindowSeconds      *int64          `json:"windowSeconds"`
-	Owner              *string         `json:"owner"`
+	RequestHash        *string        `json:"requestHash"`
+	Command            jsontext.Value `json:"command"`
+	LockTimeoutSeconds *int64         `json:"lockTimeoutSeconds"`
+	WindowSeconds      *int64         `json:"windowSeconds"`
+	Owner              *string        `json:"owner"`
 }
 
 type beginOutput struct {
@@ -189,7 +191,7 @@ func (s *Server) coordBegin(w http.ResponseWriter, r *http.Request, scope idem.S
 		req.Window = s.payments.Window()
 	}
 	switch {
-	case in.RequestHash != nil && in.Command != nil:
+	case in.RequestHash != nil && len(in.Command) > 0:
 		return idem.Decision{}, idem.Errorf(idem.ECodeValidationFailed, "Send either requestHash or command, not both.")
 	case in.RequestHash != nil:
 		version, ok := parseRequestHash(*in.RequestHash)
@@ -197,23 +199,15 @@ func (s *Server) coordBegin(w http.ResponseWriter, r *http.Request, scope idem.S
 			return idem.Decision{}, idem.Errorf(idem.ECodeValidationFailed,
 				"Field \"requestHash\" must be \"v<version>:<hash>\", at most %d visible ASCII characters.", maxRequestHashLen)
 		}
-		req.RequestHashes, req.HashVersion = []string{*in.RequestHash}, version
-	case in.Command != nil:
-		var cmd map[string]any
-		if err := json.Unmarshal(in.Command, &cmd); err != nil || cmd == nil {
-			return idem.Decision{}, idem.Errorf(idem.ECodeValidationFailed, "Field \"command\" must be a JSON object.")
-		}
-		if _, ok := cmd["operation"]; ok {
-			// fingerprint.Hash sets "operation" itself; a field of that name
-			// would be silently overwritten and two commands could collide.
-			return idem.Decision{}, idem.Errorf(idem.ECodeValidationFailed,
-				"Field \"command\" must not have a top-level \"operation\" member: the operation comes from the path.")
-		}
-		h, err := fingerprint.Hash(scope.Operation, cmd)
+		// A v2 hash also stands for the v1 hash of the same bytes, so a
+		// caller's retry after the version change still meets its v1 record.
+		req.RequestHashes, req.HashVersion = fingerprint.Equivalent(*in.RequestHash), version
+	case len(in.Command) > 0:
+		hashes, err := commandHashes(scope.Operation, in.Command)
 		if err != nil {
-			return idem.Decision{}, &idem.Error{Code: idem.ECodeValidationFailed, Message: "Field \"command\" cannot be canonicalised (RFC 8785).", Err: err}
+			return idem.Decision{}, err
 		}
-		req.RequestHashes, req.HashVersion = []string{h}, fingerprint.Version
+		req.RequestHashes, req.HashVersion = hashes, fingerprint.Version
 	default:
 		return idem.Decision{}, idem.Errorf(idem.ECodeValidationFailed, "Send requestHash or command.")
 	}
@@ -377,8 +371,9 @@ func (s *Server) coordLease(w http.ResponseWriter, r *http.Request, tenant strin
 	return idem.Lease{Scope: scope, Token: *t}, nil
 }
 
-// decodeCoordBody reads one JSON object of at most MaxBodyBytes into dst,
-// rejecting unknown fields.
+// decodeCoordBody reads one JSON object of at most MaxBodyBytes into dst
+// with package strictjson: exact member names, no duplicates, valid UTF-8,
+// bounded depth, nothing after the object, no unknown members.
 func (s *Server) decodeCoordBody(w http.ResponseWriter, r *http.Request, dst any) error {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
@@ -389,33 +384,33 @@ func (s *Server) decodeCoordBody(w http.ResponseWriter, r *http.Request, dst any
 	if err != nil {
 		return err
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(dst); err != nil {
-		var (
-			syntaxErr *json.SyntaxError
-			typeErr   *json.UnmarshalTypeError
-		)
-		switch {
-		case errors.As(err, &syntaxErr), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
-			return &idem.Error{Code: idem.ECodeRequestMalformed, Message: "The body is not a valid JSON object.", Err: err}
-		case strings.HasPrefix(err.Error(), "json: unknown field "):
-			return idem.Errorf(idem.ECodeValidationFailed, "Unknown field %s.", strings.TrimPrefix(err.Error(), "json: unknown field "))
-		case errors.As(err, &typeErr) && typeErr.Field != "":
-			return idem.Errorf(idem.ECodeValidationFailed, "Field %q has the wrong type.", typeErr.Field)
-		case errors.As(err, &typeErr):
-			return idem.Errorf(idem.ECodeValidationFailed, "The body must be a JSON object.")
-		default: // e.g. a body that is not valid base64
-			return &idem.Error{Code: idem.ECodeValidationFailed, Message: "The body has an invalid value (response bodies are standard base64).", Err: err}
-		}
+	return strictjson.ClientError(strictjson.DecodeObject(body, dst))
+}
+
+// commandHashes hashes a begin's "command" under every supported fingerprint
+// version, current first. The command is read without a float64 anywhere:
+// numbers that a double cannot hold exactly are refused (send them as
+// strings), so two commands hash alike only if they are the same JSON value.
+func commandHashes(operation string, raw jsontext.Value) ([]string, error) {
+	cmd, err := fingerprint.ParseObject(raw)
+	switch {
+	case errors.Is(err, fingerprint.ErrInexactNumber):
+		return nil, &idem.Error{Code: idem.ECodeValidationFailed,
+			Message: "Field \"command\" holds a number that an IEEE 754 double cannot hold exactly; send it as a string.", Err: err}
+	case err != nil:
+		return nil, &idem.Error{Code: idem.ECodeValidationFailed, Message: "Field \"command\" must be a JSON object.", Err: err}
 	}
-	if _, err := dec.Token(); err != io.EOF {
-		return idem.Errorf(idem.ECodeRequestMalformed, "The body must hold exactly one JSON object.")
+	if _, ok := cmd["operation"]; ok {
+		// The operation comes from the path; fingerprint refuses a field of
+		// that name rather than letting two documents collide.
+		return nil, idem.Errorf(idem.ECodeValidationFailed,
+			"Field \"command\" must not have a top-level \"operation\" member: the operation comes from the path.")
 	}
-	if bytes.Equal(bytes.TrimSpace(body), []byte("null")) {
-		return idem.Errorf(idem.ECodeValidationFailed, "The body must be a JSON object.")
+	hashes, err := fingerprint.Hashes(operation, cmd)
+	if err != nil {
+		return nil, &idem.Error{Code: idem.ECodeValidationFailed, Message: "Field \"command\" cannot be canonicalised.", Err: err}
 	}
-	return nil
+	return hashes, nil
 }
 
 // parseRequestHash checks "v<version>:<hash>" and returns the version.
@@ -455,15 +450,17 @@ func responseFrom(in *responseInput) (*idem.Response, error) {
 	return &idem.Response{Status: *in.Status, Headers: in.Headers, Body: in.Body, SchemaVersion: in.SchemaVersion}, nil
 }
 
-// checkText accepts "" or at most maxLen characters without control characters.
+// checkText accepts "" or at most maxLen characters that package ident
+// accepts (NFC, no control or bidirectional control characters).
 func checkText(field, v string, maxLen int) error {
 	if utf8.RuneCountInString(v) > maxLen {
 		return idem.Errorf(idem.ECodeValidationFailed, "Field %q is longer than %d characters.", field, maxLen)
 	}
-	for _, r := range v {
-		if r < 0x20 || r == 0x7f || r == utf8.RuneError {
-			return idem.Errorf(idem.ECodeValidationFailed, "Field %q holds a control or invalid character.", field)
-		}
+	switch err := ident.Check(v); {
+	case errors.Is(err, ident.ErrNotNFC):
+		return &idem.Error{Code: idem.ECodeValidationFailed, Message: fmt.Sprintf("Field %q must be in Unicode Normalization Form C.", field), Err: err}
+	case err != nil:
+		return &idem.Error{Code: idem.ECodeValidationFailed, Message: fmt.Sprintf("Field %q holds a control, bidirectional control or invalid character.", field), Err: err}
 	}
 	return nil
 }

@@ -392,7 +392,9 @@ func preferWait(h http.Header) time.Duration {
 			}
 			n, err := strconv.Atoi(strings.Trim(strings.TrimSpace(val), `"`))
 			if err == nil && n > 0 {
-				return min(time.Duration(n)*time.Second, payments.MaxWait)
+				// Clamp before multiplying: n seconds overflow a Duration
+				// from about 9.2e9 on.
+				return time.Duration(min(n, int(payments.MaxWait/time.Second))) * time.Second
 			}
 		}
 	}
@@ -400,13 +402,29 @@ func preferWait(h http.Header) time.Duration {
 }
 
 func (s *Server) handleGetPayment(w http.ResponseWriter, r *http.Request, tenant string) {
-	body, err := s.payments.Get(r.Context(), tenant, r.PathValue("id"))
+	id := r.PathValue("id")
+	if !validPaymentID(id) {
+		// No payment has such an id; PostgreSQL would refuse it (NUL,
+		// invalid UTF-8) with an error that is not the client's to see.
+		writeError(w, r, s.logger, idem.Errorf(idem.ECodePaymentNotFound, "No such payment."))
+		return
+	}
+	body, err := s.payments.Get(r.Context(), tenant, id)
 	if err != nil {
 		writeError(w, r, s.logger, err)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(body)
+}
+
+// maxPaymentIDLen bounds the {id} of GET /payments/{id}.
+const maxPaymentIDLen = 128
+
+// validPaymentID reports whether id could name a payment: 1 to
+// maxPaymentIDLen visible ASCII characters (ids are "pay_" and hex digits).
+func validPaymentID(id string) bool {
+	return id != "" && len(id) <= maxPaymentIDLen && visibleASCII(id)
 }
 
 // recordView is the inspection view of a record. It never includes the
@@ -451,7 +469,16 @@ func viewOf(rec *idem.Record) recordView {
 // handleGetRecord shows the caller's own record. Another tenant's key is
 // indistinguishable from an absent one.
 func (s *Server) handleGetRecord(w http.ResponseWriter, r *http.Request, tenant string) {
-	rec, err := s.store.Get(r.Context(), idem.Scope{Tenant: tenant, Operation: r.PathValue("operation"), Key: r.PathValue("key")})
+	op, key := r.PathValue("operation"), r.PathValue("key")
+	switch {
+	case !idem.ValidKey(key):
+		writeError(w, r, s.logger, idem.Errorf(idem.ECodeKeyInvalid, "An idempotency key is 1 to 255 visible ASCII characters."))
+		return
+	case !validOperation(op):
+		writeError(w, r, s.logger, idem.Errorf(idem.ECodeValidationFailed, "An operation name is 1 to %d characters of a-z, 0-9, '_', '.' and '-'.", maxOperationLen))
+		return
+	}
+	rec, err := s.store.Get(r.Context(), idem.Scope{Tenant: tenant, Operation: op, Key: key})
 	if err != nil {
 		writeError(w, r, s.logger, err)
 		return
