@@ -13,8 +13,9 @@
 //     asked for, but they say nothing about what the node decided.
 //   - Only RequestHashes[0] is sent (as requestHash); the node derives the
 //     hash version from its "v<N>:" prefix, so BeginRequest.HashVersion is not
-//     sent either. A record stored under an older hash version answers
-//     "conflict" where the in-process engine would compare older versions too.
+//     sent either. A v2 hash also matches a record stored under v1 for the
+//     same command (fingerprint.Equivalent); only where v1 was lossy (integers
+//     beyond 2^53) can the two versions disagree.
 //   - LockFor and Window travel as whole seconds, rounded up; the node
 //     accepts 1s-1h and 1s-30d. BeginRequest.HomeRegion is the node's region.
 //     An empty Owner becomes "coord/<tenant>".

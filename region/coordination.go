@@ -68,7 +68,7 @@ func (s *Server) registerCoordination(mux *http.ServeMux) {
 	} {
 		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Allow", allow)
-			writeError(w, r, s.logger, idem.Errorf(idem.ECodeMethodNotAllowed, "Method %s is not allowed here.", r.Method))
+			writeError(w, r, s.logger, idem.Errorf(idem.ECodeMethodNotAllowed, "The method is not allowed here."))
 		})
 	}
 }
@@ -438,10 +438,10 @@ func responseFrom(in *responseInput) (*idem.Response, error) {
 	}
 	for k, v := range in.Headers {
 		if !validHeaderName(k) {
-			return nil, idem.Errorf(idem.ECodeValidationFailed, "Response header name %q is not a valid HTTP field name.", k)
+			return nil, idem.Errorf(idem.ECodeValidationFailed, "A response header name is not a valid HTTP field name.")
 		}
 		if len(v) > maxHeaderValueLen || strings.ContainsAny(v, "\r\n\x00") {
-			return nil, idem.Errorf(idem.ECodeValidationFailed, "Response header %q has an invalid value.", k)
+			return nil, idem.Errorf(idem.ECodeValidationFailed, "A response header has an invalid value.")
 		}
 	}
 	if len(in.SchemaVersion) > maxSchemaVersionLen || (in.SchemaVersion != "" && !visibleASCII(in.SchemaVersion)) {

@@ -193,7 +193,7 @@ func NewServer(cfg Config, st *store.Store, pay *payments.Service) (*Server, err
 	mux.HandleFunc("GET /readyz", s.handleReady)
 	for _, p := range []string{"/payments", "/payments/{id}", "/v1/idempotency/records/{operation}/{key}", "/metrics", "/healthz", "/readyz"} {
 		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
-			writeError(w, r, s.logger, idem.Errorf(idem.ECodeMethodNotAllowed, "Method %s is not allowed here.", r.Method))
+			writeError(w, r, s.logger, idem.Errorf(idem.ECodeMethodNotAllowed, "The method is not allowed here."))
 		})
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {

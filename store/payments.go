@@ -166,7 +166,7 @@ func scanPayment(row rowScanner) (Payment, error) {
 func GetPayment(ctx context.Context, q Querier, tenant, id string) (Payment, error) {
 	p, err := scanPayment(q.QueryRow(ctx, `SELECT `+paymentColumns+` FROM payments WHERE tenant_id = $1 AND payment_id = $2`, tenant, id))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Payment{}, idem.Errorf(idem.ECodePaymentNotFound, "Payment %q does not exist.", id)
+		return Payment{}, idem.Errorf(idem.ECodePaymentNotFound, "The payment does not exist.")
 	}
 	if err != nil {
 		return Payment{}, fmt.Errorf("store: get payment: %w", unavailableOr(err))

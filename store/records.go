@@ -241,7 +241,7 @@ func FailTx(ctx context.Context, q Querier, lease idem.Lease, f idem.Failure) er
 	switch f.Status {
 	case idem.StatusFailedReplayable, idem.StatusFailedRetryable, idem.StatusUnknown:
 	default:
-		return idem.Errorf(idem.ECodeValidationFailed, "A failure must be FAILED_REPLAYABLE, FAILED_RETRYABLE or UNKNOWN_REQUIRES_RECOVERY, not %q.", f.Status)
+		return idem.Errorf(idem.ECodeValidationFailed, "A failure must be FAILED_REPLAYABLE, FAILED_RETRYABLE or UNKNOWN_REQUIRES_RECOVERY.")
 	}
 	var (
 		status  *int
