@@ -2,19 +2,26 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
+	"fmt"
 	"log/slog"
+	"strings"
 
 	"github.com/idemcoord/idem/internal/cli"
 	"github.com/idemcoord/idem/provider"
 )
 
-// runProvider serves the payment provider simulator until interrupted.
+// runProvider serves the payment provider simulator until interrupted. It
+// requires an API key (charges) and an admin key (faults, counts), read
+// from files or environment variables, never from the command line.
 func runProvider(ctx context.Context, args []string, env *Env) error {
 	fs := flag.NewFlagSet("provider", flag.ContinueOnError)
 	fs.SetOutput(env.Stderr)
 	listen := fs.String("listen", "127.0.0.1:8090", "address to serve the simulator on")
 	dataDir := fs.String("data-dir", "", "directory where charges are persisted (empty: in memory only)")
+	apiKeyFile := fs.String("api-key-file", "", "file holding the API key clients must send as a bearer token on /v1/charges (or IDEM_PROVIDER_API_KEY)")
+	adminKeyFile := fs.String("admin-key-file", "", "file holding the key required on the /admin endpoints (or IDEM_PROVIDER_ADMIN_KEY)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -22,5 +29,38 @@ func runProvider(ctx context.Context, args []string, env *Env) error {
 		return usageError{err}
 	}
 	logger := slog.New(slog.NewTextHandler(env.Stderr, nil))
-	return provider.ListenAndServe(ctx, *listen, provider.Config{DataDir: *dataDir, Logger: logger})
+	apiKey, err := providerKey(logger, "--api-key-file", *apiKeyFile, "IDEM_PROVIDER_API_KEY", env.Getenv)
+	if err != nil {
+		return usageError{err}
+	}
+	adminKey, err := providerKey(logger, "--admin-key-file", *adminKeyFile, "IDEM_PROVIDER_ADMIN_KEY", env.Getenv)
+	if err != nil {
+		return usageError{err}
+	}
+	if apiKey == adminKey {
+		return usageError{errors.New("the API key and the admin key are the same; give the admin endpoints a key of their own")}
+	}
+	return provider.ListenAndServe(ctx, *listen, provider.Config{DataDir: *dataDir, Logger: logger, APIKey: apiKey, AdminKey: adminKey})
+}
+
+// providerKey reads a required key from file or, without one, from the
+// environment variable envName.
+func providerKey(logger *slog.Logger, flagName, file, envName string, getenv func(string) string) (string, error) {
+	envValue := strings.TrimSpace(getenv(envName))
+	switch {
+	case file != "" && envValue != "":
+		return "", fmt.Errorf("both %s and %s are set; set one", flagName, envName)
+	case file != "":
+		key, warn, err := cli.ReadKeyFile(file)
+		if err != nil {
+			return "", fmt.Errorf("%s: %w", flagName, err)
+		}
+		if warn != "" {
+			logger.Warn(warn)
+		}
+		return key, nil
+	case envValue != "":
+		return envValue, nil
+	}
+	return "", fmt.Errorf("%s (or %s) is required: the simulator refuses to serve without keys", flagName, envName)
 }
