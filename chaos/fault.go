@@ -679,9 +679,10 @@ func (f *staleOwner) Heal(ctx context.Context, _ *cluster.Cluster) error {
 	return errors.Join(errs...)
 }
 
-// providerClient returns a client of the provider simulator at url.
-func providerClient(url string) *provider.Client {
-	return &provider.Client{BaseURL: url, HTTP: &http.Client{Timeout: 10 * time.Second}}
+// providerClient returns a client of the provider simulator at url that
+// sends adminKey to its /admin endpoints (faults, charge counts).
+func providerClient(url, adminKey string) *provider.Client {
+	return &provider.Client{BaseURL: url, AdminKey: adminKey, HTTP: &http.Client{Timeout: 10 * time.Second}}
 }
 
 type crashMidRequest struct {
