@@ -185,8 +185,10 @@ type Config struct {
 
 	// NodeEnv is added to every node's environment (for example
 	// IDEM_FAILPOINTS=...), which is otherwise this process's environment
-	// without IDEM_* variables (nodes are configured by their command line
-	// only). Entries are "KEY=value". Default: none.
+	// without IDEM_* variables, plus IDEM_DATABASE_URL (the database URL
+	// may hold a password, and a command line is readable by every local
+	// user; every other setting is on the command line). Entries are
+	// "KEY=value". Default: none.
 	NodeEnv []string
 
 	// ReadyTimeout bounds how long a process may take, from its start, to
@@ -488,9 +490,10 @@ func (c *Cluster) newNode(cfg *Config, rs *regionState, i int, env []string) (*P
 			return nil, err
 		}
 	}
+	// The database URL may hold a password: it goes in the environment.
+	env = append(slices.Clone(env), "IDEM_DATABASE_URL="+dbURL)
 	args := []string{
 		"--region", rs.name,
-		"--database-url", dbURL,
 		"--auth-tokens-file", c.secrets.tokens,
 		"--node-id", name,
 		"--store-mode", cfg.StoreMode,
