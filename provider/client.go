@@ -75,9 +75,9 @@ func (e *APIError) Error() string {
 // Unwrap returns the sentinel error of the answer's class, or nil.
 func (e *APIError) Unwrap() error { return e.kind }
 
-// unauthorized is the class of a refused key: nothing was charged, so it is
+// errRefusedKey is the class of a refused key: nothing was charged, so it is
 // ErrUnavailable too.
-var unauthorized = fmt.Errorf("%w (%w)", ErrUnauthorized, ErrUnavailable)
+var errRefusedKey = fmt.Errorf("%w (%w)", ErrUnauthorized, ErrUnavailable)
 
 // classify maps an error answer to its sentinel.
 func classify(status int, code string) error {
@@ -85,7 +85,7 @@ func classify(status int, code string) error {
 	case status == http.StatusBadRequest:
 		return ErrBadRequest
 	case status == http.StatusUnauthorized, status == http.StatusForbidden:
-		return unauthorized
+		return errRefusedKey
 	case status == http.StatusPaymentRequired:
 		return ErrDeclined
 	case status == http.StatusNotFound:

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"strings"
 
 	"github.com/idemcoord/idem/internal/cli"
 	"github.com/idemcoord/idem/provider"
@@ -46,21 +45,12 @@ func runProvider(ctx context.Context, args []string, env *Env) error {
 // providerKey reads a required key from file or, without one, from the
 // environment variable envName.
 func providerKey(logger *slog.Logger, flagName, file, envName string, getenv func(string) string) (string, error) {
-	envValue := strings.TrimSpace(getenv(envName))
-	switch {
-	case file != "" && envValue != "":
-		return "", fmt.Errorf("both %s and %s are set; set one", flagName, envName)
-	case file != "":
-		key, warn, err := cli.ReadKeyFile(file)
-		if err != nil {
-			return "", fmt.Errorf("%s: %w", flagName, err)
-		}
-		if warn != "" {
-			logger.Warn(warn)
-		}
-		return key, nil
-	case envValue != "":
-		return envValue, nil
+	key, warn, err := cli.KeyFromFileOrEnv(flagName, file, envName, getenv(envName))
+	if warn != "" {
+		logger.Warn(warn)
 	}
-	return "", fmt.Errorf("%s (or %s) is required: the simulator refuses to serve without keys", flagName, envName)
+	if err == nil && key == "" {
+		err = fmt.Errorf("%s (or %s) is required: the simulator refuses to serve without keys", flagName, envName)
+	}
+	return key, err
 }

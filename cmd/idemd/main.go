@@ -231,20 +231,11 @@ func (m *Main) loadTokens(file, env string) (map[string]string, error) {
 // loadKey reads a key from file (flag names it) or, without one, takes
 // envValue (of envName).
 func (m *Main) loadKey(flag, file, envName, envValue string) (string, error) {
-	switch {
-	case file != "" && envValue != "":
-		return "", fmt.Errorf("both %s and %s are set; set one", flag, envName)
-	case file != "":
-		key, warn, err := cli.ReadKeyFile(file)
-		if err != nil {
-			return "", fmt.Errorf("%s: %w", flag, err)
-		}
-		if warn != "" {
-			m.logger.Warn(warn)
-		}
-		return key, nil
+	key, warn, err := cli.KeyFromFileOrEnv(flag, file, envName, envValue)
+	if warn != "" {
+		m.logger.Warn(warn)
 	}
-	return strings.TrimSpace(envValue), nil
+	return key, err
 }
 
 // Run connects to the store, applies migrations (or, with Migrate false,

@@ -84,3 +84,22 @@ func readSecretFile(path string) ([]byte, string, error) {
 	}
 	return b, warn, nil
 }
+
+// KeyFromFileOrEnv returns the key held in file, whose flag is flagName,
+// or, without a file, envValue, the value of the environment variable
+// envName (trimmed; "" when unset). Setting both is an error. warn is as
+// for ReadTokensFile.
+func KeyFromFileOrEnv(flagName, file, envName, envValue string) (key, warn string, err error) {
+	envValue = strings.TrimSpace(envValue)
+	switch {
+	case file != "" && envValue != "":
+		return "", "", fmt.Errorf("both %s and %s are set; set one", flagName, envName)
+	case file != "":
+		key, warn, err := ReadKeyFile(file)
+		if err != nil {
+			return "", "", fmt.Errorf("%s: %w", flagName, err)
+		}
+		return key, warn, nil
+	}
+	return envValue, "", nil
+}
