@@ -37,7 +37,7 @@
 // failpoint, a schema change, duplicate delivery) through a wrapper script
 // that the cluster runs as idemd, because a cluster.Process keeps the
 // command line it was started with; provider faults use the simulator's
-// admin API; a region failover moves placements in etcd and hands records
+// admin API, with the cluster's providerAdminKey; a region failover moves placements in etcd and hands records
 // over as an operator would.
 //
 // # Honesty

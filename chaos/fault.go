@@ -680,12 +680,13 @@ func (f *staleOwner) Heal(ctx context.Context, _ *cluster.Cluster) error {
 	return errors.Join(errs...)
 }
 
-// providerClient returns a client of the provider simulator at url,
-// trusting tlsConfig's roots (nil: plain HTTP).
-func providerClient(url string, tlsConfig *tls.Config) *provider.Client {
+// providerClient returns a client of the provider simulator at url that
+// sends adminKey to its /admin endpoints (faults, charge counts), trusting
+// tlsConfig's roots (nil: plain HTTP).
+func providerClient(url, adminKey string, tlsConfig *tls.Config) *provider.Client {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = tlsConfig
-	return &provider.Client{BaseURL: url, HTTP: &http.Client{Transport: tr, Timeout: 10 * time.Second}}
+	return &provider.Client{BaseURL: url, AdminKey: adminKey, HTTP: &http.Client{Transport: tr, Timeout: 10 * time.Second}}
 }
 
 type crashMidRequest struct {

@@ -295,7 +295,7 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 	info := c.Info()
 	env := &Env{Cluster: c, LeaseTTL: chaosLeaseTTL, nodes: nodes, log: opts.Logger}
 	if info.ProviderURL != "" {
-		env.Provider = providerClient(info.ProviderURL, c.ClientTLS())
+		env.Provider = providerClient(info.ProviderURL, info.ProviderAdminKey, c.ClientTLS())
 	}
 	targets := map[string][]target{}
 	for _, r := range info.Regions {

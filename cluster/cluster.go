@@ -19,7 +19,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -88,14 +87,18 @@ var regionName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]*$`)
 // independent of each other; "idemctl up" asks for the multi-region cluster
 // (EtcdMembers 3, Provider, three regions).
 type Config struct {
-	// StateDir receives cluster.json, the logs (logs/<name>.log) and, when
+	// StateDir receives cluster.json, the secrets handed to the processes
+	// by file (secrets/: idemd's tokens file, the provider's API and admin
+	// keys; mode 0700, removed by Stop), the logs (logs/<name>.log) and, when
 	// Start runs them, PostgreSQL's data directory (postgres/), the etcd
 	// members' (etcd/m<i>/) and the provider's (provider/). It is created
 	// if missing and kept by Stop, so a later Start with the same StateDir
 	// reuses the PostgreSQL data and the provider's charges; etcd starts
 	// afresh every time (its members get new ports). When the process runs
-	// as root, PostgreSQL runs as the "postgres" OS user, which must be
-	// able to search every parent of StateDir.
+	// as root, PostgreSQL runs as the "postgres" OS user; if that user
+	// cannot search every parent of StateDir (a home directory of mode
+	// 0700), PostgreSQL's directory is /var/tmp/idem-pgserver-<hash of its
+	// path> instead (see pgserver.DirFor), and postgres/ links to it.
 	// Default: a new temporary directory, removed by Stop (PostgreSQL then
 	// gets a temporary directory of its own).
 	StateDir string
@@ -182,8 +185,10 @@ type Config struct {
 
 	// NodeEnv is added to every node's environment (for example
 	// IDEM_FAILPOINTS=...), which is otherwise this process's environment
-	// without IDEM_* variables (nodes are configured by their command line
-	// only). Entries are "KEY=value". Default: none.
+	// without IDEM_* variables, plus IDEM_DATABASE_URL (the database URL
+	// may hold a password, and a command line is readable by every local
+	// user; every other setting is on the command line). Entries are
+	// "KEY=value". Default: none.
 	NodeEnv []string
 
 	// ReadyTimeout bounds how long a process may take, from its start, to
@@ -225,6 +230,10 @@ type Info struct {
 	EtcdEndpoints []string `json:"etcdEndpoints"`
 	// ProviderURL is the provider simulator's base URL ("" without it).
 	ProviderURL string `json:"providerUrl"`
+	// ProviderAdminKey is the key the provider simulator's /admin
+	// endpoints (faults, charge counts) require as a bearer token ("" without
+	// the simulator).
+	ProviderAdminKey string `json:"providerAdminKey"`
 	// Tokens maps each tenant to its development bearer token.
 	Tokens map[string]string `json:"tokens"`
 	// Placements maps each tenant to its home region as Start placed it
@@ -264,6 +273,7 @@ type Cluster struct {
 	provider    *Process          // nil unless Config.Provider
 	tls         *clusterTLS       // nil unless Config.TLS
 	peerSecret  string            // the peer secret file, without TLS
+	secrets     secretFiles
 
 	mu         sync.Mutex // guards etcd
 	etcd       []*Process
@@ -314,6 +324,9 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	if c.tokens, err = newTokens(cfg.Tenants); err != nil {
 		return nil, err
 	}
+	if c.secrets, err = writeSecrets(c.stateDir, c.tokens, cfg.Provider); err != nil {
+		return nil, err
+	}
 	if cfg.TLS {
 		if c.tls, err = newClusterTLS(c.stateDir); err != nil {
 			return nil, err
@@ -359,11 +372,10 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	}
 
 	env := nodeEnv(cfg.NodeEnv)
-	tokenArg := tokensArg(c.tokens)
 	for _, name := range cfg.Regions {
 		rs := &regionState{name: name, dbURL: dbURLs[name]}
 		for i := range cfg.NodesPerRegion {
-			p, err := c.newNode(&cfg, rs, i, env, tokenArg)
+			p, err := c.newNode(&cfg, rs, i, env)
 			if err != nil {
 				return nil, err
 			}
@@ -412,7 +424,10 @@ func (c *Cluster) startStore(ctx context.Context, cfg *Config) (map[string]strin
 	if admin == "" {
 		pgDir := ""
 		if !c.removeState {
-			pgDir = filepath.Join(c.stateDir, "postgres")
+			var err error
+			if pgDir, err = c.postgresDir(); err != nil {
+				return nil, err
+			}
 		}
 		pg, err := pgserver.Start(ctx, pgserver.Options{Dir: pgDir, Logger: c.log})
 		if err != nil {
@@ -444,6 +459,29 @@ func (c *Cluster) startStore(ctx context.Context, cfg *Config) (map[string]strin
 	return out, nil
 }
 
+// postgresDir returns the directory of the PostgreSQL server of a kept
+// state directory: <StateDir>/postgres, or, when the server's OS user cannot
+// reach it (running as root in a home directory of mode 0700, say), the
+// stable directory pgserver.DirFor gives, which <StateDir>/postgres then
+// links to so that it can be found.
+func (c *Cluster) postgresDir() (string, error) {
+	asked := filepath.Join(c.stateDir, "postgres")
+	dir, err := pgserver.DirFor(asked)
+	if err != nil {
+		return "", fmt.Errorf("cluster: PostgreSQL directory: %w", err)
+	}
+	if dir == asked {
+		return dir, nil
+	}
+	c.log.Info("cluster: the postgres OS user cannot reach the state directory; PostgreSQL's data is kept elsewhere", "dir", dir, "link", asked)
+	if _, err := os.Lstat(asked); errors.Is(err, os.ErrNotExist) {
+		if err := os.Symlink(dir, asked); err != nil {
+			return "", fmt.Errorf("cluster: link to PostgreSQL's directory: %w", err)
+		}
+	}
+	return dir, nil
+}
+
 // startProvider starts the provider simulator and waits for its /healthz.
 func (c *Cluster) startProvider(ctx context.Context, cfg *Config) error {
 	dir := filepath.Join(c.stateDir, "provider")
@@ -460,7 +498,8 @@ func (c *Cluster) startProvider(ctx context.Context, cfg *Config) error {
 		name: KindProvider,
 		path: cfg.IdemctlPath,
 		argv: func(addr string) []string {
-			return append([]string{"provider", "--listen", addr}, args...)
+			return append([]string{"provider", "--listen", addr,
+				"--api-key-file", c.secrets.providerAPIKey, "--admin-key-file", c.secrets.providerAdminKey}, args...)
 		},
 		env:          nodeEnv(nil),
 		readyPath:    "/healthz",
@@ -476,7 +515,7 @@ func (c *Cluster) startProvider(ctx context.Context, cfg *Config) error {
 }
 
 // newNode makes (without starting it) node i of region rs.
-func (c *Cluster) newNode(cfg *Config, rs *regionState, i int, env []string, tokenArg string) (*Process, error) {
+func (c *Cluster) newNode(cfg *Config, rs *regionState, i int, env []string) (*Process, error) {
 	name := fmt.Sprintf("%s-%d", rs.name, i)
 	dbURL := rs.dbURL
 	if c.net != nil {
@@ -485,10 +524,11 @@ func (c *Cluster) newNode(cfg *Config, rs *regionState, i int, env []string, tok
 			return nil, err
 		}
 	}
+	// The database URL may hold a password: it goes in the environment.
+	env = append(slices.Clone(env), "IDEM_DATABASE_URL="+dbURL)
 	args := []string{
 		"--region", rs.name,
-		"--database-url", dbURL,
-		"--auth-tokens", tokenArg,
+		"--auth-tokens-file", c.secrets.tokens,
 		"--node-id", name,
 		"--store-mode", cfg.StoreMode,
 	}
@@ -531,7 +571,7 @@ func (c *Cluster) newNode(cfg *Config, rs *regionState, i int, env []string, tok
 			}
 			u = c.scheme() + "://" + l.Listen
 		}
-		args = append(args, "--provider-url", u)
+		args = append(args, "--provider-url", u, "--provider-api-key-file", c.secrets.providerAPIKey)
 	}
 	p := &Process{
 		kind:         KindNode,
@@ -735,14 +775,57 @@ func newTokens(tenants []string) (map[string]string, error) {
 	return tokens, nil
 }
 
-// tokensArg formats tokens as idemd's --auth-tokens: token=tenant,...
-func tokensArg(tokens map[string]string) string {
-	pairs := make([]string, 0, len(tokens))
-	for tenant, token := range tokens {
-		pairs = append(pairs, token+"="+tenant)
+// secretFiles are the files, in <StateDir>/secrets, that hand the
+// cluster's secrets to its processes: secrets are never put on a command
+// line, which every local user can read.
+type secretFiles struct {
+	tokens           string // idemd's --auth-tokens-file
+	providerAPIKey   string // "" without the provider
+	providerAdminKey string
+	adminKey         string // the admin key itself, for Info
+}
+
+// writeSecrets writes the tokens file and, with the provider, its API and
+// admin keys (new random ones) into dir/secrets, a directory only the
+// owner may enter, each file with mode 0600.
+func writeSecrets(dir string, tokens map[string]string, withProvider bool) (secretFiles, error) {
+	sd := filepath.Join(dir, "secrets")
+	if err := os.MkdirAll(sd, 0o700); err != nil {
+		return secretFiles{}, fmt.Errorf("cluster: secrets directory: %w", err)
 	}
-	sort.Strings(pairs)
-	return strings.Join(pairs, ",")
+	if err := os.Chmod(sd, 0o700); err != nil {
+		return secretFiles{}, fmt.Errorf("cluster: secrets directory: %w", err)
+	}
+	var b strings.Builder
+	b.WriteString("# idemd bearer tokens (--auth-tokens-file): one token=tenant per line\n")
+	for _, tenant := range slices.Sorted(maps.Keys(tokens)) {
+		b.WriteString(tokens[tenant] + "=" + tenant + "\n")
+	}
+	sf := secretFiles{tokens: filepath.Join(sd, "auth-tokens")}
+	if err := writeFileAtomic(sf.tokens, []byte(b.String())); err != nil {
+		return secretFiles{}, err
+	}
+	if !withProvider {
+		return sf, nil
+	}
+	keys := make([]string, 2)
+	for i := range keys {
+		var r [24]byte
+		if _, err := rand.Read(r[:]); err != nil {
+			return secretFiles{}, fmt.Errorf("cluster: provider key: %w", err)
+		}
+		keys[i] = hex.EncodeToString(r[:])
+	}
+	sf.providerAPIKey = filepath.Join(sd, "provider-api-key")
+	sf.providerAdminKey = filepath.Join(sd, "provider-admin-key")
+	sf.adminKey = "adm_" + keys[1]
+	if err := writeFileAtomic(sf.providerAPIKey, []byte("api_"+keys[0]+"\n")); err != nil {
+		return secretFiles{}, err
+	}
+	if err := writeFileAtomic(sf.providerAdminKey, []byte(sf.adminKey+"\n")); err != nil {
+		return secretFiles{}, err
+	}
+	return sf, nil
 }
 
 // nodeEnv is this process's environment without IDEM_* variables, plus
@@ -947,6 +1030,9 @@ func (c *Cluster) Info() Info {
 		Placements:    maps.Clone(c.placements),
 		CAFile:        c.CAFile(),
 	}
+	if c.provider != nil {
+		info.ProviderAdminKey = c.secrets.adminKey
+	}
 	if info.Tokens == nil {
 		info.Tokens = map[string]string{}
 	}
@@ -978,9 +1064,15 @@ func (c *Cluster) WriteState(path string) error {
 		return fmt.Errorf("cluster: write state: %w", err)
 	}
 	b = append(b, '\n')
+	return writeFileAtomic(path, b)
+}
+
+// writeFileAtomic writes b to path atomically: to a temporary file in the
+// same directory, with mode 0600, then renamed over path.
+func writeFileAtomic(path string, b []byte) error {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
-		return fmt.Errorf("cluster: write state: %w", err)
+		return fmt.Errorf("cluster: write %s: %w", filepath.Base(path), err)
 	}
 	tmp := f.Name()
 	_, err = f.Write(b)
@@ -995,7 +1087,7 @@ func (c *Cluster) WriteState(path string) error {
 	}
 	if err != nil {
 		_ = os.Remove(tmp)
-		return fmt.Errorf("cluster: write state: %w", err)
+		return fmt.Errorf("cluster: write %s: %w", filepath.Base(path), err)
 	}
 	return nil
 }
@@ -1029,6 +1121,16 @@ func (c *Cluster) Nodes() []*Process {
 // Config.Provider.
 func (c *Cluster) Provider() *Process { return c.provider }
 
+// ProviderAdminKey returns the key the provider simulator's /admin
+// endpoints require (provider.Client.AdminKey), or "" without
+// Config.Provider.
+func (c *Cluster) ProviderAdminKey() string {
+	if c.provider == nil {
+		return ""
+	}
+	return c.secrets.adminKey
+}
+
 // ProviderURL returns the provider simulator's base URL, as the cluster
 // itself reaches it, or "" without Config.Provider.
 func (c *Cluster) ProviderURL() string {
@@ -1060,7 +1162,7 @@ func (c *Cluster) PostgresPid() int {
 // node concurrently (SIGTERM, then SIGKILL after the stop grace period or
 // once ctx ends), then the provider, the etcd members and the PostgreSQL
 // server it started, and finally the proxies. It then removes
-// cluster.json, and the state directory if Start created it. Stop is
+// cluster.json and secrets/, and the state directory if Start created it. Stop is
 // idempotent: later calls wait for the first and return its result. The
 // error joins every problem met (a process that had to be killed, or
 // exited with a non-zero status on SIGTERM); the processes are gone
@@ -1131,6 +1233,11 @@ func (c *Cluster) stop(ctx context.Context) error {
 	}
 	if c.statePath != "" {
 		if err := os.Remove(c.statePath); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("cluster: %w", err))
+		}
+	}
+	if c.secrets.tokens != "" {
+		if err := os.RemoveAll(filepath.Dir(c.secrets.tokens)); err != nil {
 			errs = append(errs, fmt.Errorf("cluster: %w", err))
 		}
 	}

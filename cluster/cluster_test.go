@@ -354,6 +354,31 @@ func TestExternalDatabase(t *testing.T) {
 		stopCluster(t, c)
 	})
 
+	t.Run("password never on a command line", func(t *testing.T) {
+		// The server trusts local connections, so any password works.
+		const password = "pw-0123456789abcdef"
+		u, err := url.Parse(srv.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.User = url.UserPassword("postgres", password)
+		c := startCluster(t, cluster.Config{DatabaseURL: u.String(), Regions: []string{"pw"}})
+		info := c.Info()
+		if r := postPayment(t, info.Regions[0].URL, info.Tokens["tenant-a"], "k1", "invoice-pw"); r.status != http.StatusCreated {
+			t.Errorf("POST: %d %s", r.status, r.body)
+		}
+		for _, p := range c.Nodes() {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.Pid()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cmdline := string(bytes.ReplaceAll(b, []byte{0}, []byte{' '})); strings.Contains(cmdline, password) {
+				t.Errorf("the database password is on %s's command line: %s", p.Name(), cmdline)
+			}
+		}
+		stopCluster(t, c)
+	})
+
 	t.Run("reuse databases", func(t *testing.T) {
 		c := startCluster(t, cluster.Config{DatabaseURL: srv.URL(), Regions: []string{"us-east"}})
 		info := c.Info()

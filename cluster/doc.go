@@ -16,7 +16,10 @@
 //	logs/<region>-<i>.log   stdout and stderr of node i of a region (appended)
 //	logs/etcd-m<i>.log      the same for etcd member i
 //	logs/provider.log       the same for the provider simulator
-//	postgres/               PostgreSQL's data and log (only with a StateDir)
+//	secrets/                auth-tokens (idemd's --auth-tokens-file), provider-api-key and
+//	                        provider-admin-key: mode 0700, files 0600, removed by Stop
+//	postgres/               PostgreSQL's data and log (only with a StateDir; a link to
+//	                        /var/tmp/idem-pgserver-<hash> if the postgres user cannot reach it)
 //	etcd/m<i>/              etcd member i's data (new at every Start)
 //	provider/               the provider simulator's charges
 //
@@ -25,7 +28,10 @@
 // region uses it; in global store mode every region uses one database,
 // idem_global. Every process listens on free ports on 127.0.0.1. Nodes
 // authenticate one random development token (dev_<hex>) per tenant, and
-// are named <region>-<i> (their --node-id).
+// are named <region>-<i> (their --node-id). Tokens and keys reach the
+// processes in the files of secrets/, never on a command line (which every
+// local user can read); the provider's admin key is also in cluster.json
+// (providerAdminKey, mode 0600) for tools such as the chaos harness.
 //
 // # Regions and etcd
 //

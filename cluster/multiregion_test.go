@@ -74,9 +74,12 @@ func TestMultiRegion(t *testing.T) {
 	defer cancel()
 	tr := &http.Transport{DisableKeepAlives: true}
 	defer tr.CloseIdleConnections()
-	pc := &provider.Client{BaseURL: info.ProviderURL, HTTP: &http.Client{Transport: tr, Timeout: 10 * time.Second}}
+	pc := &provider.Client{BaseURL: info.ProviderURL, AdminKey: info.ProviderAdminKey, HTTP: &http.Client{Transport: tr, Timeout: 10 * time.Second}}
 	if err := pc.Healthy(ctx); err != nil {
 		t.Errorf("provider: %v", err)
+	}
+	if len(info.ProviderAdminKey) < 16 || c.ProviderAdminKey() != info.ProviderAdminKey {
+		t.Errorf("providerAdminKey %q (ProviderAdminKey %q), want a generated key", info.ProviderAdminKey, c.ProviderAdminKey())
 	}
 
 	home, away := info.Regions[0], info.Regions[1]

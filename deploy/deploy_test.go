@@ -205,7 +205,9 @@ func TestTTLNeverDeletesOpenRecords(t *testing.T) {
 }
 
 // TestDeployEnvMatchesIdemdFlags checks that every IDEM_* variable the
-// compose file and the Kubernetes manifests set is a flag of idemd.
+// compose file and the Kubernetes manifests set is a flag of idemd, or a
+// variable that idemd or idemctl provider reads by name (secrets, which
+// are never flags).
 func TestDeployEnvMatchesIdemdFlags(t *testing.T) {
 	flagRe := regexp.MustCompile(`\.(?:String|Bool|Int|Int64|Uint|Uint64|Float64|Duration|Func|BoolFunc|TextVar|Var)(?:Var)?\(([^"()\n]*)"([a-z][a-z0-9-]*)"`)
 	known := map[string]bool{}
@@ -225,6 +227,24 @@ func TestDeployEnvMatchesIdemdFlags(t *testing.T) {
 	if len(known) < 10 {
 		t.Fatalf("found only %d idemd flags in cmd/idemd; the pattern in this test needs updating", len(known))
 	}
+	byName := regexp.MustCompile(`"(IDEM_[A-Z0-9_]+)"`)
+	for _, f := range append(mains, filepath.Join(repoRoot, "cmd/idemctl/provider.go")) {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range byName.FindAllStringSubmatch(string(b), -1) {
+			known[m[1]] = true
+		}
+	}
+	for _, v := range []string{"IDEM_AUTH_TOKENS", "IDEM_PROVIDER_API_KEY"} {
+		if !known[v] {
+			t.Errorf("idemd no longer reads %s; the pattern in this test needs updating", v)
+		}
+	}
 	var files []string
 	files = append(files, filepath.Join(repoRoot, "deploy/compose/docker-compose.yml"))
 	_ = filepath.WalkDir(filepath.Join(repoRoot, "deploy/kubernetes"), func(p string, d os.DirEntry, err error) error {
@@ -241,7 +261,7 @@ func TestDeployEnvMatchesIdemdFlags(t *testing.T) {
 		}
 		for _, v := range varRe.FindAllString(string(b), -1) {
 			if !known[v] {
-				t.Errorf("%s sets %s, which is not an idemd flag", f, v)
+				t.Errorf("%s sets %s, which is neither an idemd flag nor a variable idemd or idemctl provider reads", f, v)
 			}
 		}
 	}

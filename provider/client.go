@@ -34,6 +34,10 @@ var (
 	// ErrKeyReused: the provider key was already used with a different
 	// amount or currency (409 PROVIDER_KEY_REUSED).
 	ErrKeyReused = errors.New("provider: provider key reused with different parameters")
+	// ErrUnauthorized: the provider refused the key (401 or 403): a
+	// configuration error. Nothing was charged, and such an answer also
+	// matches ErrUnavailable.
+	ErrUnauthorized = errors.New("provider: key refused, nothing charged")
 	// ErrBadRequest: the provider rejected the request as malformed (400).
 	ErrBadRequest = errors.New("provider: bad request")
 	// ErrAmbiguous: the request was sent but no usable answer came back
@@ -71,11 +75,17 @@ func (e *APIError) Error() string {
 // Unwrap returns the sentinel error of the answer's class, or nil.
 func (e *APIError) Unwrap() error { return e.kind }
 
+// errRefusedKey is the class of a refused key: nothing was charged, so it is
+// ErrUnavailable too.
+var errRefusedKey = fmt.Errorf("%w (%w)", ErrUnauthorized, ErrUnavailable)
+
 // classify maps an error answer to its sentinel.
 func classify(status int, code string) error {
 	switch {
 	case status == http.StatusBadRequest:
 		return ErrBadRequest
+	case status == http.StatusUnauthorized, status == http.StatusForbidden:
+		return errRefusedKey
 	case status == http.StatusPaymentRequired:
 		return ErrDeclined
 	case status == http.StatusNotFound:
@@ -112,6 +122,12 @@ type Client struct {
 	// Its Timeout, if any, bounds each call (a timeout after sending is
 	// ErrAmbiguous).
 	HTTP *http.Client
+	// APIKey is sent as "Authorization: Bearer <APIKey>" on charges and
+	// lookups; empty sends none.
+	APIKey string
+	// AdminKey is sent the same way on the /admin endpoints (SetFault,
+	// Fault, Charges); empty sends none.
+	AdminKey string
 }
 
 // Charge asks the provider to charge req. On success the charge is returned
@@ -280,6 +296,13 @@ func (c *Client) do(ctx context.Context, op, method, path string, hdr http.Heade
 		req.Header.Set("Content-Type", "application/json")
 	}
 	req.Header.Set("Accept", "application/json")
+	key := c.APIKey
+	if strings.HasPrefix(path, "/admin/") {
+		key = c.AdminKey
+	}
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
 
 	hc := c.HTTP
 	if hc == nil {

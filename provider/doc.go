@@ -11,6 +11,11 @@
 // # HTTP API
 //
 // All bodies are JSON; errors are {"errorCode":"...","message":"..."}.
+// With [Config.APIKey] set, the /v1 endpoints need "Authorization: Bearer
+// <APIKey>", and with [Config.AdminKey] the /admin endpoints need the admin
+// key the same way (each refuses the other's); a missing or wrong key
+// answers 401 UNAUTHENTICATED before anything else happens. idemctl
+// provider requires both keys, read from files or environment variables.
 //
 //   - POST /v1/charges with header Idempotency-Key: provider_payment_<paymentId>
 //     (required) and optional Idem-Fencing-Token: <int64>; body

@@ -3,6 +3,7 @@ package provider
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -43,6 +44,7 @@ const (
 	CodeDeclined            = "PAYMENT_DECLINED"
 	CodeChargeNotFound      = "CHARGE_NOT_FOUND"
 	CodeNotFound            = "NOT_FOUND"
+	CodeUnauthenticated     = "UNAUTHENTICATED"
 )
 
 // ProviderKeyPrefix starts every provider key: provider_payment_<paymentId>.
@@ -205,6 +207,14 @@ type Config struct {
 	DataDir string
 	// Logger receives operational logs. Nil discards them.
 	Logger *slog.Logger
+	// APIKey, when set, is required as "Authorization: Bearer <APIKey>" on
+	// the charge endpoints (/v1/...). Empty leaves them open, which only
+	// in-process tests should do; idemctl provider requires a key.
+	APIKey string
+	// AdminKey, when set, is required the same way on the /admin endpoints
+	// (faults, charge counts), which the payment service never calls. It
+	// should differ from APIKey. Empty leaves them open.
+	AdminKey string
 }
 
 // Server is the payment provider simulator. Create it with [NewServer],
@@ -247,16 +257,41 @@ func NewServer(cfg Config) (*Server, error) {
 		bgCtx:    ctx,
 		bgCancel: cancel,
 	}
-	s.mux.HandleFunc("POST /v1/charges", s.handleCharge)
-	s.mux.HandleFunc("GET /v1/charges/{providerKey}", s.handleLookup)
-	s.mux.HandleFunc("PUT /admin/fault", s.handleSetFault)
-	s.mux.HandleFunc("GET /admin/fault", s.handleGetFault)
-	s.mux.HandleFunc("GET /admin/charges", s.handleCounts)
+	api, admin := requireKey(cfg.APIKey), requireKey(cfg.AdminKey)
+	s.mux.HandleFunc("POST /v1/charges", api(s.handleCharge))
+	s.mux.HandleFunc("GET /v1/charges/{providerKey}", api(s.handleLookup))
+	s.mux.HandleFunc("PUT /admin/fault", admin(s.handleSetFault))
+	s.mux.HandleFunc("GET /admin/fault", admin(s.handleGetFault))
+	s.mux.HandleFunc("GET /admin/charges", admin(s.handleCounts))
 	s.mux.HandleFunc("GET /healthz", s.handleHealth)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, CodeNotFound, "no route for "+r.Method+" "+r.URL.Path)
 	})
 	return s, nil
+}
+
+// requireKey returns a middleware that answers 401 UNAUTHENTICATED unless
+// the request carries "Authorization: Bearer <key>"; with an empty key it
+// lets every request through. The SHA-256 digests of the two keys are
+// compared in constant time, so neither the content nor the length of the
+// key leaks through timing.
+func requireKey(key string) func(http.HandlerFunc) http.HandlerFunc {
+	if key == "" {
+		return func(h http.HandlerFunc) http.HandlerFunc { return h }
+	}
+	want := sha256.Sum256([]byte(key))
+	return func(h http.HandlerFunc) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			sum := sha256.Sum256([]byte(got))
+			if !ok || subtle.ConstantTimeCompare(sum[:], want[:]) != 1 {
+				w.Header().Set("WWW-Authenticate", "Bearer")
+				writeError(w, http.StatusUnauthorized, CodeUnauthenticated, "a valid bearer key is required")
+				return
+			}
+			h(w, r)
+		}
+	}
 }
 
 // Handler returns the HTTP handler of the simulator.

@@ -2,6 +2,7 @@ package region
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
 	"crypto/tls"
 	"errors"
@@ -123,6 +124,9 @@ type Server struct {
 	http *http.Server
 	done chan error
 
+	// tokens are the SHA-256 digests of Config.Tokens with their tenants.
+	tokens []tokenDigest
+
 	forwardTransport *http.Transport
 	peers            peerTransports
 	workerMetrics    *workerMetrics
@@ -181,6 +185,9 @@ func NewServer(cfg Config, st *store.Store, pay *payments.Service) (*Server, err
 	}
 	s := &Server{cfg: cfg, store: st, payments: pay, metrics: m, workerMetrics: wm, logger: cfg.Logger, operations: ops,
 		forwardTransport: http.DefaultTransport.(*http.Transport).Clone()}
+	for token, tenant := range cfg.Tokens {
+		s.tokens = append(s.tokens, tokenDigest{sum: sha256.Sum256([]byte(token)), tenant: tenant})
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /payments", s.authenticated(s.handleCreatePayment))
 	mux.HandleFunc("GET /payments/{id}", s.authenticated(s.handleGetPayment))
@@ -269,6 +276,27 @@ func (s *Server) Close(ctx context.Context) error {
 
 type tenantHandler func(w http.ResponseWriter, r *http.Request, tenant string)
 
+// tokenDigest is a bearer token's SHA-256 digest and its tenant.
+type tokenDigest struct {
+	sum    [sha256.Size]byte
+	tenant string
+}
+
+// tenantOf returns the tenant of a bearer token, or "". It compares the
+// token's SHA-256 digest with every configured token's in constant time:
+// digests have one length, so neither a token's content nor its length
+// shows in the time taken.
+func (s *Server) tenantOf(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	tenant := ""
+	for _, t := range s.tokens {
+		if subtle.ConstantTimeCompare(t.sum[:], sum[:]) == 1 {
+			tenant = t.tenant
+		}
+	}
+	return tenant
+}
+
 // authenticated resolves the bearer token to a tenant, or answers 401 before
 // anything else happens (no record is ever written for an unauthenticated
 // request). A request carrying Idem-Forwarded-By is a forwarded one: its
@@ -288,11 +316,7 @@ func (s *Server) authenticated(h tenantHandler) http.HandlerFunc {
 		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		tenant := ""
 		if ok && token != "" {
-			for t, ten := range s.cfg.Tokens {
-				if subtle.ConstantTimeCompare([]byte(t), []byte(token)) == 1 {
-					tenant = ten
-				}
-			}
+			tenant = s.tenantOf(token)
 		}
 		if tenant == "" {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="idem"`)

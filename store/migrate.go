@@ -5,6 +5,7 @@ import (
 	"embed"
 	"fmt"
 	"io/fs"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -72,4 +73,40 @@ func unavailableOr(err error) error {
 		return unavailable(err)
 	}
 	return err
+}
+
+// CheckMigrated returns an error, naming what is missing, unless every
+// migration has been applied. A node that must not run DDL (its role may
+// only read and write rows) calls it at start instead of Migrate.
+func (s *Store) CheckMigrated(ctx context.Context) error {
+	files, err := fs.Glob(migrationFS, "migrations/*.sql")
+	if err != nil {
+		return fmt.Errorf("store: list migrations: %w", err)
+	}
+	rows, err := s.pool.Query(ctx, `SELECT version FROM schema_migrations`)
+	if err != nil {
+		if sqlState(err) == "42P01" { // undefined_table
+			return fmt.Errorf("store: no migration has been applied (run idemctl migrate as the schema's owner): %w", err)
+		}
+		return fmt.Errorf("store: read schema_migrations: %w", unavailableOr(err))
+	}
+	applied, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil {
+		return fmt.Errorf("store: read schema_migrations: %w", unavailableOr(err))
+	}
+	var missing []string
+	for _, f := range files {
+		base := strings.TrimPrefix(f, "migrations/")
+		version, err := strconv.Atoi(strings.SplitN(base, "_", 2)[0])
+		if err != nil {
+			return fmt.Errorf("store: migration %s: bad version prefix: %w", base, err)
+		}
+		if !slices.Contains(applied, version) {
+			missing = append(missing, base)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("store: migrations not applied (run idemctl migrate as the schema's owner): %s", strings.Join(missing, ", "))
+	}
+	return nil
 }

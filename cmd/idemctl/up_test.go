@@ -25,6 +25,7 @@ import (
 	"github.com/idemcoord/idem/cluster"
 	"github.com/idemcoord/idem/internal/procfs"
 	"github.com/idemcoord/idem/internal/testbin"
+	"github.com/idemcoord/idem/provider"
 )
 
 // TestUp builds idemd, idemctl and etcd once and runs "idemctl up" in
@@ -169,6 +170,8 @@ func TestUp(t *testing.T) {
 		upCheckPayment(t, info)
 		upCheckSummary(t, stdout.String(), info)
 		kids := procfs.Children(cmd.Process.Pid)
+		upCheckNoSecretsOnCommandLines(t, kids, info, dir)
+		upCheckProviderAdminKey(t, info)
 		if len(kids) != 8 { // PostgreSQL, the provider, 3 etcd members and 3 nodes
 			var cmds []string
 			for _, pid := range kids {
@@ -196,6 +199,63 @@ func TestUp(t *testing.T) {
 			}
 		}
 	})
+}
+
+// upCheckNoSecretsOnCommandLines checks that no bearer token or provider key
+// appears on the command line of a child process, which every local user can
+// read in /proc/<pid>/cmdline: they are handed over in files.
+func upCheckNoSecretsOnCommandLines(t *testing.T, kids []int, info cluster.Info, stateDir string) {
+	t.Helper()
+	apiKey, err := os.ReadFile(filepath.Join(stateDir, "secrets", "provider-api-key"))
+	if err != nil {
+		t.Fatalf("the provider's API key file: %v", err)
+	}
+	secrets := map[string]string{"provider API key": strings.TrimSpace(string(apiKey)), "provider admin key": info.ProviderAdminKey}
+	for tenant, token := range info.Tokens {
+		secrets["token of "+tenant] = token
+	}
+	for what, secret := range secrets {
+		if len(secret) < 16 {
+			t.Fatalf("%s %q: too short to be a generated secret", what, secret)
+		}
+	}
+	checked := 0
+	for _, pid := range kids {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+		if err != nil {
+			t.Errorf("pid %d: %v", pid, err)
+			continue
+		}
+		checked++
+		cmdline := string(bytes.ReplaceAll(b, []byte{0}, []byte{' '}))
+		for what, secret := range secrets {
+			if strings.Contains(cmdline, secret) {
+				t.Errorf("the %s is on the command line of pid %d: %s", what, pid, cmdline)
+			}
+		}
+		if strings.Contains(cmdline, "--auth-tokens ") || strings.Contains(cmdline, "--auth-tokens=") {
+			t.Errorf("pid %d is given tokens on its command line: %s", pid, cmdline)
+		}
+	}
+	if checked != len(kids) || checked == 0 {
+		t.Errorf("checked %d command lines of %d children", checked, len(kids))
+	}
+}
+
+// upCheckProviderAdminKey checks that the provider's /admin endpoints answer
+// with cluster.json's providerAdminKey and refuse a client without it.
+func upCheckProviderAdminKey(t *testing.T, info cluster.Info) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admin := &provider.Client{BaseURL: info.ProviderURL, AdminKey: info.ProviderAdminKey}
+	if _, err := admin.Charges(ctx); err != nil {
+		t.Errorf("GET /admin/charges with providerAdminKey: %v", err)
+	}
+	anon := &provider.Client{BaseURL: info.ProviderURL}
+	if _, err := anon.Charges(ctx); !errors.Is(err, provider.ErrUnauthorized) {
+		t.Errorf("GET /admin/charges without a key: %v, want ErrUnauthorized", err)
+	}
 }
 
 // upBuildBinaries builds idemd, idemctl and etcd into a temporary directory.

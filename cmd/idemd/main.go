@@ -1,7 +1,11 @@
 // Command idemd is a regional node of the idempotency coordination service.
-// It applies migrations, then serves the payment API, idempotency record
-// inspection, metrics and health checks. Every flag can also be set as an
-// IDEM_* environment variable (--database-url as IDEM_DATABASE_URL).
+// It applies migrations (unless --migrate=false), then serves the payment
+// API, idempotency record inspection, metrics and health checks. Every flag
+// can also be set as an IDEM_* environment variable (--database-url as
+// IDEM_DATABASE_URL). Secrets are never flags: bearer tokens come from
+// --auth-tokens-file (or IDEM_AUTH_TOKENS) and the provider's API key from
+// --provider-api-key-file (or IDEM_PROVIDER_API_KEY), because a command
+// line is readable by every local user.
 package main
 
 import (
@@ -56,10 +60,15 @@ func main() {
 
 // Main is the program: flags, wiring, lifecycle.
 type Main struct {
-	Listen       string
-	Region       string
-	DatabaseURL  string
-	AuthTokens   map[string]string
+	Listen      string
+	Region      string
+	DatabaseURL string
+	AuthTokens  map[string]string
+	// Migrate applies the store's migrations at start (--migrate). With
+	// false, the node checks that they have been applied (by idemctl
+	// migrate, as a role that owns the schema) and refuses to start
+	// otherwise.
+	Migrate      bool
 	ReplayWindow time.Duration
 	LockFor      time.Duration
 
@@ -83,7 +92,9 @@ type Main struct {
 	// HTTP bounds the node's HTTP server (timeouts, header size).
 	HTTP region.Config
 
-	ProviderURL     string
+	ProviderURL string
+	// ProviderAPIKey is sent to the provider as a bearer token.
+	ProviderAPIKey  string
 	ProviderTimeout time.Duration
 	ResponseSchema  string
 	ReplayRule      string
@@ -122,10 +133,12 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	fs.StringVar(&m.Listen, "listen", region.DefaultAddr, "address to serve HTTP on")
 	fs.StringVar(&m.Region, "region", "local", "name of this node's region")
 	fs.StringVar(&m.DatabaseURL, "database-url", "", "PostgreSQL or CockroachDB URL of the idempotency store (required)")
-	tokens := fs.String("auth-tokens", "", "bearer tokens and their tenants: token=tenant,token2=tenant2")
+	tokensFile := fs.String("auth-tokens-file", "", "file of bearer tokens and their tenants, one token=tenant per line (# comments); or IDEM_AUTH_TOKENS=token=tenant,token2=tenant2")
+	fs.BoolVar(&m.Migrate, "migrate", true, "apply the store's migrations at start; false: only check that 'idemctl migrate' applied them (the node's role then needs no DDL privilege)")
 	fs.DurationVar(&m.ReplayWindow, "replay-window", payments.DefaultWindow, "how long a key's record answers retries")
 	fs.DurationVar(&m.LockFor, "lock-timeout", payments.DefaultLockFor, "how long an owner holds a key before a retry may take it over")
 	fs.StringVar(&m.ProviderURL, "provider-url", "", "base URL of the payment provider; empty: payments complete locally in one transaction")
+	providerKeyFile := fs.String("provider-api-key-file", "", "file holding the provider's API key, sent as a bearer token; or IDEM_PROVIDER_API_KEY")
 	fs.DurationVar(&m.ProviderTimeout, "provider-timeout", 0, "bound on one provider call (default: lock-timeout/3)")
 	fs.StringVar(&m.ResponseSchema, "response-schema", payments.DefaultSchemaVersion, "response schema new payments are answered in: v2 or v3")
 	fs.StringVar(&m.ReplayRule, "replay-rule", payments.ReplayAsStored, "what a replay of a response stored under an older schema returns: replay-as-stored or reconstruct-current")
@@ -158,6 +171,9 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	fs.DurationVar(&m.HTTP.WriteTimeout, "write-timeout", region.DefaultWriteTimeout, "bound on a request from its headers to its answer; Prefer: wait=N adds read-timeout + N")
 	fs.DurationVar(&m.HTTP.IdleTimeout, "idle-timeout", region.DefaultIdleTimeout, "close keep-alive connections idle this long")
 	fs.IntVar(&m.HTTP.MaxHeaderBytes, "max-header-bytes", region.DefaultMaxHeaderBytes, "bound on a request's header block (431 past it)")
+	if err := refuseSecretFlags(args); err != nil {
+		return err
+	}
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -214,11 +230,14 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	if m.FailoverTargets, err = cli.ParsePairs(*targets); err != nil {
 		return fmt.Errorf("--failover-targets: %w", err)
 	}
-	if m.AuthTokens, err = cli.ParseTokens(*tokens); err != nil {
+	if m.AuthTokens, err = m.loadTokens(*tokensFile, getenv("IDEM_AUTH_TOKENS")); err != nil {
 		return err
 	}
 	if len(m.AuthTokens) == 0 {
-		m.logger.Warn("no --auth-tokens: every authenticated endpoint will answer 401")
+		m.logger.Warn("no --auth-tokens-file (or IDEM_AUTH_TOKENS): every authenticated endpoint will answer 401")
+	}
+	if m.ProviderAPIKey, err = m.loadKey("--provider-api-key-file", *providerKeyFile, "IDEM_PROVIDER_API_KEY", getenv("IDEM_PROVIDER_API_KEY")); err != nil {
+		return err
 	}
 	if (m.TLSCert == "") != (m.TLSKey == "") {
 		return errors.New("--tls-cert and --tls-key go together")
@@ -262,7 +281,52 @@ func (m *Main) peerConfig(cfg *region.Config) error {
 	return nil
 }
 
-// Run connects to the store, applies migrations, joins the region (with
+// refuseSecretFlags refuses the flags that used to carry secrets on the
+// command line, which every local user can read (/proc/<pid>/cmdline).
+func refuseSecretFlags(args []string) error {
+	for _, a := range args {
+		if a == "--" {
+			return nil
+		}
+		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if strings.HasPrefix(a, "-") && name == "auth-tokens" {
+			return errors.New("--auth-tokens is not accepted: a command line is readable by every local user; put one token=tenant per line in a file only idemd's user can read and pass --auth-tokens-file (or set IDEM_AUTH_TOKENS)")
+		}
+	}
+	return nil
+}
+
+// loadTokens reads the bearer tokens from the tokens file or, without one,
+// from env (IDEM_AUTH_TOKENS).
+func (m *Main) loadTokens(file, env string) (map[string]string, error) {
+	switch {
+	case file != "" && env != "":
+		return nil, errors.New("both --auth-tokens-file and IDEM_AUTH_TOKENS are set; set one")
+	case file != "":
+		tokens, warn, err := cli.ReadTokensFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("--auth-tokens-file: %w", err)
+		}
+		if warn != "" {
+			m.logger.Warn(warn)
+		}
+		return tokens, nil
+	}
+	return cli.ParseTokens(env)
+}
+
+// loadKey reads a key from file (flag names it) or, without one, takes
+// envValue (of envName).
+func (m *Main) loadKey(flag, file, envName, envValue string) (string, error) {
+	key, warn, err := cli.KeyFromFileOrEnv(flag, file, envName, envValue)
+	if warn != "" {
+		m.logger.Warn(warn)
+	}
+	return key, err
+}
+
+// Run connects to the store, applies migrations (or, with Migrate false,
+// checks them), joins the region (with
 // etcd) and starts serving. It returns once the node is listening.
 func (m *Main) Run(ctx context.Context) error {
 	st, err := store.Open(ctx, m.DatabaseURL, store.Options{Logger: m.logger})
@@ -270,7 +334,16 @@ func (m *Main) Run(ctx context.Context) error {
 		return err
 	}
 	m.store = st
-	if err := st.Migrate(ctx); err != nil {
+	// Connect now, so that a wrong address, certificate or password stops
+	// the node at start with the reason, not at its first request.
+	if err := st.Ping(ctx); err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	if m.Migrate {
+		if err := st.Migrate(ctx); err != nil {
+			return err
+		}
+	} else if err := st.CheckMigrated(ctx); err != nil {
 		return err
 	}
 	ln, err := net.Listen("tcp", m.Listen)
@@ -294,7 +367,7 @@ func (m *Main) Run(ctx context.Context) error {
 		return err
 	}
 	if m.ProviderURL != "" {
-		pc := &provider.Client{BaseURL: m.ProviderURL}
+		pc := &provider.Client{BaseURL: m.ProviderURL, APIKey: m.ProviderAPIKey}
 		if m.ProviderCA != "" {
 			roots, err := tlsutil.NewPool(m.ProviderCA)
 			if err != nil {

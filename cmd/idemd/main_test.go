@@ -105,10 +105,21 @@ func startIdemdEnv(t *testing.T, env []string, dbURL string, extra ...string) *p
 	t.Helper()
 	addr := freeAddr(t)
 	p := &proc{t: t, url: "http://" + addr, env: env,
-		args: append([]string{"--listen", addr, "--database-url", dbURL, "--auth-tokens", "tok-a=tenant-a"}, extra...)}
+		args: append([]string{"--listen", addr, "--database-url", dbURL, "--auth-tokens-file", tokensFile(t, "tok-a=tenant-a\n")}, extra...)}
 	p.start()
 	t.Cleanup(p.stop)
 	return p
+}
+
+// tokensFile writes content to a new tokens file (mode 0600) and returns
+// its path.
+func tokensFile(t *testing.T, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 func (p *proc) start() {

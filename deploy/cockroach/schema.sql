@@ -1,14 +1,17 @@
 -- CockroachDB-only multi-region schema for IDEM_STORE_MODE=global.
 --
 -- What this is: the same tables, columns and constraints as store/migrations/
--- (the PostgreSQL/CockroachDB-common schema that idemd applies at start),
+-- (the PostgreSQL/CockroachDB-common schema that `idemctl migrate` applies,
+-- or idemd at start unless IDEM_MIGRATE=false),
 -- plus the CockroachDB-only parts: database regions, the survival goal, row
 -- localities and row-level TTL. deploy/cockroach/README.md explains every
 -- choice at more length, with the latency each one costs.
 --
--- How to apply: once, as an admin user, BEFORE the first idemd connects:
+-- How to apply: once, as the idem_migrator role (which owns the database and
+-- the tables; the nodes' idem_app role only reads and writes rows; see
+-- deploy/cockroach/README.md#apply), BEFORE the first idemd connects:
 --
---   cockroach sql --url "$ADMIN_URL" -f deploy/cockroach/schema.sql
+--   cockroach sql --url "$MIGRATOR_URL" -f deploy/cockroach/schema.sql
 --
 -- `cockroach sql -f` runs every statement in its own implicit transaction,
 -- which is what schema changes on CockroachDB want: do not wrap this file in
@@ -19,8 +22,8 @@
 -- IF NOT EXISTS. If it got there first, it would create plain tables (in the
 -- primary region, no TTL) and the CREATE TABLE statements below would be
 -- skipped. The end of this file records migrations 1-3 as applied, so idemd
--- finds nothing to do for them. Later migrations (0004_...) are still applied
--- by idemd itself; review each one for locality (a new table defaults to
+-- finds nothing to do for them. Later migrations (0004_...) are applied by
+-- `idemctl migrate` as idem_migrator; review each one for locality (a new table defaults to
 -- REGIONAL BY TABLE IN PRIMARY REGION) before it reaches production.
 --
 -- Region names must be exactly the `region=` tier of every CockroachDB node's

@@ -1,5 +1,5 @@
 // Package cli holds what the commands share: flags that fall back to IDEM_*
-// environment variables, and token lists.
+// environment variables, token lists, and files holding secrets.
 package cli
 
 import (
@@ -34,11 +34,20 @@ func ApplyEnv(fs *flag.FlagSet, getenv func(string) string) error {
 	return err
 }
 
-// ParseTokens parses "token=tenant,token2=tenant2" into a token -> tenant map.
+// ParseTokens parses "token=tenant,token2=tenant2" (the IDEM_AUTH_TOKENS
+// form) into a token -> tenant map. Errors name the pair's position, never
+// its content (it is a secret).
 func ParseTokens(s string) (map[string]string, error) {
-	out, err := ParsePairs(s)
-	if err != nil {
-		return nil, fmt.Errorf("auth tokens: %w", err)
+	out := map[string]string{}
+	if strings.TrimSpace(s) == "" {
+		return out, nil
+	}
+	for i, pair := range strings.Split(s, ",") {
+		token, tenant, ok := strings.Cut(strings.TrimSpace(pair), "=")
+		if !ok || token == "" || tenant == "" {
+			return nil, fmt.Errorf("auth tokens: pair %d is not token=tenant", i+1)
+		}
+		out[token] = tenant
 	}
 	return out, nil
 }

@@ -18,6 +18,15 @@
 // A caller-supplied Options.Dir must then be reachable by that user: every
 // parent directory must be searchable by it (t.TempDir() is not, because its
 // parent has mode 0700); Start reports an error naming the offending parent.
+// DirFor picks a directory that user can reach for a given one: the
+// directory itself, or a stable one under /var/tmp.
+//
+// # TLS
+//
+// With Options.TLS the server turns ssl on with a certificate for
+// 127.0.0.1, ::1 and localhost signed by a throwaway certificate authority
+// made at start; TLSURLFor gives a sslmode=verify-full URL that trusts it
+// (CAFile).
 //
 // # Process lifetime
 //

@@ -88,6 +88,13 @@ type Options struct {
 	// overridden listen_addresses should still include 127.0.0.1.
 	// Default: none.
 	Settings map[string]string
+
+	// TLS turns ssl on, with a server certificate for 127.0.0.1, ::1 and
+	// localhost signed by a throwaway certificate authority made at start
+	// (Dir/tls; the key is owned by the server's OS user with mode 0600).
+	// Clients verify it with Server.CAFile, as TLSURLFor does; plain
+	// connections are still accepted. Default false: no TLS.
+	TLS bool
 }
 
 // Server is a running PostgreSQL server started by Start. Its methods are
@@ -99,7 +106,8 @@ type Server struct {
 	dataDir     string
 	logPath     string
 	sockDir     string
-	removeSock  bool // sockDir is a temporary directory of its own
+	removeSock  bool   // sockDir is a temporary directory of its own
+	tlsDir      string // "" without Options.TLS
 	port        int
 	cmd         *exec.Cmd
 	exited      chan struct{} // closed when the postmaster has been reaped
@@ -206,6 +214,13 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		log.Info("pgserver: reusing existing cluster", "data", s.dataDir)
 	} else {
 		if err := s.initdb(ctx, binDir, cred, opts.Fsync); err != nil {
+			return nil, err
+		}
+	}
+
+	if opts.TLS {
+		s.tlsDir = filepath.Join(s.dir, "tls")
+		if err := writeTLS(s.tlsDir, cred); err != nil {
 			return nil, err
 		}
 	}
@@ -495,6 +510,11 @@ func (s *Server) startPostgres(ctx context.Context, binDir string, cred *syscall
 	if !opts.Fsync {
 		args = append(args, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
 	}
+	if s.tlsDir != "" {
+		args = append(args, "-c", "ssl=on",
+			"-c", "ssl_cert_file="+filepath.Join(s.tlsDir, "server.crt"),
+			"-c", "ssl_key_file="+filepath.Join(s.tlsDir, "server.key"))
+	}
 	names := make([]string, 0, len(opts.Settings))
 	for name := range opts.Settings {
 		names = append(names, name)
@@ -599,6 +619,28 @@ func (s *Server) URLFor(db string) string {
 		Path:     "/" + db,
 		RawQuery: "sslmode=disable",
 	}
+	return u.String()
+}
+
+// CAFile returns the certificate (PEM) of the authority that signed the
+// server's certificate, or "" without Options.TLS.
+func (s *Server) CAFile() string {
+	if s.tlsDir == "" {
+		return ""
+	}
+	return filepath.Join(s.tlsDir, "ca.crt")
+}
+
+// TLSURLFor returns the URL of database db over TLS, verifying the server's
+// certificate and name against CAFile:
+// postgres://postgres@127.0.0.1:PORT/db?sslmode=verify-full&sslrootcert=CA.
+// Without Options.TLS it returns URLFor(db).
+func (s *Server) TLSURLFor(db string) string {
+	if s.tlsDir == "" {
+		return s.URLFor(db)
+	}
+	u, _ := url.Parse(s.URLFor(db)) // URLFor's URL parses
+	u.RawQuery = url.Values{"sslmode": {"verify-full"}, "sslrootcert": {s.CAFile()}}.Encode()
 	return u.String()
 }
 

@@ -1,0 +1,105 @@
+package cli
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+)
+
+// ReadTokensFile reads bearer tokens from the file at path: one
+// token=tenant per line; blank lines and lines starting with # are
+// ignored, and spaces around the token and the tenant are trimmed. A token
+// may appear once. Errors name the line, never its content (it is a
+// secret). warn is non-empty when the file is readable by its group or
+// others, which the caller should log.
+func ReadTokensFile(path string) (tokens map[string]string, warn string, err error) {
+	b, warn, err := readSecretFile(path)
+	if err != nil {
+		return nil, "", err
+	}
+	tokens = map[string]string{}
+	sc := bufio.NewScanner(strings.NewReader(string(b)))
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		token, tenant, ok := strings.Cut(line, "=")
+		token, tenant = strings.TrimSpace(token), strings.TrimSpace(tenant)
+		if !ok || token == "" || tenant == "" {
+			return nil, "", fmt.Errorf("tokens file %s, line %d: want token=tenant", path, n)
+		}
+		if _, dup := tokens[token]; dup {
+			return nil, "", fmt.Errorf("tokens file %s, line %d: token given twice", path, n)
+		}
+		tokens[token] = tenant
+	}
+	if err := sc.Err(); err != nil {
+		return nil, "", fmt.Errorf("tokens file %s: %w", path, err)
+	}
+	return tokens, warn, nil
+}
+
+// ReadKeyFile reads a key (an API key, for example) from the file at path:
+// its content without surrounding white space, which must not be empty.
+// warn is as for ReadTokensFile.
+func ReadKeyFile(path string) (key, warn string, err error) {
+	b, warn, err := readSecretFile(path)
+	if err != nil {
+		return "", "", err
+	}
+	key = strings.TrimSpace(string(b))
+	if key == "" {
+		return "", "", fmt.Errorf("key file %s is empty", path)
+	}
+	if strings.ContainsAny(key, " \t\r\n") {
+		return "", "", fmt.Errorf("key file %s: want the key on one line, without spaces", path)
+	}
+	return key, warn, nil
+}
+
+// readSecretFile reads a file holding secrets and checks its permissions.
+func readSecretFile(path string) ([]byte, string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, "", fmt.Errorf("secret file: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, "", fmt.Errorf("secret file: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, "", fmt.Errorf("secret file %s is not a regular file", path)
+	}
+	var warn string
+	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+		warn = fmt.Sprintf("secret file %s has mode %v: other users may read it; chmod 600 it", path, perm)
+	}
+	b, err := io.ReadAll(f)
+	if err != nil {
+		return nil, "", fmt.Errorf("secret file: %w", err)
+	}
+	return b, warn, nil
+}
+
+// KeyFromFileOrEnv returns the key held in file, whose flag is flagName,
+// or, without a file, envValue, the value of the environment variable
+// envName (trimmed; "" when unset). Setting both is an error. warn is as
+// for ReadTokensFile.
+func KeyFromFileOrEnv(flagName, file, envName, envValue string) (key, warn string, err error) {
+	envValue = strings.TrimSpace(envValue)
+	switch {
+	case file != "" && envValue != "":
+		return "", "", fmt.Errorf("both %s and %s are set; set one", flagName, envName)
+	case file != "":
+		key, warn, err := ReadKeyFile(file)
+		if err != nil {
+			return "", "", fmt.Errorf("%s: %w", flagName, err)
+		}
+		return key, warn, nil
+	}
+	return envValue, "", nil
+}
