@@ -76,7 +76,7 @@ func TestServesHTTPSAndReloadsCertificate(t *testing.T) {
 	addr := freeAddr(t)
 	client := tlsClient(t, ca, "", "")
 	p := &proc{t: t, url: "https://" + addr, client: client,
-		args: []string{"--listen", addr, "--database-url", pgtest.NewDatabase(t), "--auth-tokens", "tok-a=tenant-a",
+		args: []string{"--listen", addr, "--database-url", pgtest.NewDatabase(t), "--auth-tokens-file", tokensFile(t, "tok-a=tenant-a\n"),
 			"--tls-cert", cert, "--tls-key", key}}
 	p.start()
 	t.Cleanup(p.stop)
