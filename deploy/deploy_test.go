@@ -212,6 +212,9 @@ func TestDeployEnvMatchesIdemdFlags(t *testing.T) {
 	flagRe := regexp.MustCompile(`\.(?:String|Bool|Int|Int64|Uint|Uint64|Float64|Duration|Func|BoolFunc|TextVar|Var)(?:Var)?\(([^"()\n]*)"([a-z][a-z0-9-]*)"`)
 	known := map[string]bool{}
 	mains, _ := filepath.Glob(filepath.Join(repoRoot, "cmd/idemd/*.go"))
+	// idemd's etcd connection flags are registered by internal/etcdclient.
+	etcdFlags, _ := filepath.Glob(filepath.Join(repoRoot, "internal/etcdclient/*.go"))
+	mains = append(mains, etcdFlags...)
 	for _, f := range mains {
 		if strings.HasSuffix(f, "_test.go") {
 			continue

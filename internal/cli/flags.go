@@ -35,17 +35,23 @@ func ApplyEnv(fs *flag.FlagSet, getenv func(string) string) error {
 }
 
 // ParseTokens parses "token=tenant,token2=tenant2" (the IDEM_AUTH_TOKENS
-// form) into a token -> tenant map. Errors name the pair's position, never
-// its content (it is a secret).
+// form) into a token -> tenant map, with the rules of ReadTokensFile:
+// spaces around a token and a tenant are trimmed, and a token may appear
+// once. Errors name the pair's position, never its content (it is a
+// secret).
 func ParseTokens(s string) (map[string]string, error) {
 	out := map[string]string{}
 	if strings.TrimSpace(s) == "" {
 		return out, nil
 	}
 	for i, pair := range strings.Split(s, ",") {
-		token, tenant, ok := strings.Cut(strings.TrimSpace(pair), "=")
+		token, tenant, ok := strings.Cut(pair, "=")
+		token, tenant = strings.TrimSpace(token), strings.TrimSpace(tenant)
 		if !ok || token == "" || tenant == "" {
 			return nil, fmt.Errorf("auth tokens: pair %d is not token=tenant", i+1)
+		}
+		if _, dup := out[token]; dup {
+			return nil, fmt.Errorf("auth tokens: pair %d repeats a token", i+1)
 		}
 		out[token] = tenant
 	}

@@ -21,7 +21,8 @@ func FuzzParseTokens(f *testing.F) {
 		}
 		pairs := make([]string, 0, len(m))
 		for k, v := range m {
-			if k == "" || v == "" || strings.ContainsAny(k, ",=") || strings.Contains(v, ",") {
+			if k == "" || v == "" || strings.ContainsAny(k, ",=") || strings.Contains(v, ",") ||
+				k != strings.TrimSpace(k) || v != strings.TrimSpace(v) {
 				t.Fatalf("ParseTokens(%q) accepted %q=%q", s, k, v)
 			}
 			pairs = append(pairs, k+"="+v)
@@ -37,4 +38,21 @@ func FuzzParseTokens(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestParseTokensLikeTheFile: the IDEM_AUTH_TOKENS form follows the tokens
+// file's rules: a token given twice is refused (it would silently take the
+// last tenant), and spaces inside a pair are trimmed (a token with a trailing
+// space could never match a request).
+func TestParseTokensLikeTheFile(t *testing.T) {
+	if m, err := ParseTokens("tok=tenant-a,tok=tenant-b"); err == nil {
+		t.Errorf("a repeated token was accepted: %v", m)
+	}
+	m, err := ParseTokens(" tok-a = tenant-a ,tok-b=tenant-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := m, map[string]string{"tok-a": "tenant-a", "tok-b": "tenant-b"}; len(got) != 2 || got["tok-a"] != want["tok-a"] || got["tok-b"] != want["tok-b"] {
+		t.Errorf("ParseTokens = %v, want %v", got, want)
+	}
 }
