@@ -119,6 +119,9 @@ type Main struct {
 	routes     *routing.Map
 	membership *routing.Membership
 	stopAuto   context.CancelFunc
+	// onFlags, if set, sees the flag set ParseFlags defines, before it
+	// parses (tests check the README against it).
+	onFlags func(*flag.FlagSet)
 	autoDone   chan struct{}
 }
 
@@ -173,6 +176,9 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	fs.IntVar(&m.HTTP.MaxHeaderBytes, "max-header-bytes", region.DefaultMaxHeaderBytes, "bound on a request's header block (431 past it)")
 	if err := refuseSecretFlags(args); err != nil {
 		return err
+	}
+	if m.onFlags != nil {
+		m.onFlags(fs)
 	}
 	if err := fs.Parse(args); err != nil {
 		return err
