@@ -2,13 +2,6 @@ package pgserver_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -17,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idemcoord/idem/internal/tlsutil"
 
 	"github.com/jackc/pgx/v5"
 
@@ -128,24 +123,13 @@ func TestTLS(t *testing.T) {
 // escapePath is how url.Values encodes a path.
 func escapePath(p string) string { return strings.ReplaceAll(p, "/", "%2F") }
 
-// writeOtherCA writes a self-signed CA certificate that signed nothing and
+// writeOtherCA writes the certificate of a new CA that signed nothing and
 // returns its path.
 func writeOtherCA(t *testing.T) string {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := tlsutil.NewCA(t.TempDir(), "another CA")
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "another CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "other-ca.crt")
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return path
+	return ca.CertFile
 }

@@ -512,8 +512,8 @@ func (s *Server) startPostgres(ctx context.Context, binDir string, cred *syscall
 	}
 	if s.tlsDir != "" {
 		args = append(args, "-c", "ssl=on",
-			"-c", "ssl_cert_file="+filepath.Join(s.tlsDir, "server.crt"),
-			"-c", "ssl_key_file="+filepath.Join(s.tlsDir, "server.key"))
+			"-c", "ssl_cert_file="+filepath.Join(s.tlsDir, "server.pem"),
+			"-c", "ssl_key_file="+filepath.Join(s.tlsDir, "server-key.pem"))
 	}
 	names := make([]string, 0, len(opts.Settings))
 	for name := range opts.Settings {
@@ -628,7 +628,7 @@ func (s *Server) CAFile() string {
 	if s.tlsDir == "" {
 		return ""
 	}
-	return filepath.Join(s.tlsDir, "ca.crt")
+	return filepath.Join(s.tlsDir, "ca.pem")
 }
 
 // TLSURLFor returns the URL of database db over TLS, verifying the server's
