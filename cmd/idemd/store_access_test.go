@@ -11,13 +11,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemcoord/idem/internal/tlsutil"
-
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemcoord/idem/internal/pgserver"
 	"github.com/idemcoord/idem/internal/pgtest"
+	"github.com/idemcoord/idem/internal/tlsutil"
 	"github.com/idemcoord/idem/store"
 )
 

@@ -11,11 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemcoord/idem/internal/tlsutil"
-
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemcoord/idem/internal/pgserver"
+	"github.com/idemcoord/idem/internal/tlsutil"
 )
 
 // TestDirForPrivateParent: as root, a directory under a parent of mode 0700
