@@ -429,7 +429,7 @@ func (c *Cluster) startStore(ctx context.Context, cfg *Config) (map[string]strin
 				return nil, err
 			}
 		}
-		pg, err := pgserver.Start(ctx, pgserver.Options{Dir: pgDir, Logger: c.log})
+		pg, err := pgserver.Start(ctx, pgserver.Options{Dir: pgDir, Logger: c.log, TLS: cfg.TLS})
 		if err != nil {
 			return nil, fmt.Errorf("cluster: start PostgreSQL: %w", err)
 		}
@@ -455,6 +455,10 @@ func (c *Cluster) startStore(ctx context.Context, cfg *Config) (map[string]strin
 	out := make(map[string]string, len(dbOf))
 	for r, name := range dbOf {
 		out[r] = urls[name]
+		if c.pg != nil && cfg.TLS {
+			// Nodes reach the store over TLS, verifying its certificate.
+			out[r] = c.pg.TLSURLFor(name)
+		}
 	}
 	return out, nil
 }

@@ -164,6 +164,11 @@ func TestTLSCluster(t *testing.T) {
 			t.Errorf("%s is not https", u)
 		}
 	}
+	for _, r := range info.Regions {
+		if !strings.Contains(r.DatabaseURL, "sslmode=verify-full") {
+			t.Errorf("region %s reaches its store at %s, want sslmode=verify-full", r.Name, r.DatabaseURL)
+		}
+	}
 	keys, _ := filepath.Glob(filepath.Join(dir, cluster.TLSDir, "*-key.pem"))
 	for _, k := range keys {
 		if fi, err := os.Stat(k); err != nil || fi.Mode().Perm() != 0o600 {
