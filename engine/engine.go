@@ -377,14 +377,19 @@ func (e *Engine) beginRequest(op Operation, scope idem.Scope, hashes []string, o
 
 // claim runs Begin and, when the record must be taken over under the
 // scope's external lock, takes the lock and runs Begin again with its token.
-// The caller releases the returned lock (nil without one).
-func (e *Engine) claim(ctx context.Context, begin idem.BeginRequest) (idem.Decision, *fencing.Lock, error) {
+// The caller releases the returned lock (nil without one). A non-zero
+// expect (the recovery worker's) skips, as in progress, a record whose token
+// moved since it was listed: another recoverer got there first.
+func (e *Engine) claim(ctx context.Context, begin idem.BeginRequest, expect int64) (idem.Decision, *fencing.Lock, error) {
 	d, err := e.coord.Begin(ctx, begin)
 	if err != nil {
 		return d, nil, fenced(err)
 	}
 	if d.Outcome != idem.OutcomeRecover || d.Lease.Token != 0 {
 		return d, nil, nil
+	}
+	if expect != 0 && d.Record != nil && d.Record.FencingToken != expect {
+		return idem.Decision{Outcome: idem.OutcomeInProgress, Record: d.Record}, nil, nil
 	}
 	if e.opts.Locker == nil {
 		return idem.Decision{}, nil, &idem.Error{Code: idem.ECodeInternal, Message: "Internal error.",
@@ -429,7 +434,7 @@ func unlock(ctx context.Context, lock *fencing.Lock) {
 
 // attempt runs one claim and whatever it allows.
 func (e *Engine) attempt(ctx context.Context, op Operation, begin idem.BeginRequest, exec ExecuteFunc) (Answer, error) {
-	d, lock, err := e.claim(ctx, begin)
+	d, lock, err := e.claim(ctx, begin, 0)
 	if err != nil {
 		return Answer{}, err
 	}

@@ -90,7 +90,7 @@ func (e *Engine) recoverOne(ctx context.Context, op Operation, rec *idem.Record)
 	}
 	begin := e.beginRequest(op, rec.Scope, []string{rec.RequestHash}, e.opts.Owner+"/recovery", rec.HomeRegion)
 	begin.HashVersion = rec.HashVersion
-	d, lock, err := e.claim(ctx, begin)
+	d, lock, err := e.claim(ctx, begin, rec.FencingToken)
 	if idem.ErrorCode(err) == idem.ECodeInProgress {
 		return RecoverySkipped, nil
 	}
