@@ -78,8 +78,7 @@ func ctxOf(t *testing.T) context.Context {
 // counting is an operation that counts its executions and answers 201
 // with a body naming the execution.
 type counting struct {
-	n       atomic.Int32
-	recover atomic.Int32
+	n atomic.Int32
 }
 
 func (c *counting) execute(_ context.Context, a *engine.Attempt) (engine.Result, error) {
