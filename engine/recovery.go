@@ -24,8 +24,7 @@ const (
 	// RecoveryUnknown: Recover could not tell yet; the record stays
 	// UNKNOWN_REQUIRES_RECOVERY for the next pass.
 	RecoveryUnknown = "unknown"
-	// RecoverySkipped: another owner holds or took the record, or its
-	// operation has no Recover and the record is past RECEIVED.
+	// RecoverySkipped: another owner holds or took the record.
 	RecoverySkipped = "skipped"
 )
 
@@ -35,7 +34,8 @@ var RecoveryOutcomes = []string{RecoveryCompleted, RecoveryFailed, RecoveryRelea
 // DefaultRecoveryBatch bounds one RecoverStale pass per operation.
 const DefaultRecoveryBatch = 50
 
-// RecoverStale runs one recovery pass over every registered operation: up to
+// RecoverStale runs one recovery pass over every registered operation that
+// has a Recover (the others have nothing to ask downstream): up to
 // limit (default DefaultRecoveryBatch) records per operation that are
 // IN_PROGRESS past their lock or UNKNOWN_REQUIRES_RECOVERY. Each is taken
 // over exactly as a client's retry would (under the scope's external lock
@@ -54,6 +54,11 @@ func (e *Engine) RecoverStale(ctx context.Context, limit int) (map[string]int, e
 	var errs []error
 	for _, name := range e.Operations() {
 		op, _ := e.Operation(name)
+		if op.Recover == nil {
+			// Nothing to ask downstream; a record left at RECEIVED is
+			// taken over by the client's retry.
+			continue
+		}
 		recs, err := e.opts.Stale.ListStale(ctx, name, limit)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("engine: list stale %s: %w", name, err))
@@ -85,9 +90,6 @@ func (e *Engine) Run(ctx context.Context, interval time.Duration, limit int) {
 }
 
 func (e *Engine) recoverOne(ctx context.Context, op Operation, rec *idem.Record) (string, error) {
-	if op.Recover == nil && rec.Checkpoint != idem.CheckpointReceived {
-		return RecoverySkipped, nil
-	}
 	begin := e.beginRequest(op, rec.Scope, []string{rec.RequestHash}, e.opts.Owner+"/recovery", rec.HomeRegion)
 	begin.HashVersion = rec.HashVersion
 	d, lock, err := e.claim(ctx, begin, rec.FencingToken)
@@ -107,12 +109,6 @@ func (e *Engine) recoverOne(ctx context.Context, op Operation, rec *idem.Record)
 			return skippedIfFenced(err)
 		}
 		return RecoveryReleased, nil
-	}
-	if op.Recover == nil {
-		if err := e.markUnknownErr(ctx, a, idem.ECodeOutcomeUnknown); err != nil {
-			return skippedIfFenced(err)
-		}
-		return RecoverySkipped, nil
 	}
 	ans, err := e.run(ctx, Answer{Outcome: d.Outcome}, op, a, op.Recover, false)
 	switch {

@@ -287,8 +287,16 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, h http.Handle
 		}
 		w.WriteHeader(ans.Response.Status)
 		_, _ = w.Write(ans.Response.Body)
+	case ans.Status == idem.StatusUnknown:
+		// Recover could not tell yet.
+		m.count(ans.Outcome.String())
+		m.writeError(w, r, idem.Errorf(idem.ECodeOutcomeUnknown, "The outcome of the request with this idempotency key is not known yet; retry with the same key later."))
+	case ans.Status == idem.StatusFailedRetryable:
+		// Recover found that nothing happened: the next retry executes.
+		m.count(ans.Outcome.String())
+		m.writeError(w, r, idem.Errorf(idem.ECodeUnavailable, "The request did not take effect; retry with the same key."))
 	default:
-		// Recovered by the operation's Recover: what it answered.
+		// Settled by the operation's Recover: what it answered.
 		m.count(ans.Outcome.String())
 		writeStored(w, ans.Response, false)
 	}

@@ -476,3 +476,30 @@ func TestOptionsNeedATenantSource(t *testing.T) {
 		t.Error("Middleware without Operation succeeded")
 	}
 }
+
+func TestOversizedAnswerRecovered(t *testing.T) {
+	var n atomic.Int32
+	var verdict atomic.Value
+	verdict.Store(idem.StatusUnknown)
+	f := newFixture(t, func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		_, _ = w.Write(bytes.Repeat([]byte("x"), 100))
+	}, engine.Options{}, idemhttp.Options{MaxResponseBody: 64, Recover: func(_ context.Context, a *engine.Attempt) (engine.Result, error) {
+		s := verdict.Load().(idem.Status)
+		return engine.Result{Status: s, Response: idem.Response{Status: 200, Body: []byte("settled downstream")}}, nil
+	}})
+	if a := f.post(t, "tok-a", "k-big", `{}`); a.status != 500 {
+		t.Fatalf("oversized = %+v", a)
+	}
+	// Recover cannot tell yet: the client hears that, not an empty 200.
+	if a := f.post(t, "tok-a", "k-big", `{}`); a.status != 202 || errorCode(t, a) != idem.ECodeOutcomeUnknown {
+		t.Fatalf("retry while Recover cannot tell = %+v", a)
+	}
+	verdict.Store(idem.StatusCompleted)
+	if a := f.post(t, "tok-a", "k-big", `{}`); a.status != 200 || a.body != "settled downstream" {
+		t.Fatalf("retry once Recover knows = %+v", a)
+	}
+	if a := f.post(t, "tok-a", "k-big", `{}`); a.body != "settled downstream" || a.header.Get("Idempotent-Replayed") != "true" || n.Load() != 1 {
+		t.Fatalf("after recovery = %+v (calls %d)", a, n.Load())
+	}
+}
