@@ -38,8 +38,12 @@
 // UNKNOWN_REQUIRES_RECOVERY waits for Recover. An error returned by
 // Execute is UNKNOWN_REQUIRES_RECOVERY unless it is wrapped by [Retryable];
 // an Execute that panics leaves the record FAILED_RETRYABLE and the panic
-// goes on. [Engine.RecoverStale] runs every registered operation's
-// recovery over the records nobody is working on.
+// goes on. [Engine.RecoverStale] (or [Engine.Run], its loop) runs every
+// registered operation's Recover over the records nobody is working on.
+//
+// Each execution costs one write more than the bare Coordinator calls (the
+// STARTED checkpoint); that write is what lets a takeover tell a record
+// that never acted from one that may have.
 //
 // Errors a client may see are *idem.Error with the codes of package idem.
 package engine

@@ -22,7 +22,7 @@ const (
 	DefaultMaxWait     = 60 * time.Second
 	DefaultPollMin     = 20 * time.Millisecond
 	DefaultPollMax     = 500 * time.Millisecond
-	// unlockTimeout bounds releasing an etcd lock and the writes that end
+	// writeTimeout bounds releasing an etcd lock and each write that ends
 	// an attempt after its caller has gone.
 	writeTimeout = 5 * time.Second
 )
