@@ -33,6 +33,10 @@ const (
 	ECodeMethodNotAllowed           = "METHOD_NOT_ALLOWED"
 	ECodeOperationUnknown           = "OPERATION_UNKNOWN"
 	ECodeRequestTimeout             = "REQUEST_TIMEOUT"
+	// ECodeResponseTooLarge: an operation's answer is larger than the
+	// idempotency layer may store; the first request's outcome cannot be
+	// replayed, so it is not answered as a success.
+	ECodeResponseTooLarge = "IDEMPOTENCY_RESPONSE_TOO_LARGE"
 
 	// Payments domain.
 	ECodeDuplicateMerchantRef = "DUPLICATE_MERCHANT_REFERENCE"

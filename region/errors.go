@@ -33,6 +33,7 @@ var codeStatus = map[string]int{
 	idem.ECodeMethodNotAllowed:           http.StatusMethodNotAllowed,
 	idem.ECodeOperationUnknown:           http.StatusNotFound,
 	idem.ECodeRequestTimeout:             http.StatusRequestTimeout,
+	idem.ECodeResponseTooLarge:           http.StatusInternalServerError,
 	idem.ECodeDuplicateMerchantRef:       http.StatusConflict,
 	idem.ECodeProviderKeyConflict:        http.StatusConflict,
 	idem.ECodePaymentNotFound:            http.StatusNotFound,

@@ -1,0 +1,586 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/fencing"
+	"github.com/idemcoord/idem/fingerprint"
+)
+
+// Defaults of Options and Operation.
+const (
+	DefaultWindow      = 24 * time.Hour
+	DefaultLockTimeout = 30 * time.Second
+	DefaultMaxWait     = 60 * time.Second
+	DefaultPollMin     = 20 * time.Millisecond
+	DefaultPollMax     = 500 * time.Millisecond
+	// writeTimeout bounds releasing an etcd lock and each write that ends
+	// an attempt after its caller has gone.
+	writeTimeout = 5 * time.Second
+)
+
+// CheckpointStarted is written before Execute is called: a record taken over
+// at any checkpoint other than idem.CheckpointReceived may have had a side
+// effect.
+const CheckpointStarted idem.Checkpoint = "STARTED"
+
+// Clock is the engine's time source. Record times (locks, windows) are the
+// store's; the engine's clock only bounds how long a request waits.
+type Clock interface {
+	Now() time.Time
+	// Sleep waits for d or until ctx is done (then it returns ctx.Err()).
+	Sleep(ctx context.Context, d time.Duration) error
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+func (systemClock) Sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// Locker takes a scope's recovery lock in an external lock service;
+// *fencing.Locker and *routing.Membership satisfy it. A Lock's Token is its
+// etcd create revision.
+type Locker interface {
+	TryLock(ctx context.Context, key string) (*fencing.Lock, error)
+}
+
+// StaleLister lists records of an operation that nobody is working on;
+// *store.Store satisfies it (ListStale).
+type StaleLister interface {
+	ListStale(ctx context.Context, operation string, limit int) ([]*idem.Record, error)
+}
+
+// LockKey is the lock name of a scope: <tenant>/<operation>/<key>, each part
+// path-escaped (the same names payments uses, so both fence each other).
+func LockKey(scope idem.Scope) string {
+	return url.PathEscape(scope.Tenant) + "/" + url.PathEscape(scope.Operation) + "/" + url.PathEscape(scope.Key)
+}
+
+// Options configure an Engine. The zero value works (no external fencing,
+// no stale listing unless the Coordinator lists).
+type Options struct {
+	// Owner names this process in the records it owns. Default "engine".
+	Owner string
+	// HomeRegion is recorded on new records. Default "local".
+	HomeRegion string
+	// Locker, when set, fences takeovers with an external lock (etcd): the
+	// engine locks the scope and the record carries the lock's token. Nil
+	// uses the store's own counter. A remote coordclient.Client always uses
+	// the node's counter (the coordination API takes no external token).
+	Locker Locker
+	// Stale lists stale records for RecoverStale. Default: the Coordinator,
+	// if it is a StaleLister (*store.Store is); otherwise RecoverStale
+	// fails.
+	Stale StaleLister
+	// Clock bounds waits. Default: the system clock.
+	Clock Clock
+	// Logger receives conflicts and failures. Default: discard.
+	Logger *slog.Logger
+	// MaxWait caps Request.Wait. Default DefaultMaxWait (60s).
+	MaxWait time.Duration
+	// PollMin and PollMax bound the backoff between polls of a record in
+	// progress. Defaults DefaultPollMin (20ms) and DefaultPollMax (500ms).
+	PollMin, PollMax time.Duration
+}
+
+// ExecuteFunc performs an operation under an Attempt's lease. Its ctx ends
+// at the attempt's lock timeout: an owner must not outlive its lock.
+type ExecuteFunc func(ctx context.Context, a *Attempt) (Result, error)
+
+// Operation is a named operation the engine can run.
+type Operation struct {
+	// Name is the operation part of every scope (required).
+	Name string
+	// Execute performs the operation (required unless every Request brings
+	// its own).
+	Execute ExecuteFunc
+	// Recover settles a record a previous owner left after it may have
+	// acted (checkpoint other than RECEIVED): it asks downstream what
+	// happened and reports it as a Result (COMPLETED, FAILED_REPLAYABLE,
+	// FAILED_RETRYABLE if nothing happened, UNKNOWN if it still cannot
+	// tell). Attempt.Record shows how far the previous owner got. Optional:
+	// without it such records stay UNKNOWN_REQUIRES_RECOVERY.
+	Recover ExecuteFunc
+	// Window is the replay window. Default DefaultWindow (24h).
+	Window time.Duration
+	// LockTimeout is how long an owner holds the record before a retry may
+	// take it over; it also bounds Execute. Default DefaultLockTimeout (30s).
+	LockTimeout time.Duration
+}
+
+// Result is how an Execute or Recover call ended.
+type Result struct {
+	// Response is the answer, stored for COMPLETED and FAILED_REPLAYABLE.
+	Response idem.Response
+	// Status is the record's next state: "" or idem.StatusCompleted,
+	// idem.StatusFailedReplayable, idem.StatusFailedRetryable or
+	// idem.StatusUnknown.
+	Status idem.Status
+	// ErrorCode is stored with a failure.
+	ErrorCode    string
+	ResourceType string
+	ResourceID   string
+}
+
+// Attempt is the right to act on a record: its lease, the record as taken,
+// and (with a Locker) the scope's external lock.
+type Attempt struct {
+	// Lease is carried by every write; Lease.Token is the fencing token
+	// downstream calls should carry too.
+	Lease idem.Lease
+	// Record is the record as this attempt took it.
+	Record *idem.Record
+	coord  idem.Coordinator
+	lock   *fencing.Lock
+}
+
+// Checkpoint records progress under the attempt's lease. It fails with
+// idem.ErrFenced when another owner took over.
+func (a *Attempt) Checkpoint(ctx context.Context, cp idem.Checkpoint) error {
+	return a.coord.Checkpoint(ctx, a.Lease, cp)
+}
+
+// Check returns nil while the attempt's external lock (if any) is valid.
+// Call it before a side effect; the store and downstream still reject a
+// stale token if a newer owner took over after the check.
+func (a *Attempt) Check() error {
+	if a.lock == nil {
+		return nil
+	}
+	if err := a.lock.Check(); err != nil {
+		return &idem.Error{Code: idem.ECodeInProgress, Message: "This owner's lock ran out; another owner will finish the request.", Err: err}
+	}
+	return nil
+}
+
+// Request is one call of an operation.
+type Request struct {
+	// Operation names a registered Operation.
+	Operation string
+	// Tenant comes from the authenticated principal, never from the client.
+	Tenant string
+	// Key is the client's idempotency key (see idem.ValidKey).
+	Key string
+	// RequestHashes is the command's fingerprint under every supported
+	// version, current first (fingerprint.Hashes).
+	RequestHashes []string
+	// Wait is how long to wait for an original still in progress (capped by
+	// Options.MaxWait); 0 answers at once.
+	Wait time.Duration
+	// Execute, when set, replaces the Operation's Execute for this request
+	// (an HTTP handler bound to its request, for example).
+	Execute ExecuteFunc
+}
+
+// Answer is the outcome of Do.
+type Answer struct {
+	// Response is the answer: the stored one when Replayed, otherwise what
+	// Execute or Recover returned.
+	Response idem.Response
+	// Status is the record's state after the request.
+	Status idem.Status
+	// Replayed is true when Response is a stored answer.
+	Replayed bool
+	// Outcome is what the claim decided.
+	Outcome idem.Outcome
+	// ExpiredRetry is true when the key's earlier record had expired.
+	ExpiredRetry bool
+}
+
+// Engine runs registered operations over a Coordinator. It is safe for
+// concurrent use.
+type Engine struct {
+	coord idem.Coordinator
+	opts  Options
+
+	mu  sync.RWMutex
+	ops map[string]Operation
+}
+
+// New returns an Engine over coord.
+func New(coord idem.Coordinator, opts Options) *Engine {
+	if opts.Owner == "" {
+		opts.Owner = "engine"
+	}
+	if opts.HomeRegion == "" {
+		opts.HomeRegion = "local"
+	}
+	if opts.Stale == nil {
+		opts.Stale, _ = coord.(StaleLister)
+	}
+	if opts.Clock == nil {
+		opts.Clock = systemClock{}
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.MaxWait <= 0 {
+		opts.MaxWait = DefaultMaxWait
+	}
+	if opts.PollMin <= 0 {
+		opts.PollMin = DefaultPollMin
+	}
+	if opts.PollMax < opts.PollMin {
+		opts.PollMax = max(DefaultPollMax, opts.PollMin)
+	}
+	return &Engine{coord: coord, opts: opts, ops: map[string]Operation{}}
+}
+
+// Register adds op. Names are unique; defaults fill Window and LockTimeout.
+func (e *Engine) Register(op Operation) error {
+	if op.Name == "" {
+		return errors.New("engine: register: an operation needs a name")
+	}
+	if op.Window <= 0 {
+		op.Window = DefaultWindow
+	}
+	if op.LockTimeout <= 0 {
+		op.LockTimeout = DefaultLockTimeout
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, ok := e.ops[op.Name]; ok {
+		return fmt.Errorf("engine: register: operation %q is already registered", op.Name)
+	}
+	e.ops[op.Name] = op
+	return nil
+}
+
+// Operation returns the registered operation of name (with defaults filled).
+func (e *Engine) Operation(name string) (Operation, bool) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	op, ok := e.ops[name]
+	return op, ok
+}
+
+// Operations returns the names of the registered operations, sorted.
+func (e *Engine) Operations() []string {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	names := make([]string, 0, len(e.ops))
+	for n := range e.ops {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// retryableError marks an Execute error after which nothing happened.
+type retryableError struct{ err error }
+
+func (r retryableError) Error() string { return r.err.Error() }
+func (r retryableError) Unwrap() error { return r.err }
+
+// Retryable wraps err, returned by Execute or Recover, to say that no side
+// effect happened: the record becomes FAILED_RETRYABLE and the next request
+// with the key executes again. Retryable(nil) is nil.
+func Retryable(err error) error {
+	if err == nil {
+		return nil
+	}
+	return retryableError{err}
+}
+
+// IsRetryable reports whether err was wrapped by Retryable.
+func IsRetryable(err error) bool {
+	var r retryableError
+	return errors.As(err, &r)
+}
+
+func errKeyReused() error {
+	return idem.Errorf(idem.ECodeKeyReused, "This idempotency key was already used with a different request.")
+}
+
+func errInProgress(cause error) error {
+	return &idem.Error{Code: idem.ECodeInProgress, Message: "A request with this idempotency key is still in progress; retry later.", Err: cause}
+}
+
+func errOutcomeUnknown() error {
+	return idem.Errorf(idem.ECodeOutcomeUnknown, "The outcome of the request with this idempotency key is not known yet; retry with the same key later.")
+}
+
+// Do runs req: claims, replays, refuses, waits or recovers (see the package
+// documentation). Errors are *idem.Error (key reused, in progress, outcome
+// unknown, store unavailable, validation), or what Execute returned.
+func (e *Engine) Do(ctx context.Context, req Request) (Answer, error) {
+	op, ok := e.Operation(req.Operation)
+	if !ok {
+		return Answer{}, idem.Errorf(idem.ECodeOperationUnknown, "No such operation.")
+	}
+	exec := req.Execute
+	if exec == nil {
+		exec = op.Execute
+	}
+	switch {
+	case exec == nil:
+		return Answer{}, &idem.Error{Code: idem.ECodeInternal, Message: "Internal error.", Err: fmt.Errorf("engine: operation %q has no Execute", op.Name)}
+	case !idem.ValidKey(req.Key):
+		return Answer{}, idem.Errorf(idem.ECodeKeyInvalid, "An idempotency key is 1 to 255 visible ASCII characters.")
+	case req.Tenant == "":
+		return Answer{}, idem.Errorf(idem.ECodeUnauthenticated, "A tenant is required.")
+	case len(req.RequestHashes) == 0 || req.RequestHashes[0] == "":
+		return Answer{}, idem.Errorf(idem.ECodeValidationFailed, "A request hash is required.")
+	}
+	begin := e.beginRequest(op, idem.Scope{Tenant: req.Tenant, Operation: op.Name, Key: req.Key}, req.RequestHashes, e.opts.Owner, e.opts.HomeRegion)
+	clock := e.opts.Clock
+	deadline := clock.Now().Add(min(max(req.Wait, 0), e.opts.MaxWait))
+	poll := e.opts.PollMin
+	for {
+		ans, err := e.attempt(ctx, op, begin, exec)
+		if idem.ErrorCode(err) != idem.ECodeInProgress {
+			if idem.ErrorCode(err) == idem.ECodeKeyReused {
+				e.opts.Logger.WarnContext(ctx, "idempotency key reused with a different request",
+					"tenant", begin.Tenant, "operation", begin.Operation, "key", begin.Key)
+			}
+			return ans, err
+		}
+		left := deadline.Sub(clock.Now())
+		if left <= 0 {
+			return ans, err
+		}
+		if serr := clock.Sleep(ctx, min(poll, left)); serr != nil {
+			return ans, errInProgress(serr)
+		}
+		poll = min(poll*2, e.opts.PollMax)
+	}
+}
+
+func (e *Engine) beginRequest(op Operation, scope idem.Scope, hashes []string, owner, region string) idem.BeginRequest {
+	v := fingerprint.VersionOf(hashes[0])
+	if v == 0 {
+		v = fingerprint.Version
+	}
+	return idem.BeginRequest{
+		Scope: scope, RequestHashes: hashes, HashVersion: v, Owner: owner, HomeRegion: region,
+		LockFor: op.LockTimeout, Window: op.Window, ExternalFencing: e.opts.Locker != nil,
+	}
+}
+
+// claim runs Begin and, when the record must be taken over under the
+// scope's external lock, takes the lock and runs Begin again with its token.
+// The caller releases the returned lock (nil without one). A non-zero
+// expect (the recovery worker's) skips, as in progress, a record whose token
+// moved since it was listed: another recoverer got there first.
+func (e *Engine) claim(ctx context.Context, begin idem.BeginRequest, expect int64) (idem.Decision, *fencing.Lock, error) {
+	d, err := e.coord.Begin(ctx, begin)
+	if err != nil {
+		return d, nil, fenced(err)
+	}
+	if d.Outcome != idem.OutcomeRecover || d.Lease.Token != 0 {
+		return d, nil, nil
+	}
+	if expect != 0 && d.Record != nil && d.Record.FencingToken != expect {
+		return idem.Decision{Outcome: idem.OutcomeInProgress, Record: d.Record}, nil, nil
+	}
+	if e.opts.Locker == nil {
+		return idem.Decision{}, nil, &idem.Error{Code: idem.ECodeInternal, Message: "Internal error.",
+			Err: errors.New("engine: the coordinator asked for an external lock but none is configured")}
+	}
+	lock, err := e.opts.Locker.TryLock(ctx, LockKey(begin.Scope))
+	switch {
+	case errors.Is(err, fencing.ErrLocked):
+		return idem.Decision{}, nil, errInProgress(err)
+	case err != nil:
+		return idem.Decision{}, nil, &idem.Error{Code: idem.ECodeUnavailable, Message: "The recovery lock service is unavailable; retry with the same key.", Err: err}
+	}
+	begin.FencingToken = lock.Token()
+	d, err = e.coord.Begin(ctx, begin)
+	if err == nil && d.Outcome == idem.OutcomeRecover && d.Lease.Token == 0 {
+		err = &idem.Error{Code: idem.ECodeInternal, Message: "Internal error.", Err: errors.New("engine: takeover with a fencing token granted no lease")}
+	}
+	if err != nil {
+		unlock(ctx, lock)
+		return idem.Decision{}, nil, fenced(err)
+	}
+	return d, lock, nil
+}
+
+// fenced turns a rejected takeover or write into "in progress": another
+// owner holds the record.
+func fenced(err error) error {
+	if errors.Is(err, idem.ErrFenced) {
+		return errInProgress(err)
+	}
+	return err
+}
+
+func unlock(ctx context.Context, lock *fencing.Lock) {
+	if lock == nil {
+		return
+	}
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	defer cancel()
+	_ = lock.Unlock(uctx)
+}
+
+// attempt runs one claim and whatever it allows.
+func (e *Engine) attempt(ctx context.Context, op Operation, begin idem.BeginRequest, exec ExecuteFunc) (Answer, error) {
+	d, lock, err := e.claim(ctx, begin, 0)
+	if err != nil {
+		return Answer{}, err
+	}
+	defer unlock(ctx, lock)
+	ans := Answer{Outcome: d.Outcome, ExpiredRetry: d.ExpiredRetry}
+	switch d.Outcome {
+	case idem.OutcomeReplay:
+		if d.Record == nil || d.Record.Response == nil {
+			return ans, &idem.Error{Code: idem.ECodeInternal, Message: "Internal error.", Err: errors.New("engine: replayed record has no response")}
+		}
+		ans.Response, ans.Status, ans.Replayed = *d.Record.Response, d.Record.Status, true
+		return ans, nil
+	case idem.OutcomeConflict:
+		return ans, errKeyReused()
+	case idem.OutcomeInProgress:
+		return ans, errInProgress(nil)
+	case idem.OutcomeExecute, idem.OutcomeRecover, idem.OutcomeExpired:
+	default:
+		return ans, &idem.Error{Code: idem.ECodeInternal, Message: "Internal error.", Err: fmt.Errorf("engine: unexpected outcome %v", d.Outcome)}
+	}
+	a := &Attempt{Lease: d.Lease, Record: d.Record, coord: e.coord, lock: lock}
+	if d.Outcome == idem.OutcomeRecover && d.Record.Checkpoint != idem.CheckpointReceived {
+		if op.Recover == nil {
+			e.opts.Logger.WarnContext(ctx, "record needs recovery and its operation has none",
+				"tenant", begin.Tenant, "operation", begin.Operation, "key", begin.Key, "checkpoint", d.Record.Checkpoint)
+			if err := e.markUnknown(ctx, a, idem.ECodeOutcomeUnknown); err != nil {
+				return ans, err
+			}
+			ans.Status = idem.StatusUnknown
+			return ans, errOutcomeUnknown()
+		}
+		return e.run(ctx, ans, op, a, op.Recover, false)
+	}
+	return e.run(ctx, ans, op, a, exec, true)
+}
+
+// run calls fn under a and stores how it ended. fresh says fn is Execute:
+// CheckpointStarted is written first, and a client already gone releases
+// the record before any side effect.
+func (e *Engine) run(ctx context.Context, ans Answer, op Operation, a *Attempt, fn ExecuteFunc, fresh bool) (Answer, error) {
+	if fresh {
+		if err := ctx.Err(); err != nil {
+			e.release(ctx, a, idem.ECodeUnavailable)
+			ans.Status = idem.StatusFailedRetryable
+			return ans, err
+		}
+		if err := a.Checkpoint(ctx, CheckpointStarted); err != nil {
+			if !errors.Is(err, idem.ErrFenced) {
+				e.release(ctx, a, idem.ECodeUnavailable)
+			}
+			return ans, fenced(err)
+		}
+	}
+	res, err := e.call(ctx, op, a, fn)
+	// The answer is recorded for the client's retry even if this client
+	// has gone.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	defer cancel()
+	if err != nil {
+		switch {
+		case errors.Is(err, idem.ErrFenced):
+			return ans, errInProgress(err)
+		case IsRetryable(err):
+			ans.Status = idem.StatusFailedRetryable
+			e.release(wctx, a, idem.ErrorCode(err))
+		default:
+			ans.Status = idem.StatusUnknown
+			if werr := e.markUnknown(wctx, a, idem.ECodeOutcomeUnknown); werr != nil {
+				e.opts.Logger.ErrorContext(ctx, "recording an unknown outcome failed", "operation", op.Name, "err", werr)
+			}
+		}
+		return ans, err
+	}
+	ans.Response, ans.Status = res.Response, res.Status
+	var werr error
+	switch res.Status {
+	case "", idem.StatusCompleted:
+		ans.Status = idem.StatusCompleted
+		werr = e.coord.Complete(wctx, a.Lease, idem.Completion{Response: res.Response, ResourceType: res.ResourceType, ResourceID: res.ResourceID})
+	case idem.StatusFailedReplayable:
+		resp := res.Response
+		werr = e.coord.Fail(wctx, a.Lease, idem.Failure{Status: res.Status, ErrorCode: res.ErrorCode, Response: &resp})
+	case idem.StatusFailedRetryable:
+		werr = e.releaseErr(wctx, a, res.ErrorCode)
+	case idem.StatusUnknown:
+		werr = e.markUnknownErr(wctx, a, res.ErrorCode)
+	default:
+		werr = fmt.Errorf("engine: operation %q returned status %q", op.Name, res.Status)
+		ans.Status = idem.StatusUnknown
+		if err := e.markUnknownErr(wctx, a, idem.ECodeOutcomeUnknown); err != nil {
+			werr = errors.Join(werr, err)
+		}
+		return ans, &idem.Error{Code: idem.ECodeInternal, Message: "Internal error.", Err: werr}
+	}
+	if werr != nil {
+		return ans, fenced(werr)
+	}
+	return ans, nil
+}
+
+// call runs fn with a deadline at the attempt's lock timeout. A panic
+// releases the record (FAILED_RETRYABLE) and goes on.
+func (e *Engine) call(ctx context.Context, op Operation, a *Attempt, fn ExecuteFunc) (res Result, err error) {
+	cctx, cancel := context.WithTimeout(ctx, op.LockTimeout)
+	defer cancel()
+	defer func() {
+		if p := recover(); p != nil {
+			e.opts.Logger.ErrorContext(ctx, "operation panicked; record released for a retry", "operation", op.Name, "panic", fmt.Sprint(p))
+			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+			defer cancel()
+			e.release(wctx, a, idem.ECodeInternal)
+			panic(p)
+		}
+	}()
+	return fn(cctx, a)
+}
+
+// release stores FAILED_RETRYABLE, putting the checkpoint back to RECEIVED
+// first so that a takeover executes again. Failures are logged.
+func (e *Engine) release(ctx context.Context, a *Attempt, code string) {
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	defer cancel()
+	if err := e.releaseErr(wctx, a, code); err != nil {
+		e.opts.Logger.WarnContext(ctx, "releasing a record failed; it goes stale at its lock timeout", "operation", a.Lease.Operation, "err", err)
+	}
+}
+
+func (e *Engine) releaseErr(ctx context.Context, a *Attempt, code string) error {
+	if err := e.coord.Checkpoint(ctx, a.Lease, idem.CheckpointReceived); err != nil {
+		return err
+	}
+	if code == "" {
+		code = idem.ECodeUnavailable
+	}
+	return e.coord.Fail(ctx, a.Lease, idem.Failure{Status: idem.StatusFailedRetryable, ErrorCode: code})
+}
+
+func (e *Engine) markUnknown(ctx context.Context, a *Attempt, code string) error {
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	defer cancel()
+	return fenced(e.markUnknownErr(wctx, a, code))
+}
+
+func (e *Engine) markUnknownErr(ctx context.Context, a *Attempt, code string) error {
+	if code == "" {
+		code = idem.ECodeOutcomeUnknown
+	}
+	return e.coord.Fail(ctx, a.Lease, idem.Failure{Status: idem.StatusUnknown, ErrorCode: code})
+}

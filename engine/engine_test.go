@@ -1,0 +1,620 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/coordclient"
+	"github.com/idemcoord/idem/engine"
+	"github.com/idemcoord/idem/fencing"
+	"github.com/idemcoord/idem/fingerprint"
+	"github.com/idemcoord/idem/internal/etcdtest"
+	"github.com/idemcoord/idem/internal/pgtest"
+	"github.com/idemcoord/idem/internal/storetest"
+	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/region"
+	"github.com/idemcoord/idem/store"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.MainLeakChecked(m)) }
+
+const (
+	tenant = "tenant-a"
+	opName = "create_transfer"
+)
+
+// coordinator is one idem.Coordinator under test and the store behind it.
+type coordinator struct {
+	name string
+	open func(t *testing.T) (idem.Coordinator, *store.Store)
+}
+
+var coordinators = []coordinator{
+	{"store", func(t *testing.T) (idem.Coordinator, *store.Store) {
+		st, _ := storetest.New(t)
+		return st, st
+	}},
+	{"client", func(t *testing.T) (idem.Coordinator, *store.Store) {
+		st, _ := storetest.New(t)
+		pay := payments.NewService(st, payments.Config{Region: "test", Window: time.Hour})
+		srv, err := region.NewServer(region.Config{Region: "test", Tokens: map[string]string{"tok-a": tenant},
+			Operations: []string{opName}}, st, pay)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs := httptest.NewServer(srv.Handler())
+		t.Cleanup(hs.Close)
+		tr := &http.Transport{}
+		t.Cleanup(tr.CloseIdleConnections)
+		return &coordclient.Client{BaseURL: hs.URL, Token: "tok-a", HTTP: &http.Client{Transport: tr}}, st
+	}},
+}
+
+func hashes(t testing.TB, fields map[string]any) []string {
+	t.Helper()
+	h, err := fingerprint.Hashes(opName, fields)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func ctxOf(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// counting is an operation that counts its executions and answers 201
+// with a body naming the execution.
+type counting struct {
+	n atomic.Int32
+}
+
+func (c *counting) execute(_ context.Context, a *engine.Attempt) (engine.Result, error) {
+	n := c.n.Add(1)
+	return engine.Result{Response: idem.Response{Status: 201, Headers: map[string]string{"Content-Type": "application/json"},
+		Body: fmt.Appendf(nil, `{"id":"tr_%d","token":%d}`, n, a.Lease.Token)}, ResourceType: "transfer", ResourceID: fmt.Sprint(n)}, nil
+}
+
+func newEngine(t *testing.T, c idem.Coordinator, opts engine.Options, op engine.Operation) *engine.Engine {
+	t.Helper()
+	e := engine.New(c, opts)
+	op.Name = opName
+	if op.LockTimeout == 0 {
+		op.LockTimeout = 30 * time.Second
+	}
+	if op.Window == 0 {
+		op.Window = time.Hour
+	}
+	if err := e.Register(op); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func request(key string, h []string) engine.Request {
+	return engine.Request{Operation: opName, Tenant: tenant, Key: key, RequestHashes: h}
+}
+
+// stale makes key's lock run out (store clock).
+func stale(t *testing.T, st *store.Store, key string) {
+	t.Helper()
+	storetest.Exec(t, st, `UPDATE idempotency_records SET locked_until = now() - INTERVAL '1 second' WHERE idempotency_key = $1`, key)
+}
+
+func record(t *testing.T, st *store.Store, key string) *idem.Record {
+	t.Helper()
+	rec, err := st.Get(context.Background(), idem.Scope{Tenant: tenant, Operation: opName, Key: key})
+	if err != nil {
+		t.Fatalf("get %s: %v", key, err)
+	}
+	return rec
+}
+
+// TestContract runs the engine's contract over the in-process store and over
+// the coordination API's client.
+func TestContract(t *testing.T) {
+	for _, c := range coordinators {
+		t.Run(c.name, func(t *testing.T) {
+			t.Run("replay", func(t *testing.T) { testReplay(t, c) })
+			t.Run("conflict", func(t *testing.T) { testConflict(t, c) })
+			t.Run("concurrent", func(t *testing.T) { testConcurrent(t, c) })
+			t.Run("in progress and wait", func(t *testing.T) { testWait(t, c) })
+			t.Run("retryable not replayed", func(t *testing.T) { testRetryable(t, c) })
+			t.Run("panic releases", func(t *testing.T) { testPanic(t, c) })
+			t.Run("unknown and recover", func(t *testing.T) { testUnknown(t, c) })
+			t.Run("stale at received executes again", func(t *testing.T) { testStaleReceived(t, c) })
+			t.Run("expired", func(t *testing.T) { testExpired(t, c) })
+			t.Run("bad key", func(t *testing.T) { testBadKey(t, c) })
+		})
+	}
+}
+
+func testReplay(t *testing.T, c coordinator) {
+	coord, st := c.open(t)
+	var op counting
+	e := newEngine(t, coord, engine.Options{}, engine.Operation{Execute: op.execute})
+	ctx := ctxOf(t)
+	h := hashes(t, map[string]any{"amount": fingerprint.Number("10.50")})
+	first, err := e.Do(ctx, request("k1", h))
+	if err != nil || first.Replayed || first.Outcome != idem.OutcomeExecute || first.Status != idem.StatusCompleted {
+		t.Fatalf("first = %+v, %v", first, err)
+	}
+	second, err := e.Do(ctx, request("k1", h))
+	if err != nil || !second.Replayed || second.Outcome != idem.OutcomeReplay {
+		t.Fatalf("second = %+v, %v", second, err)
+	}
+	if string(second.Response.Body) != string(first.Response.Body) || second.Response.Status != 201 ||
+		second.Response.Headers["Content-Type"] != "application/json" {
+		t.Errorf("replay = %+v, want %+v", second.Response, first.Response)
+	}
+	if got := op.n.Load(); got != 1 {
+		t.Errorf("executions = %d, want 1", got)
+	}
+	if rec := record(t, st, "k1"); rec.Status != idem.StatusCompleted || rec.ResourceID != "1" {
+		t.Errorf("record = %+v", rec)
+	}
+}
+
+func testConflict(t *testing.T, c coordinator) {
+	coord, _ := c.open(t)
+	var op counting
+	e := newEngine(t, coord, engine.Options{}, engine.Operation{Execute: op.execute})
+	ctx := ctxOf(t)
+	if _, err := e.Do(ctx, request("k1", hashes(t, map[string]any{"amount": "1"}))); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.Do(ctx, request("k1", hashes(t, map[string]any{"amount": "2"})))
+	if idem.ErrorCode(err) != idem.ECodeKeyReused {
+		t.Fatalf("different command, same key: %v, want %s", err, idem.ECodeKeyReused)
+	}
+	if got := op.n.Load(); got != 1 {
+		t.Errorf("executions = %d, want 1", got)
+	}
+}
+
+func testConcurrent(t *testing.T, c coordinator) {
+	coord, _ := c.open(t)
+	var op counting
+	e := newEngine(t, coord, engine.Options{}, engine.Operation{Execute: op.execute})
+	ctx := ctxOf(t)
+	h := hashes(t, map[string]any{"amount": "1"})
+	const n = 50
+	var (
+		wg     sync.WaitGroup
+		start  = make(chan struct{})
+		bodies [n]string
+		errs   [n]error
+	)
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			req := request("k-conc", h)
+			req.Wait = time.Minute
+			ans, err := e.Do(ctx, req)
+			bodies[i], errs[i] = string(ans.Response.Body), err
+		})
+	}
+	close(start)
+	wg.Wait()
+	if got := op.n.Load(); got != 1 {
+		t.Fatalf("executions = %d, want exactly 1", got)
+	}
+	for i := range n {
+		if errs[i] != nil || bodies[i] != bodies[0] {
+			t.Errorf("request %d = %q, %v; want %q", i, bodies[i], errs[i], bodies[0])
+		}
+	}
+}
+
+// stepClock is a clock whose Sleep reports that a request waits and then
+// returns only when the test lets it.
+type stepClock struct {
+	sleeping chan struct{}
+	tick     chan struct{}
+	mu       sync.Mutex
+	now      time.Time
+}
+
+func newStepClock() *stepClock {
+	return &stepClock{sleeping: make(chan struct{}, 1), tick: make(chan struct{}), now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+}
+
+func (c *stepClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *stepClock) Sleep(ctx context.Context, d time.Duration) error {
+	select {
+	case c.sleeping <- struct{}{}:
+	default:
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-c.tick:
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+	return nil
+}
+
+func testWait(t *testing.T, c coordinator) {
+	coord, _ := c.open(t)
+	var op counting
+	entered, release := make(chan struct{}), make(chan struct{})
+	clock := newStepClock()
+	e := newEngine(t, coord, engine.Options{Clock: clock}, engine.Operation{Execute: func(ctx context.Context, a *engine.Attempt) (engine.Result, error) {
+		close(entered)
+		<-release
+		return op.execute(ctx, a)
+	}})
+	ctx := ctxOf(t)
+	h := hashes(t, map[string]any{"amount": "1"})
+	type result struct {
+		ans engine.Answer
+		err error
+	}
+	first := make(chan result, 1)
+	go func() {
+		ans, err := e.Do(ctx, request("k-wait", h))
+		first <- result{ans, err}
+	}()
+	<-entered
+	// No wait: 409 in progress at once.
+	if _, err := e.Do(ctx, request("k-wait", h)); idem.ErrorCode(err) != idem.ECodeInProgress {
+		t.Fatalf("second request while the first runs: %v, want %s", err, idem.ECodeInProgress)
+	}
+	// With a wait: it polls until the first finishes, then replays.
+	waiter := make(chan result, 1)
+	go func() {
+		req := request("k-wait", h)
+		req.Wait = 30 * time.Second
+		ans, err := e.Do(ctx, req)
+		waiter <- result{ans, err}
+	}()
+	<-clock.sleeping // the waiter saw the key in progress and waits
+	close(release)
+	r1 := <-first
+	close(clock.tick)
+	r2 := <-waiter
+	if r1.err != nil || r2.err != nil || !r2.ans.Replayed || string(r2.ans.Response.Body) != string(r1.ans.Response.Body) {
+		t.Fatalf("first = %+v %v; waiter = %+v %v; want the waiter to replay the first answer", r1.ans, r1.err, r2.ans, r2.err)
+	}
+	if got := op.n.Load(); got != 1 {
+		t.Errorf("executions = %d, want 1", got)
+	}
+}
+
+func testRetryable(t *testing.T, c coordinator) {
+	coord, st := c.open(t)
+	var n atomic.Int32
+	e := newEngine(t, coord, engine.Options{}, engine.Operation{Execute: func(_ context.Context, _ *engine.Attempt) (engine.Result, error) {
+		if n.Add(1) == 1 {
+			return engine.Result{Response: idem.Response{Status: 503, Body: []byte("busy")}, Status: idem.StatusFailedRetryable, ErrorCode: "DOWNSTREAM_BUSY"}, nil
+		}
+		return engine.Result{Response: idem.Response{Status: 201, Body: []byte("ok")}}, nil
+	}})
+	ctx := ctxOf(t)
+	h := hashes(t, map[string]any{"amount": "1"})
+	first, err := e.Do(ctx, request("k-r", h))
+	if err != nil || first.Response.Status != 503 || first.Status != idem.StatusFailedRetryable {
+		t.Fatalf("first = %+v, %v", first, err)
+	}
+	if rec := record(t, st, "k-r"); rec.Status != idem.StatusFailedRetryable || rec.Checkpoint != idem.CheckpointReceived || rec.Response != nil {
+		t.Fatalf("record after a retryable failure = %+v", rec)
+	}
+	second, err := e.Do(ctx, request("k-r", h))
+	if err != nil || second.Replayed || second.Response.Status != 201 || n.Load() != 2 {
+		t.Fatalf("retry = %+v, %v (executions %d); want a new execution", second, err, n.Load())
+	}
+	// A plain error wrapped by Retryable is the same class.
+	e2 := newEngine(t, coord, engine.Options{}, engine.Operation{Execute: func(context.Context, *engine.Attempt) (engine.Result, error) {
+		return engine.Result{}, engine.Retryable(errors.New("downstream refused before acting"))
+	}})
+	if _, err := e2.Do(ctx, request("k-r2", h)); err == nil || !engine.IsRetryable(err) {
+		t.Fatalf("Retryable error = %v", err)
+	}
+	if rec := record(t, st, "k-r2"); rec.Status != idem.StatusFailedRetryable {
+		t.Errorf("record = %s, want FAILED_RETRYABLE", rec.Status)
+	}
+}
+
+func testPanic(t *testing.T, c coordinator) {
+	coord, st := c.open(t)
+	var n atomic.Int32
+	e := newEngine(t, coord, engine.Options{}, engine.Operation{Execute: func(context.Context, *engine.Attempt) (engine.Result, error) {
+		if n.Add(1) == 1 {
+			panic("handler bug")
+		}
+		return engine.Result{Response: idem.Response{Status: 201, Body: []byte("ok")}}, nil
+	}})
+	ctx := ctxOf(t)
+	h := hashes(t, map[string]any{"amount": "1"})
+	func() {
+		defer func() {
+			if p := recover(); p != "handler bug" {
+				t.Errorf("recovered %v, want the handler's panic to go on", p)
+			}
+		}()
+		_, _ = e.Do(ctx, request("k-p", h))
+	}()
+	// Right after the panic, not after the lock timeout (30s here).
+	if rec := record(t, st, "k-p"); rec.Status != idem.StatusFailedRetryable || rec.LockedUntil != nil {
+		t.Fatalf("record after a panic = %s (locked until %v), want FAILED_RETRYABLE at once", rec.Status, rec.LockedUntil)
+	}
+	if ans, err := e.Do(ctx, request("k-p", h)); err != nil || ans.Response.Status != 201 || n.Load() != 2 {
+		t.Fatalf("retry after panic = %+v, %v", ans, err)
+	}
+}
+
+func testUnknown(t *testing.T, c coordinator) {
+	coord, st := c.open(t)
+	var n atomic.Int32
+	e := newEngine(t, coord, engine.Options{}, engine.Operation{Execute: func(context.Context, *engine.Attempt) (engine.Result, error) {
+		n.Add(1)
+		return engine.Result{}, errors.New("answer lost after the transfer was sent")
+	}})
+	ctx := ctxOf(t)
+	h := hashes(t, map[string]any{"amount": "1"})
+	if _, err := e.Do(ctx, request("k-u", h)); err == nil {
+		t.Fatal("Execute's error was not returned")
+	}
+	if rec := record(t, st, "k-u"); rec.Status != idem.StatusUnknown || rec.Checkpoint != engine.CheckpointStarted {
+		t.Fatalf("record = %s at %s, want UNKNOWN at STARTED", rec.Status, rec.Checkpoint)
+	}
+	// Without Recover, a retry never executes again.
+	if _, err := e.Do(ctx, request("k-u", h)); idem.ErrorCode(err) != idem.ECodeOutcomeUnknown || n.Load() != 1 {
+		t.Fatalf("retry of an unknown record: %v (executions %d), want %s and no execution", err, n.Load(), idem.ECodeOutcomeUnknown)
+	}
+	// With Recover, a retry asks downstream and answers what it learns.
+	var recovered atomic.Int32
+	e2 := newEngine(t, coord, engine.Options{}, engine.Operation{
+		Execute: func(context.Context, *engine.Attempt) (engine.Result, error) {
+			t.Error("executed again")
+			return engine.Result{}, nil
+		},
+		Recover: func(_ context.Context, a *engine.Attempt) (engine.Result, error) {
+			recovered.Add(1)
+			if a.Record.Checkpoint != engine.CheckpointStarted {
+				t.Errorf("Recover sees checkpoint %s", a.Record.Checkpoint)
+			}
+			return engine.Result{Response: idem.Response{Status: 201, Body: []byte("found downstream")}}, nil
+		},
+	})
+	ans, err := e2.Do(ctx, request("k-u", h))
+	if err != nil || string(ans.Response.Body) != "found downstream" || recovered.Load() != 1 {
+		t.Fatalf("recovering retry = %+v, %v", ans, err)
+	}
+	if ans, err := e2.Do(ctx, request("k-u", h)); err != nil || !ans.Replayed || recovered.Load() != 1 {
+		t.Fatalf("after recovery = %+v, %v; want a replay", ans, err)
+	}
+}
+
+func testStaleReceived(t *testing.T, c coordinator) {
+	coord, st := c.open(t)
+	var op counting
+	e := newEngine(t, coord, engine.Options{}, engine.Operation{Execute: op.execute})
+	ctx := ctxOf(t)
+	h := hashes(t, map[string]any{"amount": "1"})
+	// A claim whose owner died before it started anything.
+	if _, err := coord.Begin(ctx, idem.BeginRequest{Scope: idem.Scope{Tenant: tenant, Operation: opName, Key: "k-s"},
+		RequestHashes: h, HashVersion: 2, Owner: "dead", LockFor: time.Minute, Window: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Do(ctx, request("k-s", h)); idem.ErrorCode(err) != idem.ECodeInProgress {
+		t.Fatalf("while the dead owner's lock holds: %v, want in progress", err)
+	}
+	stale(t, st, "k-s")
+	ans, err := e.Do(ctx, request("k-s", h))
+	if err != nil || ans.Outcome != idem.OutcomeRecover || op.n.Load() != 1 {
+		t.Fatalf("after the lock ran out = %+v, %v", ans, err)
+	}
+}
+
+func testExpired(t *testing.T, c coordinator) {
+	coord, st := c.open(t)
+	var op counting
+	e := newEngine(t, coord, engine.Options{}, engine.Operation{Execute: op.execute})
+	ctx := ctxOf(t)
+	h := hashes(t, map[string]any{"amount": "1"})
+	if _, err := e.Do(ctx, request("k-e", h)); err != nil {
+		t.Fatal(err)
+	}
+	storetest.Exec(t, st, `UPDATE idempotency_records SET expires_at = now() - INTERVAL '1 second' WHERE idempotency_key = 'k-e'`)
+	// Past the window the key is a new operation, even with another command.
+	ans, err := e.Do(ctx, request("k-e", hashes(t, map[string]any{"amount": "2"})))
+	if err != nil || !ans.ExpiredRetry || ans.Replayed || op.n.Load() != 2 {
+		t.Fatalf("after the window = %+v, %v", ans, err)
+	}
+}
+
+func testBadKey(t *testing.T, c coordinator) {
+	coord, _ := c.open(t)
+	var op counting
+	e := newEngine(t, coord, engine.Options{}, engine.Operation{Execute: op.execute})
+	for _, key := range []string{"", "with space", string(make([]byte, 256))} {
+		if _, err := e.Do(ctxOf(t), request(key, hashes(t, nil))); idem.ErrorCode(err) != idem.ECodeKeyInvalid {
+			t.Errorf("key %q: %v, want %s", key, err, idem.ECodeKeyInvalid)
+		}
+	}
+	if op.n.Load() != 0 {
+		t.Error("executed with a bad key")
+	}
+}
+
+// TestTenantIsolation: the same key in two tenants is two operations.
+func TestTenantIsolation(t *testing.T) {
+	st, _ := storetest.New(t)
+	var op counting
+	e := newEngine(t, st, engine.Options{}, engine.Operation{Execute: op.execute})
+	h := hashes(t, map[string]any{"amount": "1"})
+	for _, tn := range []string{"tenant-a", "tenant-b"} {
+		req := request("shared", h)
+		req.Tenant = tn
+		if ans, err := e.Do(ctxOf(t), req); err != nil || ans.Replayed {
+			t.Fatalf("%s: %+v, %v", tn, ans, err)
+		}
+	}
+	if op.n.Load() != 2 {
+		t.Errorf("executions = %d, want 2", op.n.Load())
+	}
+}
+
+// newLocker gives one recoverer its own etcd lease and locker.
+func newLocker(t *testing.T, srv *etcdtest.Server) *fencing.Locker {
+	t.Helper()
+	cli := srv.Client(t)
+	lease, err := fencing.Grant(ctxOf(t), cli, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = lease.Close(ctx)
+	})
+	lk, err := fencing.NewLocker(cli, lease, "idem/locks/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lk.Close() })
+	return lk
+}
+
+// TestRecoverStaleUnderLock: N engines, each with its own etcd lock holder,
+// recover the same stale record at once; exactly one acts, under the lock's
+// token, and a record still at RECEIVED is released, not executed.
+func TestRecoverStaleUnderLock(t *testing.T) {
+	st, _ := storetest.New(t)
+	srv := etcdtest.Start(t)
+	ctx := ctxOf(t)
+	h := hashes(t, map[string]any{"amount": "1"})
+	claim := func(key string, started bool) {
+		d, err := st.Begin(ctx, idem.BeginRequest{Scope: idem.Scope{Tenant: tenant, Operation: opName, Key: key},
+			RequestHashes: h, HashVersion: 2, Owner: "dead", LockFor: time.Minute, Window: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if started {
+			if err := st.Checkpoint(ctx, d.Lease, engine.CheckpointStarted); err != nil {
+				t.Fatal(err)
+			}
+		}
+		stale(t, st, key)
+	}
+	claim("k-started", true)
+	claim("k-received", false)
+
+	const n = 5
+	var (
+		recovered atomic.Int32
+		tokens    = make(chan int64, n)
+		engines   []*engine.Engine
+	)
+	for range n {
+		e := newEngine(t, st, engine.Options{Locker: newLocker(t, srv)}, engine.Operation{
+			Recover: func(_ context.Context, a *engine.Attempt) (engine.Result, error) {
+				recovered.Add(1)
+				if err := a.Check(); err != nil {
+					t.Errorf("recovering without a valid lock: %v", err)
+				}
+				tokens <- a.Lease.Token
+				return engine.Result{Response: idem.Response{Status: 201, Body: []byte("settled")}}, nil
+			},
+		})
+		engines = append(engines, e)
+	}
+	var wg sync.WaitGroup
+	totals := make([]map[string]int, n)
+	for i, e := range engines {
+		wg.Go(func() {
+			out, err := e.RecoverStale(ctx, 0)
+			if err != nil {
+				t.Errorf("RecoverStale: %v", err)
+			}
+			totals[i] = out
+		})
+	}
+	wg.Wait()
+	if got := recovered.Load(); got != 1 {
+		t.Fatalf("Recover ran %d times, want exactly once", got)
+	}
+	sum := map[string]int{}
+	for _, out := range totals {
+		for k, v := range out {
+			sum[k] += v
+		}
+	}
+	if sum[engine.RecoveryCompleted] != 1 || sum[engine.RecoveryReleased] != 1 {
+		t.Errorf("outcomes = %v, want one completed and one released", sum)
+	}
+	rec := record(t, st, "k-started")
+	if token := <-tokens; rec.Status != idem.StatusCompleted || rec.FencingToken != token || token <= 1 {
+		t.Errorf("recovered record = %s with token %d, Recover ran with %d; want COMPLETED under the lock's token", rec.Status, rec.FencingToken, token)
+	}
+	if rec := record(t, st, "k-received"); rec.Status != idem.StatusFailedRetryable {
+		t.Errorf("record at RECEIVED = %s, want FAILED_RETRYABLE", rec.Status)
+	}
+}
+
+// TestTakeoverUnderLock: a client's retry of a stale record takes it over
+// with the etcd lock's token; a second retry while the first holds the
+// lock answers in progress.
+func TestTakeoverUnderLock(t *testing.T) {
+	st, _ := storetest.New(t)
+	srv := etcdtest.Start(t)
+	ctx := ctxOf(t)
+	h := hashes(t, map[string]any{"amount": "1"})
+	d, err := st.Begin(ctx, idem.BeginRequest{Scope: idem.Scope{Tenant: tenant, Operation: opName, Key: "k"},
+		RequestHashes: h, HashVersion: 2, Owner: "dead", LockFor: time.Minute, Window: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale(t, st, "k")
+	entered, release := make(chan int64), make(chan struct{})
+	e1 := newEngine(t, st, engine.Options{Locker: newLocker(t, srv)}, engine.Operation{Execute: func(_ context.Context, a *engine.Attempt) (engine.Result, error) {
+		entered <- a.Lease.Token
+		<-release
+		return engine.Result{Response: idem.Response{Status: 201, Body: []byte("ok")}}, nil
+	}})
+	var op counting
+	e2 := newEngine(t, st, engine.Options{Locker: newLocker(t, srv)}, engine.Operation{Execute: op.execute})
+	done := make(chan error, 1)
+	go func() {
+		_, err := e1.Do(ctx, request("k", h))
+		done <- err
+	}()
+	token := <-entered
+	if token <= d.Lease.Token {
+		t.Errorf("takeover token %d, want above the dead owner's %d", token, d.Lease.Token)
+	}
+	if _, err := e2.Do(ctx, request("k", h)); idem.ErrorCode(err) != idem.ECodeInProgress {
+		t.Errorf("second retry during the takeover: %v, want in progress", err)
+	}
+	// The dead owner's late write is fenced off.
+	if err := st.Complete(ctx, d.Lease, idem.Completion{Response: idem.Response{Status: 201}}); !errors.Is(err, idem.ErrFenced) {
+		t.Errorf("dead owner's write = %v, want ErrFenced", err)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if op.n.Load() != 0 {
+		t.Error("the second retry executed")
+	}
+}

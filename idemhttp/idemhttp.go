@@ -1,0 +1,544 @@
+// Package idemhttp makes any net/http handler idempotent with the engine of
+// package engine: wrap the handler of one operation, and requests with the
+// same Idempotency-Key in the same tenant execute it once.
+//
+//	mw, err := idemhttp.Middleware(eng, idemhttp.Options{
+//		Operation: "create_transfer",
+//		Tenant:    func(r *http.Request) (string, error) { return tenantOf(r) },
+//	})
+//	mux.Handle("POST /transfers", mw(transferHandler))
+//
+// The contract is the README's: Idempotency-Key is required (400
+// IDEMPOTENCY_KEY_MISSING or IDEMPOTENCY_KEY_INVALID); a replay answers the
+// stored status, stored headers and body byte for byte with
+// Idempotent-Replayed: true; the same key with a different request answers
+// 409 IDEMPOTENCY_KEY_REUSED_WITH_DIFFERENT_REQUEST without calling the
+// handler; a key in progress answers 409 IDEMPOTENCY_REQUEST_IN_PROGRESS with
+// Retry-After, or waits for the answer when the client sends Prefer: wait=N;
+// every answer carries Idempotency-Window (seconds). Errors are JSON
+// {"errorCode","message"}.
+//
+// The handler's answer is buffered (up to Options.MaxResponseBody), stored,
+// and only then sent. How it is stored depends on its class, which the
+// handler may set with [Classify]; by default a 2xx or 3xx answer is
+// COMPLETED, a 4xx other than 408, 409, 425 and 429 is FAILED_REPLAYABLE
+// (stored and replayed), and 408, 409, 425, 429 and 5xx are FAILED_RETRYABLE:
+// sent to this client but not stored, so a retry executes again.
+//
+// The middleware must run inside the route (mux.Handle(pattern, mw(h))) so
+// that the request's pattern and path values are known; outside a mux the
+// route is the URL path.
+package idemhttp
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/engine"
+	"github.com/idemcoord/idem/fingerprint"
+	"github.com/idemcoord/idem/internal/strictjson"
+)
+
+// Defaults of Options.
+const (
+	DefaultMaxRequestBody  = 1 << 20
+	DefaultMaxResponseBody = 1 << 20
+)
+
+// Header names of the contract.
+const (
+	HeaderKey      = "Idempotency-Key"
+	HeaderReplayed = "Idempotent-Replayed"
+	HeaderWindow   = "Idempotency-Window"
+)
+
+// FingerprintFunc returns the normalised command of a request: the fields
+// fingerprint.Hashes hashes (with the operation name). body is the whole
+// request body, already read.
+type FingerprintFunc func(r *http.Request, body []byte) (map[string]any, error)
+
+// Options configure Middleware.
+type Options struct {
+	// Operation is the operation's name, the scope's middle part
+	// (required). Middleware registers it with the engine.
+	Operation string
+	// Tenant returns the tenant of an authenticated request. An error (or
+	// "") answers 401 UNAUTHENTICATED and stores nothing. Either Tenant or
+	// Tokens is required: there is no default, because the tenant must come
+	// from the authenticated principal, never from a client-chosen field.
+	Tenant func(r *http.Request) (string, error)
+	// Tokens maps bearer tokens (Authorization: Bearer <token>) to tenants;
+	// used when Tenant is nil.
+	Tokens map[string]string
+	// Fingerprint normalises a request. Default: the method, the route
+	// pattern (r.Pattern, or the URL path outside a mux), the path values
+	// of the pattern's wildcards, the SemanticHeaders present, and the body
+	// parsed as one strict JSON object (package strictjson's rules, exact
+	// numbers; an empty body is null), hashed under fingerprint version 2.
+	// A body that is not such an object answers 422 and stores nothing.
+	Fingerprint FingerprintFunc
+	// SemanticHeaders are request headers that change a request's meaning
+	// and so are part of its fingerprint. Default: Api-Version.
+	SemanticHeaders []string
+	// StoredHeaders are the response headers stored and replayed. Default:
+	// Content-Type and Location.
+	StoredHeaders []string
+	// Window is the replay window. Default engine.DefaultWindow (24h).
+	Window time.Duration
+	// LockTimeout bounds one execution of the handler (its context ends
+	// then) and is how long a crashed owner blocks a retry. Default
+	// engine.DefaultLockTimeout (30s).
+	LockTimeout time.Duration
+	// MaxWait caps Prefer: wait=N. Default engine.DefaultMaxWait (60s).
+	MaxWait time.Duration
+	// MaxRequestBody bounds the request body: larger answers 413
+	// REQUEST_BODY_TOO_LARGE and stores nothing. Default 1 MiB.
+	MaxRequestBody int64
+	// MaxResponseBody bounds the answer the middleware stores. A handler
+	// that writes more has acted but its answer cannot be replayed: the
+	// client gets 500 IDEMPOTENCY_RESPONSE_TOO_LARGE, and the record is
+	// left UNKNOWN_REQUIRES_RECOVERY (FAILED_RETRYABLE for a retryable
+	// class), so a retry is never a silent re-execution; Recover may settle
+	// it. Default 1 MiB.
+	MaxResponseBody int
+	// Recover, optional, settles a record a crashed or lost execution left
+	// behind (see engine.Operation.Recover).
+	Recover engine.ExecuteFunc
+	// Logger receives internal errors. Default: discard.
+	Logger *slog.Logger
+	// Registerer, when set, receives the counter
+	// idemhttp_requests_total{operation,outcome}.
+	Registerer prometheus.Registerer
+}
+
+// Outcome labels of idemhttp_requests_total.
+var outcomeLabels = []string{"execute", "replay", "conflict", "in_progress", "recover", "expired", "rejected", "error"}
+
+type middleware struct {
+	eng      *engine.Engine
+	opts     Options
+	window   string
+	requests *prometheus.CounterVec
+}
+
+// Middleware returns a wrapper that makes a handler idempotent as operation
+// opts.Operation, which it registers with e. It fails when the options
+// cannot work (no operation, no tenant source, a duplicate operation, a
+// metric already registered with another shape).
+func Middleware(e *engine.Engine, opts Options) (func(http.Handler) http.Handler, error) {
+	if opts.Operation == "" {
+		return nil, errors.New("idemhttp: Options.Operation is required")
+	}
+	if opts.Tenant == nil {
+		if len(opts.Tokens) == 0 {
+			return nil, errors.New("idemhttp: Options.Tenant or Options.Tokens is required")
+		}
+		opts.Tenant = bearerTenant(opts.Tokens)
+	}
+	if opts.Fingerprint == nil {
+		opts.Fingerprint = DefaultFingerprint(opts.SemanticHeaders...)
+	}
+	if opts.StoredHeaders == nil {
+		opts.StoredHeaders = []string{"Content-Type", "Location"}
+	}
+	if opts.MaxRequestBody <= 0 {
+		opts.MaxRequestBody = DefaultMaxRequestBody
+	}
+	if opts.MaxResponseBody <= 0 {
+		opts.MaxResponseBody = DefaultMaxResponseBody
+	}
+	if opts.MaxWait <= 0 {
+		opts.MaxWait = engine.DefaultMaxWait
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if err := e.Register(engine.Operation{Name: opts.Operation, Recover: opts.Recover, Window: opts.Window, LockTimeout: opts.LockTimeout}); err != nil {
+		return nil, fmt.Errorf("idemhttp: %w", err)
+	}
+	op, _ := e.Operation(opts.Operation)
+	m := &middleware{eng: e, opts: opts, window: strconv.FormatInt(int64(op.Window/time.Second), 10)}
+	if opts.Registerer != nil {
+		m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemhttp_requests_total", Help: "Requests through the idempotency middleware, by operation and outcome.",
+		}, []string{"operation", "outcome"})
+		if err := opts.Registerer.Register(m.requests); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) {
+				return nil, fmt.Errorf("idemhttp: register metrics: %w", err)
+			}
+			cv, ok := are.ExistingCollector.(*prometheus.CounterVec)
+			if !ok {
+				return nil, fmt.Errorf("idemhttp: register metrics: %w", err)
+			}
+			m.requests = cv
+		}
+		for _, o := range outcomeLabels {
+			m.requests.WithLabelValues(opts.Operation, o)
+		}
+	}
+	return func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, h) })
+	}, nil
+}
+
+func bearerTenant(tokens map[string]string) func(*http.Request) (string, error) {
+	return func(r *http.Request) (string, error) {
+		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if tenant := tokens[token]; ok && token != "" && tenant != "" {
+			return tenant, nil
+		}
+		return "", errors.New("idemhttp: unknown bearer token")
+	}
+}
+
+func (m *middleware) count(outcome string) {
+	if m.requests != nil {
+		m.requests.WithLabelValues(m.opts.Operation, outcome).Inc()
+	}
+}
+
+func (m *middleware) serve(w http.ResponseWriter, r *http.Request, h http.Handler) {
+	w.Header().Set(HeaderWindow, m.window)
+	tenant, err := m.opts.Tenant(r)
+	if err != nil || tenant == "" {
+		m.count("rejected")
+		w.Header().Set("WWW-Authenticate", "Bearer")
+		m.writeError(w, r, &idem.Error{Code: idem.ECodeUnauthenticated, Message: "A valid credential is required.", Err: err})
+		return
+	}
+	key, present := r.Header[HeaderKey]
+	switch {
+	case !present:
+		m.count("rejected")
+		m.writeError(w, r, idem.Errorf(idem.ECodeKeyMissing, "The Idempotency-Key header is required."))
+		return
+	case len(key) != 1 || !idem.ValidKey(key[0]):
+		m.count("rejected")
+		m.writeError(w, r, idem.Errorf(idem.ECodeKeyInvalid, "The Idempotency-Key header must be 1 to 255 visible ASCII characters."))
+		return
+	}
+	body, err := readBody(w, r, m.opts.MaxRequestBody)
+	if err != nil {
+		m.count("rejected")
+		m.writeError(w, r, err)
+		return
+	}
+	fields, err := m.opts.Fingerprint(r, body)
+	if err != nil {
+		m.count("rejected")
+		m.writeError(w, r, clientError(err))
+		return
+	}
+	hashes, err := fingerprint.Hashes(m.opts.Operation, fields)
+	if err != nil {
+		m.count("rejected")
+		m.writeError(w, r, clientError(err))
+		return
+	}
+	var (
+		rec      *recorder
+		executed bool
+	)
+	ans, err := m.eng.Do(r.Context(), engine.Request{
+		Operation: m.opts.Operation, Tenant: tenant, Key: key[0], RequestHashes: hashes, Wait: preferWait(r.Header, m.opts.MaxWait),
+		Execute: func(ctx context.Context, a *engine.Attempt) (engine.Result, error) {
+			executed = true
+			rec = newRecorder(m.opts.MaxResponseBody)
+			r2 := r.WithContext(withAttempt(ctx, a))
+			r2.Body = io.NopCloser(bytes.NewReader(body))
+			r2.ContentLength = int64(len(body))
+			h.ServeHTTP(rec, r2)
+			return m.result(rec), nil
+		},
+	})
+	if err != nil {
+		m.count(errOutcome(err))
+		m.writeError(w, r, err)
+		return
+	}
+	switch {
+	case ans.Replayed:
+		m.count("replay")
+		writeStored(w, ans.Response, true)
+	case executed && rec.overflow:
+		m.count("error")
+		m.opts.Logger.ErrorContext(r.Context(), "answer larger than MaxResponseBody; record left for recovery",
+			"operation", m.opts.Operation, "limit", m.opts.MaxResponseBody)
+		m.writeError(w, r, idem.Errorf(idem.ECodeResponseTooLarge, "The answer is too large to be stored for replay; retry with the same key later."))
+	case executed:
+		m.count(ans.Outcome.String())
+		// The first answer: every header the handler set.
+		for k, v := range rec.header {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(ans.Response.Status)
+		_, _ = w.Write(ans.Response.Body)
+	case ans.Status == idem.StatusUnknown:
+		// Recover could not tell yet.
+		m.count(ans.Outcome.String())
+		m.writeError(w, r, idem.Errorf(idem.ECodeOutcomeUnknown, "The outcome of the request with this idempotency key is not known yet; retry with the same key later."))
+	case ans.Status == idem.StatusFailedRetryable:
+		// Recover found that nothing happened: the next retry executes.
+		m.count(ans.Outcome.String())
+		m.writeError(w, r, idem.Errorf(idem.ECodeUnavailable, "The request did not take effect; retry with the same key."))
+	default:
+		// Settled by the operation's Recover: what it answered.
+		m.count(ans.Outcome.String())
+		writeStored(w, ans.Response, false)
+	}
+}
+
+func writeStored(w http.ResponseWriter, resp idem.Response, replayed bool) {
+	for k, v := range resp.Headers {
+		w.Header().Set(k, v)
+	}
+	if replayed {
+		w.Header().Set(HeaderReplayed, "true")
+	}
+	status := resp.Status
+	if status < 100 || status > 999 {
+		status = http.StatusOK
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(resp.Body)
+}
+
+func errOutcome(err error) string {
+	switch idem.ErrorCode(err) {
+	case idem.ECodeKeyReused:
+		return "conflict"
+	case idem.ECodeInProgress:
+		return "in_progress"
+	}
+	return "error"
+}
+
+// result classifies the handler's answer.
+func (m *middleware) result(rec *recorder) engine.Result {
+	status := rec.status
+	if status == 0 {
+		status = http.StatusOK
+	}
+	class := rec.class
+	if class == "" {
+		class = DefaultClass(status)
+	}
+	if rec.overflow {
+		if class != idem.StatusFailedRetryable {
+			class = idem.StatusUnknown
+		}
+		return engine.Result{Status: class, ErrorCode: idem.ECodeResponseTooLarge}
+	}
+	headers := map[string]string{}
+	for _, name := range m.opts.StoredHeaders {
+		if v := rec.header.Get(name); v != "" {
+			headers[http.CanonicalHeaderKey(name)] = v
+		}
+	}
+	body := rec.buf.Bytes()
+	if body == nil {
+		body = []byte{}
+	}
+	res := engine.Result{Response: idem.Response{Status: status, Headers: headers, Body: body}, Status: class}
+	if class != idem.StatusCompleted {
+		res.ErrorCode = "HTTP_" + strconv.Itoa(status)
+	}
+	return res
+}
+
+// DefaultClass is how an answer of status is stored when the handler does
+// not Classify it: 1xx-3xx COMPLETED; 408, 409, 425, 429 and 5xx
+// FAILED_RETRYABLE; other 4xx FAILED_REPLAYABLE.
+func DefaultClass(status int) idem.Status {
+	switch {
+	case status < 400:
+		return idem.StatusCompleted
+	case status == http.StatusRequestTimeout, status == http.StatusConflict, status == http.StatusTooEarly,
+		status == http.StatusTooManyRequests, status >= 500:
+		return idem.StatusFailedRetryable
+	}
+	return idem.StatusFailedReplayable
+}
+
+// readBody reads the whole body, bounded by limit.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	if r.Body == nil {
+		return nil, nil
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe):
+		return nil, idem.Errorf(idem.ECodeBodyTooLarge, "The body is larger than %d bytes.", limit)
+	case err != nil:
+		return nil, &idem.Error{Code: idem.ECodeRequestMalformed, Message: "The body could not be read.", Err: err}
+	}
+	return body, nil
+}
+
+// DefaultFingerprint returns the default FingerprintFunc (see
+// Options.Fingerprint) with the given semantic headers (none: Api-Version).
+func DefaultFingerprint(semanticHeaders ...string) FingerprintFunc {
+	if len(semanticHeaders) == 0 {
+		semanticHeaders = []string{"Api-Version"}
+	}
+	return func(r *http.Request, body []byte) (map[string]any, error) {
+		if len(bytes.TrimSpace(body)) > 0 {
+			if ct := r.Header.Get("Content-Type"); ct != "" {
+				if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+					return nil, idem.Errorf(idem.ECodeUnsupportedMediaType, "The body must be application/json.")
+				}
+			}
+		}
+		route := r.Pattern
+		if route == "" {
+			route = r.Method + " " + r.URL.Path
+		}
+		params := map[string]any{}
+		for _, name := range wildcards(r.Pattern) {
+			params[name] = r.PathValue(name)
+		}
+		headers := map[string]any{}
+		for _, name := range semanticHeaders {
+			if v := r.Header.Values(name); len(v) > 0 {
+				headers[http.CanonicalHeaderKey(name)] = strings.Join(v, ",")
+			}
+		}
+		var doc any
+		if len(bytes.TrimSpace(body)) > 0 {
+			obj, err := fingerprint.ParseObject(body)
+			if err != nil {
+				return nil, err
+			}
+			doc = obj
+		}
+		return map[string]any{"method": r.Method, "route": route, "pathParams": params, "headers": headers, "body": doc}, nil
+	}
+}
+
+// wildcards returns the names of a ServeMux pattern's wildcards.
+func wildcards(pattern string) []string {
+	var out []string
+	for {
+		i := strings.IndexByte(pattern, '{')
+		if i < 0 {
+			return out
+		}
+		j := strings.IndexByte(pattern[i:], '}')
+		if j < 0 {
+			return out
+		}
+		name := strings.TrimSuffix(pattern[i+1:i+j], "...")
+		if name != "$" && name != "" {
+			out = append(out, name)
+		}
+		pattern = pattern[i+j+1:]
+	}
+}
+
+// clientError turns a fingerprinting error into the *idem.Error a client
+// sees; the body is never quoted.
+func clientError(err error) error {
+	var ie *idem.Error
+	switch {
+	case errors.As(err, &ie):
+		return err
+	case errors.Is(err, fingerprint.ErrInexactNumber):
+		return &idem.Error{Code: idem.ECodeValidationFailed, Message: "A number cannot be represented exactly; send it as a string.", Err: err}
+	case errors.Is(err, fingerprint.ErrReservedName), errors.Is(err, fingerprint.ErrInvalidUTF8), errors.Is(err, fingerprint.ErrUnsupportedType):
+		return &idem.Error{Code: idem.ECodeValidationFailed, Message: "The request cannot be fingerprinted.", Err: err}
+	}
+	return strictjson.ClientError(err)
+}
+
+// preferWait reads Prefer: wait=N (RFC 7240), capped at limit.
+func preferWait(h http.Header, limit time.Duration) time.Duration {
+	for _, v := range h.Values("Prefer") {
+		for _, pref := range strings.Split(v, ",") {
+			name, val, ok := strings.Cut(strings.TrimSpace(pref), "=")
+			if !ok || !strings.EqualFold(strings.TrimSpace(name), "wait") {
+				continue
+			}
+			n, err := strconv.Atoi(strings.Trim(strings.TrimSpace(val), `"`))
+			if err == nil && n > 0 {
+				return time.Duration(min(n, int(limit/time.Second))) * time.Second
+			}
+		}
+	}
+	return 0
+}
+
+type errorBody struct {
+	ErrorCode string `json:"errorCode"`
+	Message   string `json:"message"`
+}
+
+func (m *middleware) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	code := idem.ErrorCode(err)
+	if r.Context().Err() != nil && errors.Is(err, r.Context().Err()) {
+		code = idem.ECodeUnavailable
+		err = idem.Errorf(code, "The request was cancelled; retry with the same key.")
+	}
+	status := StatusOf(code)
+	if status >= 500 {
+		m.opts.Logger.ErrorContext(r.Context(), "idempotent request failed", "operation", m.opts.Operation, "code", code, "err", err)
+	}
+	switch code {
+	case idem.ECodeInProgress, idem.ECodeStoreUnavailable, idem.ECodeUnavailable, idem.ECodeOutcomeUnknown:
+		w.Header().Set("Retry-After", "1")
+	}
+	msg := idem.ErrorMessage(err)
+	if code == idem.ECodeInternal {
+		msg = "Internal error."
+	}
+	b, _ := json.Marshal(errorBody{ErrorCode: code, Message: msg})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+// statuses are the HTTP statuses of the codes this package answers; a test
+// keeps them equal to region's table.
+var statuses = map[string]int{
+	idem.ECodeKeyMissing:           http.StatusBadRequest,
+	idem.ECodeKeyInvalid:           http.StatusBadRequest,
+	idem.ECodeKeyReused:            http.StatusConflict,
+	idem.ECodeInProgress:           http.StatusConflict,
+	idem.ECodeOutcomeUnknown:       http.StatusAccepted,
+	idem.ECodeUnauthenticated:      http.StatusUnauthorized,
+	idem.ECodeRequestMalformed:     http.StatusUnprocessableEntity,
+	idem.ECodeValidationFailed:     http.StatusUnprocessableEntity,
+	idem.ECodeBodyTooLarge:         http.StatusRequestEntityTooLarge,
+	idem.ECodeUnsupportedMediaType: http.StatusUnsupportedMediaType,
+	idem.ECodeOperationUnknown:     http.StatusNotFound,
+	idem.ECodeResponseTooLarge:     http.StatusInternalServerError,
+	idem.ECodeFencingTokenStale:    http.StatusConflict,
+	idem.ECodeNotHome:              http.StatusServiceUnavailable,
+	idem.ECodeRequestTimeout:       http.StatusRequestTimeout,
+	idem.ECodeStoreUnavailable:     http.StatusServiceUnavailable,
+	idem.ECodeUnavailable:          http.StatusServiceUnavailable,
+	idem.ECodeInternal:             http.StatusInternalServerError,
+}
+
+// StatusOf returns the HTTP status this package answers an error code with
+// (the same as package region's table; 500 for codes it does not answer).
+func StatusOf(code string) int {
+	if s, ok := statuses[code]; ok {
+		return s
+	}
+	return http.StatusInternalServerError
+}

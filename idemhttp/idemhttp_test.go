@@ -1,0 +1,505 @@
+package idemhttp_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/engine"
+	"github.com/idemcoord/idem/idemhttp"
+	"github.com/idemcoord/idem/internal/pgtest"
+	"github.com/idemcoord/idem/internal/storetest"
+	"github.com/idemcoord/idem/store"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.MainLeakChecked(m)) }
+
+const opName = "create_transfer"
+
+var tokens = map[string]string{"tok-a": "tenant-a", "tok-b": "tenant-b"}
+
+// fixture is a server with the middleware around one handler.
+type fixture struct {
+	st     *store.Store
+	url    string
+	client *http.Client
+	calls  atomic.Int32
+	reg    *prometheus.Registry
+	served chan struct{}
+}
+
+// newFixture serves POST /accounts/{account}/transfers with h behind the
+// middleware. served receives a value each time the middleware finished.
+func newFixture(t *testing.T, h http.HandlerFunc, eopts engine.Options, opts idemhttp.Options) *fixture {
+	t.Helper()
+	st, _ := storetest.New(t)
+	f := &fixture{st: st, reg: prometheus.NewRegistry(), served: make(chan struct{}, 100)}
+	e := engine.New(st, eopts)
+	opts.Operation = opName
+	if opts.Tenant == nil && opts.Tokens == nil {
+		opts.Tokens = tokens
+	}
+	if opts.Window == 0 {
+		opts.Window = time.Hour
+	}
+	opts.Registerer = f.reg
+	mw, err := idemhttp.Middleware(e, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counted := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.calls.Add(1)
+		h(w, r)
+	}))
+	mux := http.NewServeMux()
+	mux.Handle("POST /accounts/{account}/transfers", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() { f.served <- struct{}{} }()
+		counted.ServeHTTP(w, r)
+	}))
+	hs := httptest.NewUnstartedServer(mux)
+	hs.Config.ErrorLog = log.New(io.Discard, "", 0) // the panic test's panic
+	hs.Start()
+	t.Cleanup(hs.Close)
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	f.url, f.client = hs.URL, &http.Client{Transport: tr}
+	return f
+}
+
+type answer struct {
+	status int
+	header http.Header
+	body   string
+}
+
+func (f *fixture) post(t *testing.T, token, key, body string, extra ...string) answer {
+	t.Helper()
+	a, err := f.send(context.Background(), token, key, body, extra...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func (f *fixture) send(ctx context.Context, token, key, body string, extra ...string) (answer, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, f.url+"/accounts/acc_1/transfers", strings.NewReader(body))
+	if err != nil {
+		return answer{}, err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	for i := 0; i+1 < len(extra); i += 2 {
+		req.Header.Add(extra[i], extra[i+1])
+	}
+	resp, err := f.client.Do(req)
+	if err != nil {
+		return answer{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return answer{resp.StatusCode, resp.Header, string(b)}, err
+}
+
+func (f *fixture) record(t *testing.T, tenant, key string) *idem.Record {
+	t.Helper()
+	rec, err := f.st.Get(context.Background(), idem.Scope{Tenant: tenant, Operation: opName, Key: key})
+	if err != nil {
+		t.Fatalf("record %s: %v", key, err)
+	}
+	return rec
+}
+
+func errorCode(t *testing.T, a answer) string {
+	t.Helper()
+	var b struct {
+		ErrorCode string `json:"errorCode"`
+		Message   string `json:"message"`
+	}
+	if err := json.Unmarshal([]byte(a.body), &b); err != nil || b.Message == "" || a.header.Get("Content-Type") != "application/json" {
+		t.Fatalf("error body %q (%s): %v", a.body, a.header.Get("Content-Type"), err)
+	}
+	return b.ErrorCode
+}
+
+// created answers 201 with a body that differs per execution.
+func created(n *atomic.Int32) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id := n.Add(1)
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", fmt.Sprintf("/accounts/%s/transfers/tr_%d", r.PathValue("account"), id))
+		w.Header().Set("X-Not-Stored", "1")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":"tr_%d","echo":%s}`, id, body)
+	}
+}
+
+func TestReplayIsByteIdentical(t *testing.T) {
+	var n atomic.Int32
+	f := newFixture(t, created(&n), engine.Options{}, idemhttp.Options{})
+	body := `{"amount": "10.50", "to": "acc_2"}`
+	first := f.post(t, "tok-a", "k1", body)
+	if first.status != 201 || first.header.Get("Idempotent-Replayed") != "" || first.header.Get("Idempotency-Window") != "3600" ||
+		first.header.Get("X-Not-Stored") != "1" {
+		t.Fatalf("first = %+v", first)
+	}
+	// The same command with other spacing and member order is a replay.
+	second := f.post(t, "tok-a", "k1", `{"to":"acc_2","amount":"10.50"}`)
+	if second.status != 201 || second.body != first.body || second.header.Get("Idempotent-Replayed") != "true" ||
+		second.header.Get("Location") != first.header.Get("Location") || second.header.Get("Content-Type") != "application/json" ||
+		second.header.Get("Idempotency-Window") != "3600" || second.header.Get("X-Not-Stored") != "" {
+		t.Fatalf("replay = %+v, want the first answer %+v", second, first)
+	}
+	if f.calls.Load() != 1 {
+		t.Errorf("handler calls = %d, want 1", f.calls.Load())
+	}
+	if got := testutil.ToFloat64(mustCounter(t, f.reg, "replay")); got != 1 {
+		t.Errorf("replay counter = %v, want 1", got)
+	}
+}
+
+func mustCounter(t *testing.T, reg *prometheus.Registry, outcome string) prometheus.Collector {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if mf.GetName() == "idemhttp_requests_total" && labels["outcome"] == outcome && labels["operation"] == opName {
+				c := prometheus.NewCounter(prometheus.CounterOpts{Name: "x"})
+				c.Add(m.GetCounter().GetValue())
+				return c
+			}
+		}
+	}
+	t.Fatalf("no idemhttp_requests_total{outcome=%q}", outcome)
+	return nil
+}
+
+func TestDifferentBodySameKey(t *testing.T) {
+	var n atomic.Int32
+	f := newFixture(t, created(&n), engine.Options{}, idemhttp.Options{})
+	f.post(t, "tok-a", "k1", `{"amount":"10.50"}`)
+	a := f.post(t, "tok-a", "k1", `{"amount":"10.51"}`)
+	if a.status != 409 || errorCode(t, a) != idem.ECodeKeyReused {
+		t.Fatalf("different body = %+v", a)
+	}
+	// A semantic header is part of the command too.
+	a = f.post(t, "tok-a", "k1", `{"amount":"10.50"}`, "Api-Version", "2030-01-01")
+	if a.status != 409 || errorCode(t, a) != idem.ECodeKeyReused {
+		t.Fatalf("different Api-Version = %+v", a)
+	}
+	if f.calls.Load() != 1 {
+		t.Errorf("handler calls = %d, want 1", f.calls.Load())
+	}
+}
+
+func TestConcurrentIdenticalRequests(t *testing.T) {
+	var n atomic.Int32
+	f := newFixture(t, created(&n), engine.Options{}, idemhttp.Options{})
+	const count = 50
+	var (
+		wg      sync.WaitGroup
+		start   = make(chan struct{})
+		answers [count]answer
+		errs    [count]error
+	)
+	for i := range count {
+		wg.Go(func() {
+			<-start
+			answers[i], errs[i] = f.send(context.Background(), "tok-a", "k-conc", `{"amount":"1"}`, "Prefer", "wait=60")
+		})
+	}
+	close(start)
+	wg.Wait()
+	if f.calls.Load() != 1 {
+		t.Fatalf("handler calls = %d, want exactly 1", f.calls.Load())
+	}
+	for i := range count {
+		if errs[i] != nil || answers[i].status != 201 || answers[i].body != answers[0].body {
+			t.Errorf("request %d = %+v, %v", i, answers[i], errs[i])
+		}
+	}
+}
+
+// stepClock's Sleep reports that a request waits, and returns when the
+// test lets it.
+type stepClock struct {
+	sleeping chan struct{}
+	tick     chan struct{}
+	mu       sync.Mutex
+	now      time.Time
+}
+
+func (c *stepClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *stepClock) Sleep(ctx context.Context, d time.Duration) error {
+	select {
+	case c.sleeping <- struct{}{}:
+	default:
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-c.tick:
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+	return nil
+}
+
+func TestInProgressAndPreferWait(t *testing.T) {
+	var n atomic.Int32
+	entered, release := make(chan struct{}), make(chan struct{})
+	clock := &stepClock{sleeping: make(chan struct{}, 1), tick: make(chan struct{}), now: time.Unix(0, 0)}
+	f := newFixture(t, func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		<-release
+		created(&n)(w, r)
+	}, engine.Options{Clock: clock}, idemhttp.Options{})
+	first := make(chan answer, 1)
+	go func() { first <- f.post(t, "tok-a", "k-w", `{"amount":"1"}`) }()
+	<-entered
+	a := f.post(t, "tok-a", "k-w", `{"amount":"1"}`)
+	if a.status != 409 || errorCode(t, a) != idem.ECodeInProgress || a.header.Get("Retry-After") == "" {
+		t.Fatalf("while in progress = %+v, want 409 with Retry-After", a)
+	}
+	waiter := make(chan answer, 1)
+	go func() { waiter <- f.post(t, "tok-a", "k-w", `{"amount":"1"}`, "Prefer", "wait=30") }()
+	<-clock.sleeping
+	close(release)
+	a1 := <-first
+	close(clock.tick)
+	a2 := <-waiter
+	if a1.status != 201 || a2.status != 201 || a2.body != a1.body || a2.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("first = %+v, waiter = %+v; want the waiter to get the first answer", a1, a2)
+	}
+}
+
+func TestPanicReleasesTheKey(t *testing.T) {
+	var n atomic.Int32
+	var panicked atomic.Bool
+	f := newFixture(t, func(w http.ResponseWriter, r *http.Request) {
+		if panicked.CompareAndSwap(false, true) {
+			panic("handler bug")
+		}
+		created(&n)(w, r)
+	}, engine.Options{}, idemhttp.Options{LockTimeout: time.Hour})
+	if _, err := f.send(context.Background(), "tok-a", "k-p", `{"amount":"1"}`); err == nil {
+		t.Fatal("the panicking request got an answer")
+	}
+	<-f.served
+	// At once, not after the hour-long lock timeout.
+	if rec := f.record(t, "tenant-a", "k-p"); rec.Status != idem.StatusFailedRetryable || rec.LockedUntil != nil {
+		t.Fatalf("record after a panic = %s (locked until %v)", rec.Status, rec.LockedUntil)
+	}
+	if a := f.post(t, "tok-a", "k-p", `{"amount":"1"}`); a.status != 201 || f.calls.Load() != 2 {
+		t.Fatalf("retry after the panic = %+v (calls %d)", a, f.calls.Load())
+	}
+}
+
+func TestDisconnectRecordsTheAnswer(t *testing.T) {
+	var n atomic.Int32
+	entered := make(chan struct{})
+	f := newFixture(t, func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		<-r.Context().Done() // the client hung up
+		created(&n)(w, r)
+	}, engine.Options{}, idemhttp.Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := f.send(ctx, "tok-a", "k-d", `{"amount":"1"}`)
+		done <- err
+	}()
+	<-entered
+	cancel()
+	<-done
+	<-f.served
+	if rec := f.record(t, "tenant-a", "k-d"); rec.Status != idem.StatusCompleted {
+		t.Fatalf("record after the client left = %s, want COMPLETED as the handler answered", rec.Status)
+	}
+	if a := f.post(t, "tok-a", "k-d", `{"amount":"1"}`); a.status != 201 || a.header.Get("Idempotent-Replayed") != "true" || f.calls.Load() != 1 {
+		t.Fatalf("retry = %+v", a)
+	}
+}
+
+func TestTenantIsolation(t *testing.T) {
+	var n atomic.Int32
+	f := newFixture(t, created(&n), engine.Options{}, idemhttp.Options{})
+	a := f.post(t, "tok-a", "shared", `{"amount":"1"}`)
+	b := f.post(t, "tok-b", "shared", `{"amount":"1"}`)
+	if a.status != 201 || b.status != 201 || b.header.Get("Idempotent-Replayed") != "" || a.body == b.body || f.calls.Load() != 2 {
+		t.Fatalf("two tenants = %+v, %+v (calls %d); want two executions", a, b, f.calls.Load())
+	}
+}
+
+func TestFailureClasses(t *testing.T) {
+	var n atomic.Int32
+	f := newFixture(t, func(w http.ResponseWriter, r *http.Request) {
+		call := n.Add(1)
+		switch r.Header.Get("X-Case") {
+		case "5xx":
+			if call == 1 {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				fmt.Fprint(w, "downstream busy")
+				return
+			}
+		case "4xx":
+			w.WriteHeader(http.StatusUnprocessableEntity)
+			fmt.Fprintf(w, `{"rejected":%d}`, call)
+			return
+		case "classified":
+			// A 200 the handler knows is a transient failure.
+			idemhttp.Classify(w, idem.StatusFailedRetryable)
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, "done %d", call)
+	}, engine.Options{}, idemhttp.Options{})
+
+	// A 5xx reaches the client but is not replayed: the retry executes.
+	if a := f.post(t, "tok-a", "k5", `{}`, "X-Case", "5xx"); a.status != 503 || a.body != "downstream busy" {
+		t.Fatalf("5xx = %+v", a)
+	}
+	if rec := f.record(t, "tenant-a", "k5"); rec.Status != idem.StatusFailedRetryable || rec.Response != nil {
+		t.Fatalf("record of a 5xx = %+v", rec)
+	}
+	if a := f.post(t, "tok-a", "k5", `{}`, "X-Case", "5xx"); a.status != 201 || a.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("retry of a 5xx = %+v, want a new execution", a)
+	}
+	// A 4xx is a deterministic rejection: stored and replayed.
+	first := f.post(t, "tok-a", "k4", `{}`, "X-Case", "4xx")
+	again := f.post(t, "tok-a", "k4", `{}`, "X-Case", "4xx")
+	if first.status != 422 || again.status != 422 || again.body != first.body || again.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("4xx = %+v then %+v", first, again)
+	}
+	// Classify overrides the status's default class.
+	f.post(t, "tok-a", "kc", `{}`, "X-Case", "classified")
+	if rec := f.record(t, "tenant-a", "kc"); rec.Status != idem.StatusFailedRetryable {
+		t.Fatalf("classified record = %s", rec.Status)
+	}
+}
+
+func TestBadRequestsAreNever5xx(t *testing.T) {
+	var n atomic.Int32
+	f := newFixture(t, created(&n), engine.Options{}, idemhttp.Options{MaxRequestBody: 1024})
+	cases := []struct {
+		name, token, key, body string
+		extra                  []string
+		status                 int
+		code                   string
+	}{
+		{"no key", "tok-a", "", `{}`, nil, 400, idem.ECodeKeyMissing},
+		{"key with a space", "tok-a", "a b", `{}`, nil, 400, idem.ECodeKeyInvalid},
+		{"key too long", "tok-a", strings.Repeat("k", 256), `{}`, nil, 400, idem.ECodeKeyInvalid},
+		{"key twice", "tok-a", "k1", `{}`, []string{"Idempotency-Key", "k2"}, 400, idem.ECodeKeyInvalid},
+		{"unknown token", "tok-x", "k1", `{}`, nil, 401, idem.ECodeUnauthenticated},
+		{"not JSON", "tok-a", "k1", `amount=1`, nil, 422, idem.ECodeRequestMalformed},
+		{"duplicate member", "tok-a", "k1", `{"a":1,"a":2}`, nil, 422, idem.ECodeRequestMalformed},
+		{"inexact number", "tok-a", "k1", `{"a":9007199254740993}`, nil, 422, idem.ECodeValidationFailed},
+		{"invalid UTF-8", "tok-a", "k1", "{\"a\":\"\xff\"}", nil, 422, idem.ECodeRequestMalformed},
+		{"not an object", "tok-a", "k1", `[1]`, nil, 422, idem.ECodeValidationFailed},
+		{"too large", "tok-a", "k1", `{"a":"` + strings.Repeat("x", 2048) + `"}`, nil, 413, idem.ECodeBodyTooLarge},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			a := f.post(t, c.token, c.key, c.body, c.extra...)
+			if a.status != c.status || errorCode(t, a) != c.code {
+				t.Errorf("answer = %d %s, want %d %s", a.status, a.body, c.status, c.code)
+			}
+		})
+	}
+	if f.calls.Load() != 0 {
+		t.Errorf("handler calls = %d, want 0", f.calls.Load())
+	}
+	if got := storetest.Count(t, f.st, `SELECT count(*) FROM idempotency_records`); got != 0 {
+		t.Errorf("records = %d, want none for refused requests", got)
+	}
+}
+
+func TestOversizedAnswer(t *testing.T) {
+	var n atomic.Int32
+	f := newFixture(t, func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(bytes.Repeat([]byte("x"), 100))
+	}, engine.Options{}, idemhttp.Options{MaxResponseBody: 64})
+	a := f.post(t, "tok-a", "k-big", `{}`)
+	if a.status != 500 || errorCode(t, a) != idem.ECodeResponseTooLarge {
+		t.Fatalf("oversized answer = %+v, want 500 %s", a, idem.ECodeResponseTooLarge)
+	}
+	if rec := f.record(t, "tenant-a", "k-big"); rec.Status != idem.StatusUnknown || rec.ErrorCode != idem.ECodeResponseTooLarge {
+		t.Fatalf("record = %s %s, want UNKNOWN_REQUIRES_RECOVERY", rec.Status, rec.ErrorCode)
+	}
+	// The handler acted once; a retry must not act again.
+	a = f.post(t, "tok-a", "k-big", `{}`)
+	if a.status != 202 || errorCode(t, a) != idem.ECodeOutcomeUnknown || a.header.Get("Retry-After") == "" || n.Load() != 1 {
+		t.Fatalf("retry = %+v (calls %d), want 202 %s and no execution", a, n.Load(), idem.ECodeOutcomeUnknown)
+	}
+}
+
+func TestOptionsNeedATenantSource(t *testing.T) {
+	st, _ := storetest.New(t)
+	e := engine.New(st, engine.Options{})
+	if _, err := idemhttp.Middleware(e, idemhttp.Options{Operation: opName}); err == nil {
+		t.Error("Middleware without Tenant or Tokens succeeded")
+	}
+	if _, err := idemhttp.Middleware(e, idemhttp.Options{Tokens: tokens}); err == nil {
+		t.Error("Middleware without Operation succeeded")
+	}
+}
+
+func TestOversizedAnswerRecovered(t *testing.T) {
+	var n atomic.Int32
+	var verdict atomic.Value
+	verdict.Store(idem.StatusUnknown)
+	f := newFixture(t, func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		_, _ = w.Write(bytes.Repeat([]byte("x"), 100))
+	}, engine.Options{}, idemhttp.Options{MaxResponseBody: 64, Recover: func(_ context.Context, a *engine.Attempt) (engine.Result, error) {
+		s := verdict.Load().(idem.Status)
+		return engine.Result{Status: s, Response: idem.Response{Status: 200, Body: []byte("settled downstream")}}, nil
+	}})
+	if a := f.post(t, "tok-a", "k-big", `{}`); a.status != 500 {
+		t.Fatalf("oversized = %+v", a)
+	}
+	// Recover cannot tell yet: the client hears that, not an empty 200.
+	if a := f.post(t, "tok-a", "k-big", `{}`); a.status != 202 || errorCode(t, a) != idem.ECodeOutcomeUnknown {
+		t.Fatalf("retry while Recover cannot tell = %+v", a)
+	}
+	verdict.Store(idem.StatusCompleted)
+	if a := f.post(t, "tok-a", "k-big", `{}`); a.status != 200 || a.body != "settled downstream" {
+		t.Fatalf("retry once Recover knows = %+v", a)
+	}
+	if a := f.post(t, "tok-a", "k-big", `{}`); a.body != "settled downstream" || a.header.Get("Idempotent-Replayed") != "true" || n.Load() != 1 {
+		t.Fatalf("after recovery = %+v (calls %d)", a, n.Load())
+	}
+}
