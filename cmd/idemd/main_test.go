@@ -23,6 +23,7 @@ import (
 	"github.com/idemcoord/idem/internal/testbin"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/provider"
+	"github.com/idemcoord/idem/provider/simulator"
 	"github.com/idemcoord/idem/store"
 )
 
@@ -263,7 +264,7 @@ func TestTwoProcessesOneDatabase(t *testing.T) {
 // no retry from the client, and a later retry replays the one payment.
 func TestKilledAfterProviderRequestSent(t *testing.T) {
 	db := pgtest.NewDatabase(t)
-	sim, err := provider.NewServer(provider.Config{DataDir: t.TempDir()})
+	sim, err := simulator.NewServer(simulator.Config{DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

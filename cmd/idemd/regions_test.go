@@ -21,6 +21,7 @@ import (
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/provider"
+	"github.com/idemcoord/idem/provider/simulator"
 	"github.com/idemcoord/idem/routing"
 	"github.com/idemcoord/idem/store"
 )
@@ -35,7 +36,7 @@ type testRegion struct {
 
 func startProvider(t *testing.T) *provider.Client {
 	t.Helper()
-	sim, err := provider.NewServer(provider.Config{DataDir: t.TempDir()})
+	sim, err := simulator.NewServer(simulator.Config{DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

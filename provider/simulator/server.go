@@ -1,4 +1,4 @@
-package provider
+package simulator
 
 import (
 	"context"
@@ -18,43 +18,8 @@ import (
 	"time"
 
 	"github.com/idemcoord/idem/internal/strictjson"
+	"github.com/idemcoord/idem/provider"
 )
-
-// HTTP header names used by the provider API.
-const (
-	// HeaderIdempotencyKey carries the provider key of a charge.
-	HeaderIdempotencyKey = "Idempotency-Key"
-	// HeaderFencingToken carries the caller's fencing token (an int64).
-	HeaderFencingToken = "Idem-Fencing-Token"
-	// HeaderReplayed is "true" on answers that replay an earlier outcome.
-	HeaderReplayed = "Idempotent-Replayed"
-)
-
-// Error codes of the provider API, found in the errorCode field of error
-// bodies and in [APIError.Code].
-const (
-	CodeKeyMissing          = "PROVIDER_KEY_MISSING"
-	CodeKeyInvalid          = "PROVIDER_KEY_INVALID"
-	CodeKeyReused           = "PROVIDER_KEY_REUSED"
-	CodeFencingTokenInvalid = "FENCING_TOKEN_INVALID"
-	CodeFencingTokenStale   = "FENCING_TOKEN_STALE"
-	CodeInvalidRequest      = "INVALID_REQUEST"
-	CodeInvalidFault        = "INVALID_FAULT"
-	CodeUnavailable         = "PROVIDER_UNAVAILABLE"
-	CodeDeclined            = "PAYMENT_DECLINED"
-	CodeChargeNotFound      = "CHARGE_NOT_FOUND"
-	CodeNotFound            = "NOT_FOUND"
-	CodeUnauthenticated     = "UNAUTHENTICATED"
-)
-
-// ProviderKeyPrefix starts every provider key: provider_payment_<paymentId>.
-const ProviderKeyPrefix = "provider_payment_"
-
-// StatusConfirmed is the status of every applied charge.
-const StatusConfirmed = "CONFIRMED"
-
-// DefaultSlowDelay is the delay of a slow fault that does not set one.
-const DefaultSlowDelay = 5 * time.Second
 
 // shutdownTimeout bounds the graceful shutdown of [Serve].
 const shutdownTimeout = 10 * time.Second
@@ -65,10 +30,6 @@ const maxBodyBytes = 1 << 20
 // maxKeyLen bounds provider keys.
 const maxKeyLen = 255
 
-// ProviderKeyFor returns the provider key of a payment:
-// "provider_payment_" + paymentID.
-func ProviderKeyFor(paymentID string) string { return ProviderKeyPrefix + paymentID }
-
 // ChargeIDFor returns the charge id the simulator assigns to a provider key:
 // "ch_" followed by the first 16 hex digits of SHA-256(key). It is
 // deterministic, so a key can never map to two charges.
@@ -77,120 +38,34 @@ func ChargeIDFor(providerKey string) string {
 	return "ch_" + hex.EncodeToString(sum[:])[:16]
 }
 
-// Charge is an applied charge, as answered by POST /v1/charges and
-// GET /v1/charges/{providerKey}.
-type Charge struct {
-	ChargeID    string    `json:"chargeId"`
-	ProviderKey string    `json:"providerKey"`
-	Status      string    `json:"status"`
-	AmountMinor int64     `json:"amountMinor"`
-	Currency    string    `json:"currency"`
-	AccountID   string    `json:"accountId,omitempty"`
-	CreatedAt   time.Time `json:"createdAt"`
-	// Replayed is set by [Client.Charge] when the provider answered with
-	// Idempotent-Replayed: true (the key had already charged). It is not
-	// part of the JSON body.
-	Replayed bool `json:"-"`
-}
-
-// ChargeCounts counts charge applications, as answered by GET /admin/charges.
-// A key replayed any number of times counts 1; a key that shows 2 was
-// charged twice, which the simulator never does unless its log says so.
-type ChargeCounts struct {
-	Total int            `json:"total"`
-	ByKey map[string]int `json:"byKey"`
-}
-
-// FaultMode selects how the simulator misbehaves on charge requests.
-type FaultMode string
-
-// Fault modes.
-const (
-	FaultNone       FaultMode = "none"
-	FaultFail       FaultMode = "fail"
-	FaultDecline    FaultMode = "decline"
-	FaultSlow       FaultMode = "slow"
-	FaultLoseAnswer FaultMode = "lose-answer"
-)
-
-func (m FaultMode) valid() bool {
+func validMode(m provider.FaultMode) bool {
 	switch m {
-	case FaultNone, FaultFail, FaultDecline, FaultSlow, FaultLoseAnswer:
+	case provider.FaultNone, provider.FaultFail, provider.FaultDecline, provider.FaultSlow, provider.FaultLoseAnswer:
 		return true
 	}
 	return false
 }
 
-// Fault is the active fault, set with PUT /admin/fault and read with
-// GET /admin/fault. Its JSON form is
-// {"mode":"slow","times":2,"delay":"2s"}.
-type Fault struct {
-	// Mode is the failure to inject; "" is read as none.
-	Mode FaultMode
-	// Times is how many charge requests the fault applies to; 0 means until
-	// changed. GET /admin/fault answers the remaining count.
-	Times int
-	// Delay is how long a slow fault holds each request. It is ignored for
-	// other modes; 0 means [DefaultSlowDelay].
-	Delay time.Duration
-}
-
-type faultJSON struct {
-	Mode  FaultMode `json:"mode"`
-	Times int       `json:"times"`
-	Delay string    `json:"delay,omitempty"`
-}
-
-// MarshalJSON encodes the fault with Delay as a Go duration string.
-func (f Fault) MarshalJSON() ([]byte, error) {
-	w := faultJSON{Mode: f.Mode, Times: f.Times}
-	if f.Mode == "" {
-		w.Mode = FaultNone
-	}
-	if f.Delay != 0 {
-		w.Delay = f.Delay.String()
-	}
-	return json.Marshal(w)
-}
-
-// UnmarshalJSON decodes the fault strictly (package strictjson: exact
-// names, each once); delay is a Go duration string like "2s".
-func (f *Fault) UnmarshalJSON(b []byte) error {
-	var w faultJSON
-	if err := strictjson.DecodeObject(b, &w); err != nil {
-		return fmt.Errorf("provider: fault: %w", err)
-	}
-	var d time.Duration
-	if w.Delay != "" {
-		var err error
-		if d, err = time.ParseDuration(w.Delay); err != nil {
-			return fmt.Errorf("provider: fault delay: %w", err)
-		}
-	}
-	*f = Fault{Mode: w.Mode, Times: w.Times, Delay: d}
-	return nil
-}
-
 // normalize validates f and fills defaults.
-func (f Fault) normalize() (Fault, error) {
+func normalizeFault(f provider.Fault) (provider.Fault, error) {
 	if f.Mode == "" {
-		f.Mode = FaultNone
+		f.Mode = provider.FaultNone
 	}
-	if !f.Mode.valid() {
-		return Fault{}, fmt.Errorf("unknown fault mode; modes are %s, %s, %s, %s and %s", FaultNone, FaultFail, FaultDecline, FaultSlow, FaultLoseAnswer)
+	if !validMode(f.Mode) {
+		return provider.Fault{}, fmt.Errorf("unknown fault mode; modes are %s, %s, %s, %s and %s", provider.FaultNone, provider.FaultFail, provider.FaultDecline, provider.FaultSlow, provider.FaultLoseAnswer)
 	}
 	if f.Times < 0 {
-		return Fault{}, fmt.Errorf("times must be >= 0, got %d", f.Times)
+		return provider.Fault{}, fmt.Errorf("times must be >= 0, got %d", f.Times)
 	}
 	if f.Delay < 0 {
-		return Fault{}, fmt.Errorf("delay must be >= 0, got %s", f.Delay)
+		return provider.Fault{}, fmt.Errorf("delay must be >= 0, got %s", f.Delay)
 	}
 	switch f.Mode {
-	case FaultNone:
-		return Fault{Mode: FaultNone}, nil
-	case FaultSlow:
+	case provider.FaultNone:
+		return provider.Fault{Mode: provider.FaultNone}, nil
+	case provider.FaultSlow:
 		if f.Delay == 0 {
-			f.Delay = DefaultSlowDelay
+			f.Delay = provider.DefaultSlowDelay
 		}
 	default:
 		f.Delay = 0
@@ -226,7 +101,7 @@ type Server struct {
 	mux   *http.ServeMux
 
 	faultMu sync.Mutex
-	fault   Fault
+	fault   provider.Fault
 
 	// Charges whose client went away during a slow fault are finished in
 	// the background; bgCtx is cancelled by Close, which waits for them.
@@ -253,7 +128,7 @@ func NewServer(cfg Config) (*Server, error) {
 		log:      log,
 		store:    st,
 		mux:      http.NewServeMux(),
-		fault:    Fault{Mode: FaultNone},
+		fault:    provider.Fault{Mode: provider.FaultNone},
 		bgCtx:    ctx,
 		bgCancel: cancel,
 	}
@@ -265,7 +140,7 @@ func NewServer(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("GET /admin/charges", admin(s.handleCounts))
 	s.mux.HandleFunc("GET /healthz", s.handleHealth)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, CodeNotFound, "no route for "+r.Method+" "+r.URL.Path)
+		writeError(w, http.StatusNotFound, provider.CodeNotFound, "no route for "+r.Method+" "+r.URL.Path)
 	})
 	return s, nil
 }
@@ -286,7 +161,7 @@ func requireKey(key string) func(http.HandlerFunc) http.HandlerFunc {
 			sum := sha256.Sum256([]byte(got))
 			if !ok || subtle.ConstantTimeCompare(sum[:], want[:]) != 1 {
 				w.Header().Set("WWW-Authenticate", "Bearer")
-				writeError(w, http.StatusUnauthorized, CodeUnauthenticated, "a valid bearer key is required")
+				writeError(w, http.StatusUnauthorized, provider.CodeUnauthenticated, "a valid bearer key is required")
 				return
 			}
 			h(w, r)
@@ -311,18 +186,18 @@ func (s *Server) Close() error {
 }
 
 // Fault returns the active fault.
-func (s *Server) Fault() Fault {
+func (s *Server) Fault() provider.Fault {
 	s.faultMu.Lock()
 	defer s.faultMu.Unlock()
 	return s.fault
 }
 
 // SetFault replaces the active fault, after validating it and filling
-// defaults (see [Fault]).
-func (s *Server) SetFault(f Fault) (Fault, error) {
-	f, err := f.normalize()
+// defaults (see [provider.Fault]).
+func (s *Server) SetFault(f provider.Fault) (provider.Fault, error) {
+	f, err := normalizeFault(f)
 	if err != nil {
-		return Fault{}, fmt.Errorf("provider: %w", err)
+		return provider.Fault{}, fmt.Errorf("provider: %w", err)
 	}
 	s.faultMu.Lock()
 	s.fault = f
@@ -333,23 +208,17 @@ func (s *Server) SetFault(f Fault) (Fault, error) {
 
 // takeFault consumes one unit of the active fault for a charge request and
 // returns the fault that applies to it.
-func (s *Server) takeFault() Fault {
+func (s *Server) takeFault() provider.Fault {
 	s.faultMu.Lock()
 	defer s.faultMu.Unlock()
 	f := s.fault
-	if f.Mode != FaultNone && f.Times > 0 {
+	if f.Mode != provider.FaultNone && f.Times > 0 {
 		s.fault.Times--
 		if s.fault.Times == 0 {
-			s.fault = Fault{Mode: FaultNone}
+			s.fault = provider.Fault{Mode: provider.FaultNone}
 		}
 	}
 	return f
-}
-
-type chargeBody struct {
-	AmountMinor int64  `json:"amountMinor"`
-	Currency    string `json:"currency"`
-	AccountID   string `json:"accountId"`
 }
 
 func (s *Server) handleCharge(w http.ResponseWriter, r *http.Request) {
@@ -359,18 +228,18 @@ func (s *Server) handleCharge(w http.ResponseWriter, r *http.Request) {
 	}
 	f := s.takeFault()
 	switch f.Mode {
-	case FaultFail:
+	case provider.FaultFail:
 		s.log.Info("provider: fault fail", "key", in.Key)
-		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the provider is unavailable (injected fault); nothing was charged")
+		writeError(w, http.StatusServiceUnavailable, provider.CodeUnavailable, "the provider is unavailable (injected fault); nothing was charged")
 		return
-	case FaultSlow:
+	case provider.FaultSlow:
 		if !s.wait(w, r, f.Delay, in) {
 			return
 		}
 	}
-	out := s.store.charge(in, f.Mode == FaultDecline, time.Now())
+	out := s.store.charge(in, f.Mode == provider.FaultDecline, time.Now())
 	s.logOutcome(in, out)
-	if f.Mode == FaultLoseAnswer {
+	if f.Mode == provider.FaultLoseAnswer {
 		s.log.Info("provider: fault lose-answer, dropping connection", "key", in.Key)
 		dropConnection(w)
 		return
@@ -389,7 +258,7 @@ func (s *Server) wait(w http.ResponseWriter, r *http.Request, d time.Duration, i
 	case <-timer.C:
 		return true
 	case <-s.bgCtx.Done():
-		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the provider is shutting down; nothing was charged")
+		writeError(w, http.StatusServiceUnavailable, provider.CodeUnavailable, "the provider is shutting down; nothing was charged")
 		return false
 	case <-r.Context().Done():
 		s.finishLater(time.Until(deadline), in)
@@ -436,20 +305,20 @@ func (s *Server) logOutcome(in chargeInput, out outcome) {
 // parseChargeRequest validates a POST /v1/charges request, answering 400 on
 // failure.
 func parseChargeRequest(w http.ResponseWriter, r *http.Request) (chargeInput, bool) {
-	key := r.Header.Get(HeaderIdempotencyKey)
+	key := r.Header.Get(provider.HeaderIdempotencyKey)
 	if key == "" {
-		writeError(w, http.StatusBadRequest, CodeKeyMissing, "header "+HeaderIdempotencyKey+" is required")
+		writeError(w, http.StatusBadRequest, provider.CodeKeyMissing, "header "+provider.HeaderIdempotencyKey+" is required")
 		return chargeInput{}, false
 	}
 	if err := validateProviderKey(key); err != nil {
-		writeError(w, http.StatusBadRequest, CodeKeyInvalid, err.Error())
+		writeError(w, http.StatusBadRequest, provider.CodeKeyInvalid, err.Error())
 		return chargeInput{}, false
 	}
 	in := chargeInput{Key: key}
-	if v := r.Header.Get(HeaderFencingToken); v != "" {
+	if v := r.Header.Get(provider.HeaderFencingToken); v != "" {
 		tok, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || tok < 0 {
-			writeError(w, http.StatusBadRequest, CodeFencingTokenInvalid, "header "+HeaderFencingToken+" must be a non-negative int64")
+			writeError(w, http.StatusBadRequest, provider.CodeFencingTokenInvalid, "header "+provider.HeaderFencingToken+" must be a non-negative int64")
 			return chargeInput{}, false
 		}
 		in.Token, in.HasToken = tok, true
@@ -459,21 +328,21 @@ func parseChargeRequest(w http.ResponseWriter, r *http.Request) (chargeInput, bo
 	// which a slow fault relies on.
 	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	if err != nil {
-		writeError(w, http.StatusBadRequest, CodeInvalidRequest, fmt.Sprintf("the body could not be read or is larger than %d bytes", maxBodyBytes))
+		writeError(w, http.StatusBadRequest, provider.CodeInvalidRequest, fmt.Sprintf("the body could not be read or is larger than %d bytes", maxBodyBytes))
 		return chargeInput{}, false
 	}
-	var body chargeBody
+	var body provider.ChargeBody
 	if err := strictjson.DecodeObject(raw, &body); err != nil {
-		writeError(w, http.StatusBadRequest, CodeInvalidRequest,
+		writeError(w, http.StatusBadRequest, provider.CodeInvalidRequest,
 			"the body must be one JSON object of amountMinor, currency and accountId (exact names, each once, valid UTF-8)")
 		return chargeInput{}, false
 	}
 	if body.AmountMinor <= 0 {
-		writeError(w, http.StatusBadRequest, CodeInvalidRequest, "amountMinor must be positive")
+		writeError(w, http.StatusBadRequest, provider.CodeInvalidRequest, "amountMinor must be positive")
 		return chargeInput{}, false
 	}
 	if !validCurrency(body.Currency) {
-		writeError(w, http.StatusBadRequest, CodeInvalidRequest, "currency must be three upper-case letters")
+		writeError(w, http.StatusBadRequest, provider.CodeInvalidRequest, "currency must be three upper-case letters")
 		return chargeInput{}, false
 	}
 	in.AmountMinor, in.Currency, in.AccountID = body.AmountMinor, body.Currency, body.AccountID
@@ -486,9 +355,9 @@ func validateProviderKey(key string) error {
 	if len(key) > maxKeyLen {
 		return fmt.Errorf("provider key longer than %d bytes", maxKeyLen)
 	}
-	id, ok := strings.CutPrefix(key, ProviderKeyPrefix)
+	id, ok := strings.CutPrefix(key, provider.ProviderKeyPrefix)
 	if !ok || id == "" {
-		return fmt.Errorf("provider key must look like %s<paymentId>", ProviderKeyPrefix)
+		return fmt.Errorf("provider key must look like %s<paymentId>", provider.ProviderKeyPrefix)
 	}
 	for _, c := range id {
 		switch {
@@ -518,20 +387,20 @@ func writeOutcome(w http.ResponseWriter, out outcome) {
 	case outcomeCharged:
 		writeJSON(w, http.StatusCreated, out.charge)
 	case outcomeReplayed:
-		w.Header().Set(HeaderReplayed, "true")
+		w.Header().Set(provider.HeaderReplayed, "true")
 		writeJSON(w, http.StatusOK, out.charge)
 	case outcomeDeclined:
-		writeError(w, http.StatusPaymentRequired, CodeDeclined, out.decline.Message)
+		writeError(w, http.StatusPaymentRequired, provider.CodeDeclined, out.decline.Message)
 	case outcomeDeclineReplayed:
-		w.Header().Set(HeaderReplayed, "true")
-		writeError(w, http.StatusPaymentRequired, CodeDeclined, out.decline.Message)
+		w.Header().Set(provider.HeaderReplayed, "true")
+		writeError(w, http.StatusPaymentRequired, provider.CodeDeclined, out.decline.Message)
 	case outcomeStaleToken:
-		writeError(w, http.StatusConflict, CodeFencingTokenStale,
+		writeError(w, http.StatusConflict, provider.CodeFencingTokenStale,
 			fmt.Sprintf("fencing token is lower than the highest seen for this key (%d); nothing was charged", out.highest))
 	case outcomeKeyReused:
-		writeError(w, http.StatusConflict, CodeKeyReused, "the provider key was already used with a different amount or currency")
+		writeError(w, http.StatusConflict, provider.CodeKeyReused, "the provider key was already used with a different amount or currency")
 	default:
-		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the provider could not record the charge; nothing was charged")
+		writeError(w, http.StatusServiceUnavailable, provider.CodeUnavailable, "the provider could not record the charge; nothing was charged")
 	}
 }
 
@@ -552,26 +421,26 @@ func (s *Server) handleLookup(w http.ResponseWriter, r *http.Request) {
 	key := r.PathValue("providerKey")
 	ch, ok := s.store.lookup(key)
 	if !ok {
-		writeError(w, http.StatusNotFound, CodeChargeNotFound, "no charge was applied for this provider key")
+		writeError(w, http.StatusNotFound, provider.CodeChargeNotFound, "no charge was applied for this provider key")
 		return
 	}
 	writeJSON(w, http.StatusOK, ch)
 }
 
 func (s *Server) handleSetFault(w http.ResponseWriter, r *http.Request) {
-	var f Fault
+	var f provider.Fault
 	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	if err == nil {
 		err = strictjson.DecodeObject(raw, &f)
 	}
 	if err != nil {
-		writeError(w, http.StatusBadRequest, CodeInvalidFault,
+		writeError(w, http.StatusBadRequest, provider.CodeInvalidFault,
 			`the body must be one JSON object {"mode","times","delay"} (exact names, each once, valid UTF-8, delay a Go duration)`)
 		return
 	}
 	f, err = s.SetFault(f)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, CodeInvalidFault, err.Error())
+		writeError(w, http.StatusBadRequest, provider.CodeInvalidFault, err.Error())
 		return
 	}
 	writeJSON(w, http.StatusOK, f)
@@ -589,14 +458,8 @@ func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
-// errorBody is the JSON form of every error answer.
-type errorBody struct {
-	ErrorCode string `json:"errorCode"`
-	Message   string `json:"message"`
-}
-
 func writeError(w http.ResponseWriter, status int, code, msg string) {
-	writeJSON(w, status, errorBody{ErrorCode: code, Message: msg})
+	writeJSON(w, status, provider.ErrorBody{ErrorCode: code, Message: msg})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
