@@ -34,7 +34,7 @@ func testMain(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	bins, err := testbin.BuildAll(dir)
+	bins, err := testbin.BuildAll(dir, testbin.FailpointsTag)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

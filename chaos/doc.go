@@ -46,4 +46,8 @@
 // (--break find-then-insert, no-fencing or raw-body-hash). Such a run must
 // fail, and [ScenarioFor] names the scenario built to catch each mode; the
 // package's tests prove that it does.
+//
+// The faults and broken engines are compiled into idemd only with
+// -tags failpoints ([BuildCommand]); a run refuses any other idemd
+// ([RequireFailpoints]).
 package chaos

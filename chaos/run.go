@@ -65,6 +65,8 @@ type Options struct {
 	// and backlog must have settled. Default DefaultStuckBound.
 	StuckBound time.Duration
 	// Idemd, Etcd and Idemctl are the binaries (idemctl runs the provider).
+	// Idemd must be built with -tags failpoints (BuildCommand): the faults
+	// and broken engines are compiled in only then.
 	Idemd, Etcd, Idemctl string
 	// Progress receives a progress line while a scenario runs (nil: none);
 	// ProgressTTY rewrites one line with \r instead of printing lines.
@@ -128,7 +130,7 @@ func (o *Options) setDefaults() error {
 			return fmt.Errorf("chaos: %s binary %s is not an executable file", what, path)
 		}
 	}
-	return nil
+	return RequireFailpoints(o.Idemd)
 }
 
 // Run runs the scenario (or every scenario) named by opts.Scenario, each on

@@ -118,7 +118,7 @@ func (s *Service) drive(ctx context.Context, lease idem.Lease, cp idem.Checkpoin
 		}
 	}
 	if lock != nil {
-		s.cfg.Failpoints.Eval(ctx, "recovery-before-checkpoint")
+		s.failpoint(ctx, "recovery-before-checkpoint")
 	}
 	if err := s.ownedTx(ctx, func(tx pgx.Tx) error {
 		return store.CheckpointTx(ctx, tx, lease, idem.CheckpointProviderRequestSent, s.cfg.LockFor)
@@ -128,9 +128,9 @@ func (s *Service) drive(ctx context.Context, lease idem.Lease, cp idem.Checkpoin
 	if err := checkLock(lock); err != nil {
 		return Result{}, err
 	}
-	s.cfg.Failpoints.Eval(ctx, "before-provider-call")
+	s.failpoint(ctx, "before-provider-call")
 	if lock != nil {
-		s.cfg.Failpoints.Eval(ctx, "recovery-before-provider-call")
+		s.failpoint(ctx, "recovery-before-provider-call")
 	}
 	callCtx, cancelCall := context.WithTimeout(ctx, s.cfg.ProviderTimeout)
 	ch, err := s.cfg.Provider.Charge(callCtx, provider.ChargeRequest{

@@ -16,6 +16,7 @@ import (
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/provider"
+	"github.com/idemcoord/idem/provider/simulator"
 	"github.com/idemcoord/idem/store"
 )
 
@@ -35,7 +36,7 @@ type fixture struct {
 func newFixture(t *testing.T, cfg payments.Config) *fixture {
 	t.Helper()
 	st, _ := storetest.New(t)
-	sim, err := provider.NewServer(provider.Config{DataDir: t.TempDir()})
+	sim, err := simulator.NewServer(simulator.Config{DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -65,7 +65,7 @@ func (s *Service) recoverOne(ctx context.Context, rec *idem.Record) (string, err
 	begin := idem.BeginRequest{
 		Scope: rec.Scope, RequestHashes: []string{rec.RequestHash}, HashVersion: rec.HashVersion,
 		Owner: s.cfg.Owner + "/recovery", HomeRegion: rec.HomeRegion, LockFor: s.cfg.LockFor, Window: s.cfg.Window,
-		ExternalFencing: s.cfg.Locker != nil && s.cfg.Break != BreakNoFencing,
+		ExternalFencing: s.externalFencing(),
 	}
 	var outcome string
 	_, err := s.withLock(ctx, begin, func(b idem.BeginRequest, lock *fencing.Lock) (Result, error) {

@@ -15,7 +15,6 @@ import (
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/fencing"
 	"github.com/idemcoord/idem/fingerprint"
-	"github.com/idemcoord/idem/internal/failpoint"
 	"github.com/idemcoord/idem/store"
 )
 
@@ -60,15 +59,12 @@ type Config struct {
 	// (etcd): a takeover first locks the scope, and the lock's token is what
 	// the record and the provider see. Nil uses the store's own counter.
 	Locker Locker
-	// Failpoints pauses the operation at named points (tests, chaos runs).
-	Failpoints *failpoint.Set
 	// OnFenced is called when a write or provider call of this process was
 	// rejected because a newer owner holds the record. Optional.
 	OnFenced func()
-	// Break selects a deliberately broken engine for the chaos harness's
-	// honesty checks (BreakFindThenInsert, BreakNoFencing, BreakRawBodyHash).
-	// Empty: the real engine.
-	Break string
+	// Faults are failpoints and deliberately broken engines; they have
+	// fields only in builds with -tags failpoints.
+	Faults
 }
 
 // Service executes create_payment commands.
@@ -120,10 +116,7 @@ func (c Config) Validate() error {
 	default:
 		return fmt.Errorf("payments: unknown replay rule %q (want %s or %s)", c.ReplayRule, ReplayAsStored, ReconstructCurrent)
 	}
-	if !validBreak(c.Break) {
-		return fmt.Errorf("payments: unknown break mode %q (want %s, %s or %s)", c.Break, BreakFindThenInsert, BreakNoFencing, BreakRawBodyHash)
-	}
-	return nil
+	return c.Faults.validate()
 }
 
 // Window returns the replay window the service publishes.
@@ -182,9 +175,7 @@ func (s *Service) Create(ctx context.Context, req Request) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	if s.cfg.Break == BreakRawBodyHash {
-		hashes = rawBodyHash(req.Body)
-	}
+	hashes = s.requestHashes(req.Body, hashes)
 	begin := idem.BeginRequest{
 		Scope:         idem.Scope{Tenant: req.Tenant, Operation: Operation, Key: req.Key},
 		RequestHashes: hashes,
@@ -194,16 +185,13 @@ func (s *Service) Create(ctx context.Context, req Request) (Result, error) {
 		LockFor:       s.cfg.LockFor,
 		Window:        s.cfg.Window,
 
-		ExternalFencing: s.cfg.Locker != nil && s.cfg.Break != BreakNoFencing,
+		ExternalFencing: s.externalFencing(),
 	}
 	wait := min(req.Wait, MaxWait)
 	poll := 20 * time.Millisecond
 	for {
-		var res Result
-		var err error
-		if s.cfg.Break == BreakFindThenInsert {
-			res, err = s.attemptFindThenInsert(ctx, begin, cmd)
-		} else {
+		res, broken, err := s.attemptBroken(ctx, begin, cmd)
+		if !broken {
 			res, err = s.withLock(ctx, begin, func(b idem.BeginRequest, lock *fencing.Lock) (Result, error) {
 				return s.attempt(ctx, b, cmd, req.Uncertain, lock)
 			})

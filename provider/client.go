@@ -141,7 +141,7 @@ func (c *Client) Charge(ctx context.Context, req ChargeRequest) (Charge, error) 
 	if req.FencingToken != 0 {
 		hdr.Set(HeaderFencingToken, strconv.FormatInt(req.FencingToken, 10))
 	}
-	body := chargeBody{AmountMinor: req.AmountMinor, Currency: req.Currency, AccountID: req.AccountID}
+	body := ChargeBody{AmountMinor: req.AmountMinor, Currency: req.Currency, AccountID: req.AccountID}
 	resp, err := c.do(ctx, op, http.MethodPost, "/v1/charges", hdr, body)
 	if err != nil {
 		return Charge{}, err
@@ -241,7 +241,7 @@ type response struct {
 
 // apiError turns an error answer into an *APIError.
 func (r response) apiError(op string) error {
-	var eb errorBody
+	var eb ErrorBody
 	if r.bodyErr == nil {
 		_ = json.Unmarshal(r.body, &eb) // a non-JSON body keeps the status class
 	}

@@ -1,19 +1,18 @@
-// Package provider is a payment provider simulator and a small HTTP client
-// for it.
+// Package provider is the HTTP client of the payment provider and the wire
+// types of its API.
 //
 // The reference operation of the idempotency coordination service, POST
-// /payments, calls a downstream payment provider. This package plays that
-// provider: a real HTTP server (see [Server], [Serve] and [ListenAndServe])
-// used by tests and by a local cluster, whose failure modes can be switched on
-// at run time so that tests can break it deliberately. It is the one place in
-// the project where a fake is allowed.
+// /payments, calls a downstream payment provider through [Client]. The
+// provider simulator that plays it in tests, local clusters and chaos runs
+// is package [github.com/idemcoord/idem/provider/simulator], which idemd
+// does not link.
 //
 // # HTTP API
 //
 // All bodies are JSON; errors are {"errorCode":"...","message":"..."}.
-// With [Config.APIKey] set, the /v1 endpoints need "Authorization: Bearer
-// <APIKey>", and with [Config.AdminKey] the /admin endpoints need the admin
-// key the same way (each refuses the other's); a missing or wrong key
+// A provider with an API key needs "Authorization: Bearer <APIKey>" on the
+// /v1 endpoints, and one with an admin key needs it the same way on the
+// /admin endpoints (each refuses the other's); a missing or wrong key
 // answers 401 UNAUTHENTICATED before anything else happens. idemctl
 // provider requires both keys, read from files or environment variables.
 //
@@ -31,21 +30,6 @@
 //   - GET /admin/charges answers [ChargeCounts]: how many charges were
 //     actually applied, in total and per key.
 //   - GET /healthz answers 200.
-//
-// # Faults
-//
-// While a fault is active every well-formed charge request consumes one unit
-// of its Times budget (0 means "until changed"):
-//
-//   - fail: 503 PROVIDER_UNAVAILABLE, nothing charged, nothing remembered.
-//   - decline: a new key is declined with 402 PAYMENT_DECLINED and stays
-//     declined (persisted) even after the fault is cleared. A key that already
-//     charged is replayed instead.
-//   - slow: the request waits Delay before being processed. If the client goes
-//     away first, the charge is still applied when the delay ends; the client
-//     just never sees the answer.
-//   - lose-answer: the request is processed and persisted, then the connection
-//     is closed without an answer.
 //
 // # Errors
 //

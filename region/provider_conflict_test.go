@@ -14,6 +14,7 @@ import (
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/provider"
+	"github.com/idemcoord/idem/provider/simulator"
 	"github.com/idemcoord/idem/region"
 )
 
@@ -22,7 +23,7 @@ import (
 func newProviderNode(t *testing.T) (*node, *provider.Client) {
 	t.Helper()
 	st, _ := storetest.New(t)
-	sim, err := provider.NewServer(provider.Config{DataDir: t.TempDir()})
+	sim, err := simulator.NewServer(simulator.Config{DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

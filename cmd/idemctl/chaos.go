@@ -70,7 +70,7 @@ func chaosOptions(args []string, env *Env) (chaos.Options, error) {
 		fmt.Fprintf(fs.Output(), "usage: idemctl chaos run --scenario NAME|all [flags]\n\n"+
 			"Starts a proxied cluster per scenario (PostgreSQL, 3 etcd members, the provider simulator, idemd nodes),\n"+
 			"runs clients while faults are injected, checks the history and the stores, and writes a report.\n"+
-			"Exits 1 when a check fails or the run is invalid. Build the binaries first: %s\n\nflags:\n", cluster.BuildCommand)
+			"Exits 1 when a check fails or the run is invalid. Build the binaries first, idemd with fault injection: %s\n\nflags:\n", chaos.BuildCommand)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -137,6 +137,9 @@ func chaosRun(ctx context.Context, args []string, env *Env) error {
 		if opts.Idemd, err = cluster.FindBinary("idemd"); err != nil {
 			return err
 		}
+	}
+	if err := chaos.RequireFailpoints(opts.Idemd); err != nil {
+		return err
 	}
 	if opts.Etcd == "" {
 		if opts.Etcd, err = cluster.FindBinary("etcd"); err != nil {

@@ -89,3 +89,21 @@ func TestChaosRunMissingBinary(t *testing.T) {
 		t.Errorf("exit %d, want 1; stderr:\n%s", code, stderr.String())
 	}
 }
+
+// TestChaosRunNeedsFailpointsBuild: chaos run refuses an idemd built without
+// -tags failpoints and says how to build one.
+func TestChaosRunNeedsFailpointsBuild(t *testing.T) {
+	var stderr bytes.Buffer
+	env := &Env{Stdout: io.Discard, Stderr: &stderr, Getenv: func(string) string { return "" }}
+	dir := t.TempDir()
+	idemd, etcd := filepath.Join(dir, "idemd"), filepath.Join(dir, "etcd")
+	for _, p := range []string{idemd, etcd} {
+		if err := os.WriteFile(p, []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code := Run(context.Background(), []string{"chaos", "run", "--scenario", "completed-replay", "--idemd", idemd, "--etcd", etcd, "--out", dir}, env)
+	if code != 1 || !strings.Contains(stderr.String(), "built without -tags failpoints") || !strings.Contains(stderr.String(), chaos.BuildCommand) {
+		t.Errorf("exit %d, want 1 naming the failpoints build; stderr:\n%s", code, stderr.String())
+	}
+}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/idemcoord/idem/internal/cli"
 	"github.com/idemcoord/idem/internal/tlsutil"
-	"github.com/idemcoord/idem/provider"
+	"github.com/idemcoord/idem/provider/simulator"
 )
 
 // runProvider serves the payment provider simulator until interrupted. It
@@ -47,9 +47,9 @@ func runProvider(ctx context.Context, args []string, env *Env) error {
 	if apiKey == adminKey {
 		return usageError{errors.New("the API key and the admin key are the same; give the admin endpoints a key of their own")}
 	}
-	cfg := provider.Config{DataDir: *dataDir, Logger: logger, APIKey: apiKey, AdminKey: adminKey}
+	cfg := simulator.Config{DataDir: *dataDir, Logger: logger, APIKey: apiKey, AdminKey: adminKey}
 	if *certFile == "" {
-		return provider.ListenAndServe(ctx, *listen, cfg)
+		return simulator.ListenAndServe(ctx, *listen, cfg)
 	}
 	cert, err := tlsutil.NewReloader(*certFile, *keyFile)
 	if err != nil {
@@ -60,7 +60,7 @@ func runProvider(ctx context.Context, args []string, env *Env) error {
 	if err != nil {
 		return fmt.Errorf("provider: listen %s: %w", *listen, err)
 	}
-	return provider.Serve(ctx, tls.NewListener(ln, tlsutil.ServerConfig(cert, nil)), cfg)
+	return simulator.Serve(ctx, tls.NewListener(ln, tlsutil.ServerConfig(cert, nil)), cfg)
 }
 
 // providerKey reads a required key from file or, without one, from the

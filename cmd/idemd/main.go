@@ -27,7 +27,6 @@ import (
 
 	"github.com/idemcoord/idem/internal/cli"
 	"github.com/idemcoord/idem/internal/etcdclient"
-	"github.com/idemcoord/idem/internal/failpoint"
 	"github.com/idemcoord/idem/internal/tlsutil"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/provider"
@@ -78,11 +77,9 @@ type Main struct {
 	NodeID         string
 	AdvertiseURL   string
 	RegionLeaseTTL time.Duration
-	Failpoints     *failpoint.Set
-	// Break selects a deliberately broken engine (chaos honesty checks).
-	Break string
-	// ClockSkew offsets this node's wall clock (IDEM_CLOCK_SKEW; chaos).
-	ClockSkew time.Duration
+	// faults are the fault-injection settings, which only builds with
+	// -tags failpoints have (faults_on.go).
+	faults faults
 	// AutoFailoverAfter enables automatic failover (0 = off).
 	AutoFailoverAfter time.Duration
 	FailoverTargets   map[string]string
@@ -121,8 +118,8 @@ type Main struct {
 	stopAuto   context.CancelFunc
 	// onFlags, if set, sees the flag set ParseFlags defines, before it
 	// parses (tests check the README against it).
-	onFlags func(*flag.FlagSet)
-	autoDone   chan struct{}
+	onFlags  func(*flag.FlagSet)
+	autoDone chan struct{}
 }
 
 // NewMain returns a Main with defaults.
@@ -152,7 +149,6 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	fs.StringVar(&m.AdvertiseURL, "advertise-url", "", "URL other regions forward to (default: http://<listen address>, https:// with --tls-cert)")
 	fs.DurationVar(&m.RegionLeaseTTL, "region-lease-ttl", 5*time.Second, "TTL of the node's region liveness lease; the node stops serving home tenants TTL minus a margin after its last successful keepalive")
 	fs.DurationVar(&m.AutoFailoverAfter, "auto-failover-after", 0, "move a region's tenants once it has had no live node for this long (0: off; operators run 'idemctl region failover')")
-	fs.StringVar(&m.Break, "break", "", "run a deliberately broken engine so a chaos run must fail: find-then-insert, no-fencing or raw-body-hash (never in production)")
 	targets := fs.String("failover-targets", "", "where automatic failover moves each region's tenants: from=to,from2=to2 (default: the elected node's region)")
 	bodyRetention := fs.Duration("body-retention", 0, "drop stored response bodies this long after creation, once past the window (default: the replay window; never shorter)")
 	fs.DurationVar(&m.Workers.Cleanup.MetadataRetention, "metadata-retention", 7*24*time.Hour, "keep expired record metadata this long after the window ends")
@@ -161,13 +157,13 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	fs.DurationVar(&m.Workers.CleanupInterval, "cleanup-interval", time.Minute, "how often cleanup runs (0 disables)")
 	fs.DurationVar(&m.Workers.RecoveryInterval, "recovery-interval", 5*time.Second, "how often stale and unknown payments are reconciled (0 disables)")
 	fs.DurationVar(&m.Workers.OutboxInterval, "outbox-interval", 200*time.Millisecond, "how often the outbox is published and consumed (0 disables)")
-	fs.BoolVar(&m.Workers.DuplicateDelivery, "duplicate-delivery", false, "deliver every outbox event twice (fault injection)")
 	fs.StringVar(&m.TLSCert, "tls-cert", "", "certificate (PEM) to serve HTTPS with; reloaded when the file changes (needs --tls-key)")
 	fs.StringVar(&m.TLSKey, "tls-key", "", "private key (PEM) of --tls-cert")
 	fs.StringVar(&m.TLSClientCA, "tls-client-ca", "", "cluster CA (PEM): verifies the client certificates of nodes forwarding requests here and the certificates of nodes this node forwards to; reloaded when it changes")
 	fs.StringVar(&m.PeerSecretFile, "peer-secret-file", "", "file holding the cluster's shared peer secret, which authenticates forwarded requests between nodes without mTLS")
 	fs.StringVar(&m.ProviderCA, "provider-ca", "", "CA (PEM) that verifies an https --provider-url (default: the system's roots)")
 	m.Etcd.Register(fs)
+	m.faults.register(fs, &m.Workers.DuplicateDelivery)
 	operations := fs.String("operations", "", "comma-separated operations the coordination API serves (names of a-z, 0-9, '_', '.', '-'); others are refused with 404 OPERATION_UNKNOWN")
 	fs.DurationVar(&m.HTTP.ReadHeaderTimeout, "read-header-timeout", region.DefaultReadHeaderTimeout, "bound on reading a request's headers")
 	fs.DurationVar(&m.HTTP.ReadTimeout, "read-timeout", region.DefaultReadTimeout, "bound on reading a request's body (408 REQUEST_TIMEOUT past it)")
@@ -214,13 +210,8 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	if m.StoreMode, err = routing.ParseStoreMode(*storeMode); err != nil {
 		return err
 	}
-	if m.Failpoints, err = failpoint.Parse(getenv("IDEM_FAILPOINTS")); err != nil {
+	if err := m.faults.parse(getenv); err != nil {
 		return err
-	}
-	if skew := getenv("IDEM_CLOCK_SKEW"); skew != "" {
-		if m.ClockSkew, err = time.ParseDuration(skew); err != nil {
-			return fmt.Errorf("IDEM_CLOCK_SKEW: %w", err)
-		}
 	}
 	if m.NodeID == "" {
 		host, _ := os.Hostname()
@@ -360,8 +351,7 @@ func (m *Main) Run(ctx context.Context) error {
 		Region: m.Region, Owner: m.Region + "/" + m.NodeID,
 		Window: m.ReplayWindow, LockFor: m.LockFor, Logger: m.logger,
 		ProviderTimeout: m.ProviderTimeout, ResponseSchema: m.ResponseSchema, ReplayRule: m.ReplayRule,
-		Failpoints: m.Failpoints,
-		Break:      m.Break,
+		Faults: m.faults.payments(),
 		OnFenced: func() {
 			if m.server != nil {
 				m.server.Fenced()
@@ -455,18 +445,13 @@ func (m *Main) joinRegion(ctx context.Context, ln net.Listener, https bool) (*ro
 		actx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		m.stopAuto, m.autoDone = cancel, make(chan struct{})
 		af := &routing.AutoFailover{Client: cli, Map: m.routes, Region: m.Region, After: m.AutoFailoverAfter,
-			Targets: m.FailoverTargets, Logger: m.logger, Now: m.now}
+			Targets: m.FailoverTargets, Logger: m.logger, Now: m.faults.now}
 		go func() { defer close(m.autoDone); _ = af.Run(actx) }()
 	}
 	return routing.NewRouter(cli, m.routes, m.membership, routing.RouterConfig{
-		Region: m.Region, Mode: m.StoreMode, RouteToHome: m.RouteToHome, Window: m.ReplayWindow, Now: m.now,
+		Region: m.Region, Mode: m.StoreMode, RouteToHome: m.RouteToHome, Window: m.ReplayWindow, Now: m.faults.now,
 	}), nil
 }
-
-// now is the node's wall clock, offset by IDEM_CLOCK_SKEW. Record times never
-// come from it (they are the store's now()); it only measures the node's own
-// windows, such as the uncertainty after a failover.
-func (m *Main) now() time.Time { return time.Now().Add(m.ClockSkew) }
 
 // Close stops serving (waiting up to 10s for running requests) and closes the
 // store.

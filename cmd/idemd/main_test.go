@@ -23,10 +23,14 @@ import (
 	"github.com/idemcoord/idem/internal/testbin"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/provider"
+	"github.com/idemcoord/idem/provider/simulator"
 	"github.com/idemcoord/idem/store"
 )
 
-var idemdBin string
+// idemdBin is the release idemd; idemdFailpointsBin is built with
+// -tags failpoints, for the tests of fault injection (IDEM_FAILPOINTS,
+// IDEM_CLOCK_SKEW, --break).
+var idemdBin, idemdFailpointsBin string
 
 // peerSecretFile is the peer secret of every multi-region test deployment.
 var peerSecretFile string
@@ -38,12 +42,17 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	idemdBin = filepath.Join(dir, "idemd")
+	idemdFailpointsBin = filepath.Join(dir, "idemd-failpoints")
 	peerSecretFile = filepath.Join(dir, "peer-secret")
 	if err := os.WriteFile(peerSecretFile, []byte("test-peer-secret-0123456789\n"), 0o600); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	if err := testbin.Build(idemdBin, "github.com/idemcoord/idem/cmd/idemd"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if err := testbin.BuildTags([]string{testbin.FailpointsTag}, idemdFailpointsBin, "github.com/idemcoord/idem/cmd/idemd"); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
@@ -57,6 +66,7 @@ const article = `{"accountId":"acc_1","amount":"10.00","currency":"EUR","merchan
 // proc is a real idemd child process.
 type proc struct {
 	t      *testing.T
+	bin    string       // the idemd binary; "": idemdBin
 	client *http.Client // nil: http.DefaultClient
 	args   []string
 	env    []string
@@ -99,12 +109,24 @@ func startIdemd(t *testing.T, dbURL string, extra ...string) *proc {
 	return startIdemdEnv(t, nil, dbURL, extra...)
 }
 
-// startIdemdEnv starts idemd with extra environment variables (such as
-// IDEM_FAILPOINTS) and flags.
+// startIdemdEnv starts the release idemd with extra environment variables
+// and flags.
 func startIdemdEnv(t *testing.T, env []string, dbURL string, extra ...string) *proc {
 	t.Helper()
+	return startBin(t, idemdBin, env, dbURL, extra...)
+}
+
+// startFailpointsIdemd starts the idemd built with -tags failpoints, with
+// extra environment variables (such as IDEM_FAILPOINTS) and flags.
+func startFailpointsIdemd(t *testing.T, env []string, dbURL string, extra ...string) *proc {
+	t.Helper()
+	return startBin(t, idemdFailpointsBin, env, dbURL, extra...)
+}
+
+func startBin(t *testing.T, bin string, env []string, dbURL string, extra ...string) *proc {
+	t.Helper()
 	addr := freeAddr(t)
-	p := &proc{t: t, url: "http://" + addr, env: env,
+	p := &proc{t: t, bin: bin, url: "http://" + addr, env: env,
 		args: append([]string{"--listen", addr, "--database-url", dbURL, "--auth-tokens-file", tokensFile(t, "tok-a=tenant-a\n")}, extra...)}
 	p.start()
 	t.Cleanup(p.stop)
@@ -125,7 +147,11 @@ func tokensFile(t *testing.T, content string) string {
 func (p *proc) start() {
 	p.t.Helper()
 	p.log = &syncBuffer{}
-	p.cmd = exec.Command(idemdBin, p.args...)
+	bin := p.bin
+	if bin == "" {
+		bin = idemdBin
+	}
+	p.cmd = exec.Command(bin, p.args...)
 	p.cmd.Env = append(os.Environ(), p.env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -238,7 +264,7 @@ func TestTwoProcessesOneDatabase(t *testing.T) {
 // no retry from the client, and a later retry replays the one payment.
 func TestKilledAfterProviderRequestSent(t *testing.T) {
 	db := pgtest.NewDatabase(t)
-	sim, err := provider.NewServer(provider.Config{DataDir: t.TempDir()})
+	sim, err := simulator.NewServer(simulator.Config{DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

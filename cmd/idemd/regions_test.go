@@ -21,6 +21,7 @@ import (
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/provider"
+	"github.com/idemcoord/idem/provider/simulator"
 	"github.com/idemcoord/idem/routing"
 	"github.com/idemcoord/idem/store"
 )
@@ -35,7 +36,7 @@ type testRegion struct {
 
 func startProvider(t *testing.T) *provider.Client {
 	t.Helper()
-	sim, err := provider.NewServer(provider.Config{DataDir: t.TempDir()})
+	sim, err := simulator.NewServer(simulator.Config{DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,8 +165,8 @@ func testPausedOwner(t *testing.T, fp string) {
 	st := openStore(t, db)
 	common := []string{"--region", "eu-west", "--etcd-endpoints", ep, "--region-lease-ttl", "2s", "--lock-timeout", "2s",
 		"--provider-url", prov.BaseURL, "--recovery-interval", "0"}
-	x := startIdemdEnv(t, []string{"IDEM_FAILPOINTS=" + fp + "=1*sleep(12s)"}, db, append(common, "--node-id", "x")...)
-	y := startIdemdEnv(t, nil, db, append(common, "--node-id", "y")...)
+	x := startFailpointsIdemd(t, []string{"IDEM_FAILPOINTS=" + fp + "=1*sleep(12s)"}, db, append(common, "--node-id", "x")...)
+	y := startFailpointsIdemd(t, nil, db, append(common, "--node-id", "y")...)
 
 	// A provider failure leaves the record FAILED_RETRYABLE: the next retry
 	// recovers it under an etcd lock.
@@ -379,8 +380,8 @@ func TestNodeClockSkewDoesNotMoveRecordTimes(t *testing.T) {
 	ctx := context.Background()
 	db := pgtest.NewDatabase(t)
 	st := openStore(t, db)
-	ahead := startIdemdEnv(t, []string{"IDEM_CLOCK_SKEW=25h"}, db)
-	behind := startIdemdEnv(t, []string{"IDEM_CLOCK_SKEW=-25h"}, db)
+	ahead := startFailpointsIdemd(t, []string{"IDEM_CLOCK_SKEW=25h"}, db)
+	behind := startFailpointsIdemd(t, []string{"IDEM_CLOCK_SKEW=-25h"}, db)
 	status, first, _ := payBody(t, ahead.url, "skewed", article)
 	if status != 201 {
 		t.Fatalf("create on the fast node = %d %s", status, first)

@@ -1,4 +1,4 @@
-package provider
+package simulator
 
 import (
 	"bufio"
@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/idemcoord/idem/provider"
 )
 
 // DataFileName is the name of the append-only JSON-lines file the simulator
@@ -33,12 +35,12 @@ const (
 // record is one line of the data file. Every kind may carry a new
 // highest-seen fencing token for its key.
 type record struct {
-	Kind         recordKind     `json:"kind"`
-	Key          string         `json:"key"`
-	FencingToken *int64         `json:"fencingToken,omitempty"`
-	Charge       *Charge        `json:"charge,omitempty"`
-	Decline      *declineRecord `json:"decline,omitempty"`
-	At           time.Time      `json:"at"`
+	Kind         recordKind       `json:"kind"`
+	Key          string           `json:"key"`
+	FencingToken *int64           `json:"fencingToken,omitempty"`
+	Charge       *provider.Charge `json:"charge,omitempty"`
+	Decline      *declineRecord   `json:"decline,omitempty"`
+	At           time.Time        `json:"at"`
 }
 
 // declineRecord is a remembered business rejection of a key.
@@ -75,7 +77,7 @@ const (
 // outcome is what [store.charge] decided.
 type outcome struct {
 	kind    outcomeKind
-	charge  Charge
+	charge  provider.Charge
 	decline declineRecord
 	highest int64 // for outcomeStaleToken
 	err     error // for outcomeStoreFailed
@@ -92,7 +94,7 @@ type store struct {
 	size     int64    // length of the valid prefix of file
 	broken   error    // set when the file could not be restored after a failed write
 	closed   bool
-	charges  map[string]Charge
+	charges  map[string]provider.Charge
 	declines map[string]declineRecord
 	tokens   map[string]int64
 	applied  map[string]int // charge applications per key
@@ -102,7 +104,7 @@ type store struct {
 func newMemStore(log *slog.Logger) *store {
 	return &store{
 		log:      log,
-		charges:  make(map[string]Charge),
+		charges:  make(map[string]provider.Charge),
 		declines: make(map[string]declineRecord),
 		tokens:   make(map[string]int64),
 		applied:  make(map[string]int),
@@ -332,10 +334,10 @@ func (st *store) charge(in chargeInput, decline bool, now time.Time) outcome {
 		return outcome{kind: outcomeDeclined, decline: d}
 	}
 
-	ch := Charge{
+	ch := provider.Charge{
 		ChargeID:    ChargeIDFor(in.Key),
 		ProviderKey: in.Key,
-		Status:      StatusConfirmed,
+		Status:      provider.StatusConfirmed,
 		AmountMinor: in.AmountMinor,
 		Currency:    in.Currency,
 		AccountID:   in.AccountID,
@@ -348,7 +350,7 @@ func (st *store) charge(in chargeInput, decline bool, now time.Time) outcome {
 }
 
 // lookup returns the charge applied for key, if any.
-func (st *store) lookup(key string) (Charge, bool) {
+func (st *store) lookup(key string) (provider.Charge, bool) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	ch, ok := st.charges[key]
@@ -356,10 +358,10 @@ func (st *store) lookup(key string) (Charge, bool) {
 }
 
 // counts returns how many charges were applied, in total and per key.
-func (st *store) counts() ChargeCounts {
+func (st *store) counts() provider.ChargeCounts {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	c := ChargeCounts{Total: st.total, ByKey: make(map[string]int, len(st.applied))}
+	c := provider.ChargeCounts{Total: st.total, ByKey: make(map[string]int, len(st.applied))}
 	for k, n := range st.applied {
 		c.ByKey[k] = n
 	}

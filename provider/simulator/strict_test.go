@@ -1,4 +1,4 @@
-package provider
+package simulator
 
 import (
 	"encoding/json"
@@ -6,6 +6,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/idemcoord/idem/provider"
 )
 
 // TestBodiesAreStrict: encoding/json matched names in any case and kept the
@@ -27,7 +29,7 @@ func TestBodiesAreStrict(t *testing.T) {
 		_ = json.NewDecoder(resp.Body).Decode(&eb)
 		return resp.StatusCode, eb.ErrorCode
 	}
-	key := map[string]string{HeaderIdempotencyKey: "provider_payment_strict"}
+	key := map[string]string{provider.HeaderIdempotencyKey: "provider_payment_strict"}
 	for _, body := range []string{
 		`{"amountMinor":1,"AMOUNTMINOR":999,"currency":"EUR"}`,
 		`{"AmountMinor":999,"currency":"EUR"}`,
@@ -36,8 +38,8 @@ func TestBodiesAreStrict(t *testing.T) {
 		`{"amountMinor":1,"currency":"EUR"} {}`,
 		`{"amountMinor":1,"currency":"EUR","x":1}`,
 	} {
-		if status, code := post(http.MethodPost, "/v1/charges", body, key); status != 400 || code != CodeInvalidRequest {
-			t.Errorf("charge %s = %d %s, want 400 %s", body, status, code, CodeInvalidRequest)
+		if status, code := post(http.MethodPost, "/v1/charges", body, key); status != 400 || code != provider.CodeInvalidRequest {
+			t.Errorf("charge %s = %d %s, want 400 %s", body, status, code, provider.CodeInvalidRequest)
 		}
 	}
 	e.wantCounts(t, 0, map[string]int{})
@@ -46,11 +48,11 @@ func TestBodiesAreStrict(t *testing.T) {
 		`{"MODE":"fail"}`,
 		`{"mode":"fail","times":1,"Times":0}`,
 	} {
-		if status, code := post(http.MethodPut, "/admin/fault", body, nil); status != 400 || code != CodeInvalidFault {
-			t.Errorf("fault %s = %d %s, want 400 %s", body, status, code, CodeInvalidFault)
+		if status, code := post(http.MethodPut, "/admin/fault", body, nil); status != 400 || code != provider.CodeInvalidFault {
+			t.Errorf("fault %s = %d %s, want 400 %s", body, status, code, provider.CodeInvalidFault)
 		}
 	}
-	if f := e.srv.Fault(); f.Mode != FaultNone {
+	if f := e.srv.Fault(); f.Mode != provider.FaultNone {
 		t.Errorf("fault = %+v after rejected bodies, want none", f)
 	}
 }
@@ -76,19 +78,19 @@ func FuzzChargeRequest(f *testing.F) {
 		n++
 		before := srv.store.counts().Total
 		rq := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(string(body)))
-		rq.Header.Set(HeaderIdempotencyKey, "provider_payment_fuzz"+strings.Repeat("x", n%7)+string(rune('a'+n%26)))
+		rq.Header.Set(provider.HeaderIdempotencyKey, "provider_payment_fuzz"+strings.Repeat("x", n%7)+string(rune('a'+n%26)))
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, rq)
 		after := srv.store.counts().Total
 		switch rec.Code {
 		case http.StatusCreated, http.StatusOK, http.StatusConflict:
-			var b chargeBody
+			var b provider.ChargeBody
 			if err := json.Unmarshal(body, &b); err != nil || b.AmountMinor <= 0 {
 				t.Fatalf("accepted %q (%d)", body, rec.Code)
 			}
 		case http.StatusBadRequest:
-			var eb errorBody
-			if err := json.Unmarshal(rec.Body.Bytes(), &eb); err != nil || eb.ErrorCode != CodeInvalidRequest {
+			var eb provider.ErrorBody
+			if err := json.Unmarshal(rec.Body.Bytes(), &eb); err != nil || eb.ErrorCode != provider.CodeInvalidRequest {
 				t.Fatalf("400 without INVALID_REQUEST: %s", rec.Body)
 			}
 			if after != before {

@@ -1,4 +1,4 @@
-package provider
+package simulator
 
 import (
 	"errors"
@@ -6,6 +6,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/idemcoord/idem/provider"
 )
 
 // TestKeys: with keys configured, charges need the API key and the admin
@@ -53,16 +55,16 @@ func TestKeys(t *testing.T) {
 			t.Errorf("%s %s with key %q = %d, want %d", tc.method, tc.path, tc.key, resp.StatusCode, tc.want)
 		}
 	}
-	if srv.Fault().Mode != FaultNone {
+	if srv.Fault().Mode != provider.FaultNone {
 		t.Errorf("a refused PUT /admin/fault changed the fault to %+v", srv.Fault())
 	}
 
 	// The client sends each key to its endpoints.
-	c := &Client{BaseURL: ts.URL, HTTP: ts.Client(), APIKey: apiKey, AdminKey: adminKey}
+	c := &provider.Client{BaseURL: ts.URL, HTTP: ts.Client(), APIKey: apiKey, AdminKey: adminKey}
 	if _, err := c.Charge(ctxT(t), req("p1")); err != nil {
 		t.Errorf("Charge with the API key: %v", err)
 	}
-	if err := c.SetFault(ctxT(t), Fault{Mode: FaultNone}); err != nil {
+	if err := c.SetFault(ctxT(t), provider.Fault{Mode: provider.FaultNone}); err != nil {
 		t.Errorf("SetFault with the admin key: %v", err)
 	}
 	if cc, err := c.Charges(ctxT(t)); err != nil || cc.Total != 1 {
@@ -71,12 +73,12 @@ func TestKeys(t *testing.T) {
 
 	// A refused key is a configuration error: nothing was charged, so it
 	// is also ErrUnavailable (payments answer 503 and may retry).
-	noKey := &Client{BaseURL: ts.URL, HTTP: ts.Client()}
+	noKey := &provider.Client{BaseURL: ts.URL, HTTP: ts.Client()}
 	_, err = noKey.Charge(ctxT(t), req("p2"))
-	if !errors.Is(err, ErrUnauthorized) || !errors.Is(err, ErrUnavailable) || errors.Is(err, ErrAmbiguous) {
+	if !errors.Is(err, provider.ErrUnauthorized) || !errors.Is(err, provider.ErrUnavailable) || errors.Is(err, provider.ErrAmbiguous) {
 		t.Errorf("Charge without a key: %v, want ErrUnauthorized and ErrUnavailable", err)
 	}
-	if _, err := noKey.Charges(ctxT(t)); !errors.Is(err, ErrUnauthorized) {
+	if _, err := noKey.Charges(ctxT(t)); !errors.Is(err, provider.ErrUnauthorized) {
 		t.Errorf("Charges without the admin key: %v, want ErrUnauthorized", err)
 	}
 	if cc, _ := c.Charges(ctxT(t)); cc.Total != 1 {

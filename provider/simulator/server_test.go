@@ -1,4 +1,4 @@
-package provider
+package simulator
 
 import (
 	"bytes"
@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/idemcoord/idem/provider"
 )
 
 func TestMain(m *testing.M) {
@@ -29,7 +31,7 @@ func TestMain(m *testing.M) {
 type env struct {
 	srv    *Server
 	ts     *httptest.Server
-	client *Client
+	client *provider.Client
 }
 
 // newEnv starts a simulator over dir ("" = in memory). Cleanup closes the
@@ -47,7 +49,7 @@ func newEnv(t *testing.T, dir string) *env {
 	})
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
-	return &env{srv: srv, ts: ts, client: &Client{BaseURL: ts.URL, HTTP: ts.Client()}}
+	return &env{srv: srv, ts: ts, client: &provider.Client{BaseURL: ts.URL, HTTP: ts.Client()}}
 }
 
 func ctxT(t *testing.T) context.Context {
@@ -57,11 +59,11 @@ func ctxT(t *testing.T) context.Context {
 	return ctx
 }
 
-func req(paymentID string) ChargeRequest {
-	return ChargeRequest{ProviderKey: ProviderKeyFor(paymentID), AmountMinor: 1000, Currency: "EUR", AccountID: "acc_1"}
+func req(paymentID string) provider.ChargeRequest {
+	return provider.ChargeRequest{ProviderKey: provider.ProviderKeyFor(paymentID), AmountMinor: 1000, Currency: "EUR", AccountID: "acc_1"}
 }
 
-func (e *env) setFault(t *testing.T, f Fault) {
+func (e *env) setFault(t *testing.T, f provider.Fault) {
 	t.Helper()
 	if err := e.client.SetFault(ctxT(t), f); err != nil {
 		t.Fatalf("SetFault(%+v): %v", f, err)
@@ -91,7 +93,7 @@ func (e *env) wantCounts(t *testing.T, total int, byKey map[string]int) {
 	}
 }
 
-func mustCharge(t *testing.T, c *Client, r ChargeRequest) Charge {
+func mustCharge(t *testing.T, c *provider.Client, r provider.ChargeRequest) provider.Charge {
 	t.Helper()
 	ch, err := c.Charge(ctxT(t), r)
 	if err != nil {
@@ -108,8 +110,8 @@ func TestRepeatedKeyChargesOnce(t *testing.T) {
 	if first.Replayed {
 		t.Error("first charge: Replayed = true, want false")
 	}
-	want := Charge{
-		ChargeID: ChargeIDFor(r.ProviderKey), ProviderKey: r.ProviderKey, Status: StatusConfirmed,
+	want := provider.Charge{
+		ChargeID: ChargeIDFor(r.ProviderKey), ProviderKey: r.ProviderKey, Status: provider.StatusConfirmed,
 		AmountMinor: 1000, Currency: "EUR", AccountID: "acc_1", CreatedAt: first.CreatedAt,
 	}
 	if first != want {
@@ -169,15 +171,15 @@ func TestRawHTTPContract(t *testing.T) {
 		wantCode               string
 		wantReplayed           bool
 	}{
-		{name: "missing key", body: body, wantStatus: 400, wantCode: CodeKeyMissing},
-		{name: "malformed key", key: "pay_1", body: body, wantStatus: 400, wantCode: CodeKeyInvalid},
-		{name: "bad token", key: "provider_payment_p1", token: "x", body: body, wantStatus: 400, wantCode: CodeFencingTokenInvalid},
-		{name: "bad json", key: "provider_payment_p1", body: `{`, wantStatus: 400, wantCode: CodeInvalidRequest},
-		{name: "zero amount", key: "provider_payment_p1", body: `{"amountMinor":0,"currency":"EUR"}`, wantStatus: 400, wantCode: CodeInvalidRequest},
-		{name: "bad currency", key: "provider_payment_p1", body: `{"amountMinor":1,"currency":"eur"}`, wantStatus: 400, wantCode: CodeInvalidRequest},
+		{name: "missing key", body: body, wantStatus: 400, wantCode: provider.CodeKeyMissing},
+		{name: "malformed key", key: "pay_1", body: body, wantStatus: 400, wantCode: provider.CodeKeyInvalid},
+		{name: "bad token", key: "provider_payment_p1", token: "x", body: body, wantStatus: 400, wantCode: provider.CodeFencingTokenInvalid},
+		{name: "bad json", key: "provider_payment_p1", body: `{`, wantStatus: 400, wantCode: provider.CodeInvalidRequest},
+		{name: "zero amount", key: "provider_payment_p1", body: `{"amountMinor":0,"currency":"EUR"}`, wantStatus: 400, wantCode: provider.CodeInvalidRequest},
+		{name: "bad currency", key: "provider_payment_p1", body: `{"amountMinor":1,"currency":"eur"}`, wantStatus: 400, wantCode: provider.CodeInvalidRequest},
 		{name: "first", key: "provider_payment_p1", body: body, wantStatus: 201},
 		{name: "repeat", key: "provider_payment_p1", body: body, wantStatus: 200, wantReplayed: true},
-		{name: "reused", key: "provider_payment_p1", body: `{"amountMinor":999,"currency":"EUR"}`, wantStatus: 409, wantCode: CodeKeyReused},
+		{name: "reused", key: "provider_payment_p1", body: `{"amountMinor":999,"currency":"EUR"}`, wantStatus: 409, wantCode: provider.CodeKeyReused},
 	}
 	var firstBody []byte
 	for _, tc := range tests {
@@ -232,8 +234,8 @@ func TestRawHTTPContract(t *testing.T) {
 	}
 	b, _ := io.ReadAll(resp.Body)
 	_ = resp.Body.Close()
-	if resp.StatusCode != 404 || !strings.Contains(string(b), CodeChargeNotFound) {
-		t.Errorf("GET unknown charge = %d %s, want 404 %s", resp.StatusCode, b, CodeChargeNotFound)
+	if resp.StatusCode != 404 || !strings.Contains(string(b), provider.CodeChargeNotFound) {
+		t.Errorf("GET unknown charge = %d %s, want 404 %s", resp.StatusCode, b, provider.CodeChargeNotFound)
 	}
 	e.wantCounts(t, 1, map[string]int{"provider_payment_p1": 1})
 }
@@ -244,22 +246,22 @@ func TestKeyReused(t *testing.T) {
 	mustCharge(t, e.client, r)
 	tests := []struct {
 		name   string
-		mutate func(*ChargeRequest)
+		mutate func(*provider.ChargeRequest)
 	}{
-		{"different amount", func(r *ChargeRequest) { r.AmountMinor = 2000 }},
-		{"different currency", func(r *ChargeRequest) { r.Currency = "USD" }},
+		{"different amount", func(r *provider.ChargeRequest) { r.AmountMinor = 2000 }},
+		{"different currency", func(r *provider.ChargeRequest) { r.Currency = "USD" }},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			r2 := r
 			tc.mutate(&r2)
 			_, err := e.client.Charge(ctxT(t), r2)
-			if !errors.Is(err, ErrKeyReused) {
+			if !errors.Is(err, provider.ErrKeyReused) {
 				t.Fatalf("Charge = %v, want ErrKeyReused", err)
 			}
-			var apiErr *APIError
-			if !errors.As(err, &apiErr) || apiErr.StatusCode != 409 || apiErr.Code != CodeKeyReused {
-				t.Errorf("error = %#v, want *APIError 409 %s", err, CodeKeyReused)
+			var apiErr *provider.APIError
+			if !errors.As(err, &apiErr) || apiErr.StatusCode != 409 || apiErr.Code != provider.CodeKeyReused {
+				t.Errorf("error = %#v, want *APIError 409 %s", err, provider.CodeKeyReused)
 			}
 		})
 	}
@@ -269,14 +271,14 @@ func TestKeyReused(t *testing.T) {
 func TestFaultFail(t *testing.T) {
 	e := newEnv(t, "")
 	r := req("pay_fail")
-	e.setFault(t, Fault{Mode: FaultFail, Times: 1})
+	e.setFault(t, provider.Fault{Mode: provider.FaultFail, Times: 1})
 
 	_, err := e.client.Charge(ctxT(t), r)
-	if !errors.Is(err, ErrUnavailable) || errors.Is(err, ErrAmbiguous) {
+	if !errors.Is(err, provider.ErrUnavailable) || errors.Is(err, provider.ErrAmbiguous) {
 		t.Fatalf("Charge during fail = %v, want ErrUnavailable and not ErrAmbiguous", err)
 	}
 	e.wantCounts(t, 0, nil)
-	if _, err := e.client.Lookup(ctxT(t), r.ProviderKey); !errors.Is(err, ErrNotFound) {
+	if _, err := e.client.Lookup(ctxT(t), r.ProviderKey); !errors.Is(err, provider.ErrNotFound) {
 		t.Errorf("Lookup after fail = %v, want ErrNotFound", err)
 	}
 
@@ -290,23 +292,23 @@ func TestFaultFail(t *testing.T) {
 func TestFaultDecline(t *testing.T) {
 	e := newEnv(t, "")
 	r := req("pay_decl")
-	e.setFault(t, Fault{Mode: FaultDecline, Times: 1})
+	e.setFault(t, provider.Fault{Mode: provider.FaultDecline, Times: 1})
 
 	_, err := e.client.Charge(ctxT(t), r)
-	if !errors.Is(err, ErrDeclined) {
+	if !errors.Is(err, provider.ErrDeclined) {
 		t.Fatalf("Charge during decline = %v, want ErrDeclined", err)
 	}
-	if f, err := e.client.Fault(ctxT(t)); err != nil || f.Mode != FaultNone {
+	if f, err := e.client.Fault(ctxT(t)); err != nil || f.Mode != provider.FaultNone {
 		t.Fatalf("Fault after one decline = %+v, %v; want none", f, err)
 	}
 
 	// The decline is remembered for the key, with no fault active.
 	_, err = e.client.Charge(ctxT(t), r)
-	var apiErr *APIError
-	if !errors.Is(err, ErrDeclined) || !errors.As(err, &apiErr) || !apiErr.Replayed || apiErr.StatusCode != 402 || apiErr.Code != CodeDeclined {
-		t.Fatalf("repeat of declined key = %#v, want replayed 402 %s", err, CodeDeclined)
+	var apiErr *provider.APIError
+	if !errors.Is(err, provider.ErrDeclined) || !errors.As(err, &apiErr) || !apiErr.Replayed || apiErr.StatusCode != 402 || apiErr.Code != provider.CodeDeclined {
+		t.Fatalf("repeat of declined key = %#v, want replayed 402 %s", err, provider.CodeDeclined)
 	}
-	if _, err := e.client.Lookup(ctxT(t), r.ProviderKey); !errors.Is(err, ErrNotFound) {
+	if _, err := e.client.Lookup(ctxT(t), r.ProviderKey); !errors.Is(err, provider.ErrNotFound) {
 		t.Errorf("Lookup of declined key = %v, want ErrNotFound", err)
 	}
 	e.wantCounts(t, 0, nil)
@@ -322,7 +324,7 @@ func TestFaultDeclineDoesNotUndoCharge(t *testing.T) {
 	e := newEnv(t, "")
 	r := req("pay_charged")
 	first := mustCharge(t, e.client, r)
-	e.setFault(t, Fault{Mode: FaultDecline, Times: 1})
+	e.setFault(t, provider.Fault{Mode: provider.FaultDecline, Times: 1})
 	again := mustCharge(t, e.client, r)
 	if !again.Replayed || again.ChargeID != first.ChargeID {
 		t.Errorf("charged key during decline = %+v, want replay of %s", again, first.ChargeID)
@@ -334,10 +336,10 @@ func TestFaultLoseAnswer(t *testing.T) {
 	r := req("pay_lost")
 	// The SetFault call leaves a keep-alive connection that the charge
 	// reuses: the client must not let net/http re-send the charge.
-	e.setFault(t, Fault{Mode: FaultLoseAnswer, Times: 1})
+	e.setFault(t, provider.Fault{Mode: provider.FaultLoseAnswer, Times: 1})
 
 	_, err := e.client.Charge(ctxT(t), r)
-	if !errors.Is(err, ErrAmbiguous) || errors.Is(err, ErrUnavailable) {
+	if !errors.Is(err, provider.ErrAmbiguous) || errors.Is(err, provider.ErrUnavailable) {
 		t.Fatalf("Charge during lose-answer = %v, want ErrAmbiguous and not ErrUnavailable", err)
 	}
 	var urlErr *url.Error
@@ -364,17 +366,17 @@ func TestFaultLoseAnswer(t *testing.T) {
 func TestFaultSlowClientTimeout(t *testing.T) {
 	e := newEnv(t, "")
 	const delay = 400 * time.Millisecond
-	e.setFault(t, Fault{Mode: FaultSlow, Times: 1, Delay: delay})
+	e.setFault(t, provider.Fault{Mode: provider.FaultSlow, Times: 1, Delay: delay})
 	r := req("pay_slow")
 
-	impatient := &Client{BaseURL: e.ts.URL, HTTP: &http.Client{Transport: e.ts.Client().Transport, Timeout: 50 * time.Millisecond}}
+	impatient := &provider.Client{BaseURL: e.ts.URL, HTTP: &http.Client{Transport: e.ts.Client().Transport, Timeout: 50 * time.Millisecond}}
 	start := time.Now()
 	_, err := impatient.Charge(ctxT(t), r)
-	if !errors.Is(err, ErrAmbiguous) || errors.Is(err, ErrUnavailable) {
+	if !errors.Is(err, provider.ErrAmbiguous) || errors.Is(err, provider.ErrUnavailable) {
 		t.Fatalf("Charge with short timeout = %v, want ErrAmbiguous", err)
 	}
 	if time.Since(start) < delay/2 {
-		if _, err := e.client.Lookup(ctxT(t), r.ProviderKey); !errors.Is(err, ErrNotFound) {
+		if _, err := e.client.Lookup(ctxT(t), r.ProviderKey); !errors.Is(err, provider.ErrNotFound) {
 			t.Errorf("Lookup before the delay ended = %v, want ErrNotFound", err)
 		}
 	}
@@ -391,7 +393,7 @@ func TestFaultSlowClientTimeout(t *testing.T) {
 			}
 			break
 		}
-		if !errors.Is(err, ErrNotFound) {
+		if !errors.Is(err, provider.ErrNotFound) {
 			t.Fatalf("Lookup: %v", err)
 		}
 		if time.Now().After(deadline) {
@@ -405,7 +407,7 @@ func TestFaultSlowClientTimeout(t *testing.T) {
 func TestFaultSlowPatientClient(t *testing.T) {
 	e := newEnv(t, "")
 	const delay = 150 * time.Millisecond
-	e.setFault(t, Fault{Mode: FaultSlow, Times: 1, Delay: delay})
+	e.setFault(t, provider.Fault{Mode: provider.FaultSlow, Times: 1, Delay: delay})
 	start := time.Now()
 	ch := mustCharge(t, e.client, req("pay_patient"))
 	if elapsed := time.Since(start); elapsed < delay {
@@ -429,9 +431,9 @@ func TestFaultTimes(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, "")
-			e.setFault(t, Fault{Mode: FaultFail, Times: tc.times})
+			e.setFault(t, provider.Fault{Mode: provider.FaultFail, Times: tc.times})
 			f, err := e.client.Fault(ctxT(t))
-			if err != nil || f != (Fault{Mode: FaultFail, Times: tc.times}) {
+			if err != nil || f != (provider.Fault{Mode: provider.FaultFail, Times: tc.times}) {
 				t.Fatalf("Fault = %+v, %v", f, err)
 			}
 			failed := 0
@@ -440,7 +442,7 @@ func TestFaultTimes(t *testing.T) {
 				r := req(fmt.Sprintf("pay_times_%d", i))
 				_, err := e.client.Charge(ctxT(t), r)
 				switch {
-				case errors.Is(err, ErrUnavailable):
+				case errors.Is(err, provider.ErrUnavailable):
 					failed++
 					if i >= tc.wantFailed {
 						t.Errorf("call %d failed after the fault should be over", i)
@@ -458,9 +460,9 @@ func TestFaultTimes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			wantMode := FaultNone
+			wantMode := provider.FaultNone
 			if tc.times == 0 {
-				wantMode = FaultFail
+				wantMode = provider.FaultFail
 			}
 			if f.Mode != wantMode {
 				t.Errorf("Fault after calls = %+v, want mode %s", f, wantMode)
@@ -474,22 +476,22 @@ func TestSetFaultValidation(t *testing.T) {
 	e := newEnv(t, "")
 	tests := []struct {
 		name    string
-		fault   Fault
-		want    Fault
+		fault   provider.Fault
+		want    provider.Fault
 		wantErr bool
 	}{
-		{name: "slow default delay", fault: Fault{Mode: FaultSlow}, want: Fault{Mode: FaultSlow, Delay: DefaultSlowDelay}},
-		{name: "slow delay kept", fault: Fault{Mode: FaultSlow, Times: 3, Delay: 2 * time.Second}, want: Fault{Mode: FaultSlow, Times: 3, Delay: 2 * time.Second}},
-		{name: "delay ignored when not slow", fault: Fault{Mode: FaultFail, Delay: time.Second}, want: Fault{Mode: FaultFail}},
-		{name: "none", fault: Fault{Mode: FaultNone, Times: 5}, want: Fault{Mode: FaultNone}},
-		{name: "unknown mode", fault: Fault{Mode: "explode"}, wantErr: true},
-		{name: "negative times", fault: Fault{Mode: FaultFail, Times: -1}, wantErr: true},
+		{name: "slow default delay", fault: provider.Fault{Mode: provider.FaultSlow}, want: provider.Fault{Mode: provider.FaultSlow, Delay: provider.DefaultSlowDelay}},
+		{name: "slow delay kept", fault: provider.Fault{Mode: provider.FaultSlow, Times: 3, Delay: 2 * time.Second}, want: provider.Fault{Mode: provider.FaultSlow, Times: 3, Delay: 2 * time.Second}},
+		{name: "delay ignored when not slow", fault: provider.Fault{Mode: provider.FaultFail, Delay: time.Second}, want: provider.Fault{Mode: provider.FaultFail}},
+		{name: "none", fault: provider.Fault{Mode: provider.FaultNone, Times: 5}, want: provider.Fault{Mode: provider.FaultNone}},
+		{name: "unknown mode", fault: provider.Fault{Mode: "explode"}, wantErr: true},
+		{name: "negative times", fault: provider.Fault{Mode: provider.FaultFail, Times: -1}, wantErr: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			err := e.client.SetFault(ctxT(t), tc.fault)
 			if tc.wantErr {
-				if !errors.Is(err, ErrBadRequest) {
+				if !errors.Is(err, provider.ErrBadRequest) {
 					t.Fatalf("SetFault = %v, want ErrBadRequest", err)
 				}
 				return
@@ -521,7 +523,7 @@ func TestSetFaultValidation(t *testing.T) {
 func TestFencing(t *testing.T) {
 	e := newEnv(t, "")
 	r := req("pay_fence")
-	withToken := func(tok int64) ChargeRequest { r2 := r; r2.FencingToken = tok; return r2 }
+	withToken := func(tok int64) provider.ChargeRequest { r2 := r; r2.FencingToken = tok; return r2 }
 
 	first := mustCharge(t, e.client, withToken(5))
 	if first.Replayed {
@@ -529,11 +531,11 @@ func TestFencing(t *testing.T) {
 	}
 	steps := []struct {
 		name      string
-		req       ChargeRequest
+		req       provider.ChargeRequest
 		wantStale bool
 	}{
 		{"token 3 is stale", withToken(3), true},
-		{"token 3 with other amount is still stale", func() ChargeRequest { x := withToken(3); x.AmountMinor = 1; return x }(), true},
+		{"token 3 with other amount is still stale", func() provider.ChargeRequest { x := withToken(3); x.AmountMinor = 1; return x }(), true},
 		{"token 5 equal is accepted", withToken(5), false},
 		{"token 7 is accepted", withToken(7), false},
 		{"token 6 is now stale", withToken(6), true},
@@ -543,7 +545,7 @@ func TestFencing(t *testing.T) {
 		t.Run(st.name, func(t *testing.T) {
 			ch, err := e.client.Charge(ctxT(t), st.req)
 			if st.wantStale {
-				if !errors.Is(err, ErrStaleToken) {
+				if !errors.Is(err, provider.ErrStaleToken) {
 					t.Fatalf("Charge = %+v, %v; want ErrStaleToken", ch, err)
 				}
 				return
@@ -565,12 +567,12 @@ func TestFencingStaleChargesNothing(t *testing.T) {
 	e := newEnv(t, "")
 	r := req("pay_fence_decl")
 	r.FencingToken = 9
-	e.setFault(t, Fault{Mode: FaultDecline, Times: 1})
-	if _, err := e.client.Charge(ctxT(t), r); !errors.Is(err, ErrDeclined) {
+	e.setFault(t, provider.Fault{Mode: provider.FaultDecline, Times: 1})
+	if _, err := e.client.Charge(ctxT(t), r); !errors.Is(err, provider.ErrDeclined) {
 		t.Fatalf("Charge = %v, want ErrDeclined", err)
 	}
 	r.FencingToken = 4
-	if _, err := e.client.Charge(ctxT(t), r); !errors.Is(err, ErrStaleToken) {
+	if _, err := e.client.Charge(ctxT(t), r); !errors.Is(err, provider.ErrStaleToken) {
 		t.Fatalf("Charge = %v, want ErrStaleToken", err)
 	}
 	e.wantCounts(t, 0, nil)
@@ -581,20 +583,20 @@ func TestRestartKeepsState(t *testing.T) {
 	charged, declined := req("pay_keep"), req("pay_keep_decl")
 	charged.FencingToken = 5
 
-	var first Charge
+	var first provider.Charge
 	t.Run("before restart", func(t *testing.T) {
 		e := newEnv(t, dir)
 		first = mustCharge(t, e.client, charged)
-		e.setFault(t, Fault{Mode: FaultDecline, Times: 1})
-		if _, err := e.client.Charge(ctxT(t), declined); !errors.Is(err, ErrDeclined) {
+		e.setFault(t, provider.Fault{Mode: provider.FaultDecline, Times: 1})
+		if _, err := e.client.Charge(ctxT(t), declined); !errors.Is(err, provider.ErrDeclined) {
 			t.Fatalf("Charge = %v, want ErrDeclined", err)
 		}
-		e.setFault(t, Fault{Mode: FaultFail}) // faults do not survive a restart
+		e.setFault(t, provider.Fault{Mode: provider.FaultFail}) // faults do not survive a restart
 	})
 
 	t.Run("after restart", func(t *testing.T) {
 		e := newEnv(t, dir)
-		if f, err := e.client.Fault(ctxT(t)); err != nil || f.Mode != FaultNone {
+		if f, err := e.client.Fault(ctxT(t)); err != nil || f.Mode != provider.FaultNone {
 			t.Errorf("Fault after restart = %+v, %v; want none", f, err)
 		}
 		got, err := e.client.Lookup(ctxT(t), charged.ProviderKey)
@@ -605,10 +607,10 @@ func TestRestartKeepsState(t *testing.T) {
 
 		stale := charged
 		stale.FencingToken = 3
-		if _, err := e.client.Charge(ctxT(t), stale); !errors.Is(err, ErrStaleToken) {
+		if _, err := e.client.Charge(ctxT(t), stale); !errors.Is(err, provider.ErrStaleToken) {
 			t.Errorf("token 3 after restart = %v, want ErrStaleToken", err)
 		}
-		if _, err := e.client.Charge(ctxT(t), declined); !errors.Is(err, ErrDeclined) {
+		if _, err := e.client.Charge(ctxT(t), declined); !errors.Is(err, provider.ErrDeclined) {
 			t.Errorf("declined key after restart = %v, want ErrDeclined", err)
 		}
 		again := mustCharge(t, e.client, charged)
@@ -647,7 +649,7 @@ func TestRestartTornTail(t *testing.T) {
 	e := newEnv(t, dir)
 	e.wantCounts(t, 1, map[string]int{r.ProviderKey: 1})
 	mustCharge(t, e.client, req("pay_after_torn"))
-	e.wantCounts(t, 2, map[string]int{r.ProviderKey: 1, ProviderKeyFor("pay_after_torn"): 1})
+	e.wantCounts(t, 2, map[string]int{r.ProviderKey: 1, provider.ProviderKeyFor("pay_after_torn"): 1})
 
 	// The torn line was cut off, so the file is clean JSON lines again.
 	b, err := os.ReadFile(path)
@@ -665,7 +667,7 @@ func TestLoadCountsDoubleApplication(t *testing.T) {
 	// The counters count applications from the log: a log with two charge
 	// records for one key (a double charge) must show 2.
 	dir := t.TempDir()
-	ch := Charge{ChargeID: ChargeIDFor("provider_payment_dup"), ProviderKey: "provider_payment_dup", Status: StatusConfirmed, AmountMinor: 1, Currency: "EUR"}
+	ch := provider.Charge{ChargeID: ChargeIDFor("provider_payment_dup"), ProviderKey: "provider_payment_dup", Status: provider.StatusConfirmed, AmountMinor: 1, Currency: "EUR"}
 	var buf bytes.Buffer
 	for range 2 {
 		b, _ := json.Marshal(record{Kind: recordCharge, Key: ch.ProviderKey, Charge: &ch})
@@ -702,7 +704,7 @@ func TestConcurrentSameKey(t *testing.T) {
 			var (
 				wg      sync.WaitGroup
 				start   = make(chan struct{})
-				results = make([]Charge, n)
+				results = make([]provider.Charge, n)
 				errs    = make([]error, n)
 			)
 			for i := range n {
@@ -745,7 +747,7 @@ func TestServeShutsDownOnCancel(t *testing.T) {
 
 	tr := &http.Transport{}
 	t.Cleanup(tr.CloseIdleConnections)
-	c := &Client{BaseURL: "http://" + ln.Addr().String(), HTTP: &http.Client{Transport: tr, Timeout: 5 * time.Second}}
+	c := &provider.Client{BaseURL: "http://" + ln.Addr().String(), HTTP: &http.Client{Transport: tr, Timeout: 5 * time.Second}}
 	if err := c.Healthy(ctxT(t)); err != nil {
 		t.Fatalf("Healthy: %v", err)
 	}
@@ -761,13 +763,13 @@ func TestServeShutsDownOnCancel(t *testing.T) {
 		t.Fatal("Serve did not return after cancel")
 	}
 	tr.CloseIdleConnections()
-	if _, err := c.Charge(ctxT(t), req("pay_after")); !errors.Is(err, ErrUnavailable) {
+	if _, err := c.Charge(ctxT(t), req("pay_after")); !errors.Is(err, provider.ErrUnavailable) {
 		t.Errorf("Charge after shutdown = %v, want ErrUnavailable (connection refused)", err)
 	}
 
 	// The charge survived in the data dir.
 	e := newEnv(t, dir)
-	e.wantCounts(t, 1, map[string]int{ProviderKeyFor("pay_served"): 1})
+	e.wantCounts(t, 1, map[string]int{provider.ProviderKeyFor("pay_served"): 1})
 }
 
 func TestListenAndServeBadAddr(t *testing.T) {
@@ -778,9 +780,9 @@ func TestListenAndServeBadAddr(t *testing.T) {
 
 func TestCloseAbandonsBackgroundCharge(t *testing.T) {
 	e := newEnv(t, "")
-	e.setFault(t, Fault{Mode: FaultSlow, Times: 1, Delay: time.Hour})
-	impatient := &Client{BaseURL: e.ts.URL, HTTP: &http.Client{Transport: e.ts.Client().Transport, Timeout: 50 * time.Millisecond}}
-	if _, err := impatient.Charge(ctxT(t), req("pay_hour")); !errors.Is(err, ErrAmbiguous) {
+	e.setFault(t, provider.Fault{Mode: provider.FaultSlow, Times: 1, Delay: time.Hour})
+	impatient := &provider.Client{BaseURL: e.ts.URL, HTTP: &http.Client{Transport: e.ts.Client().Transport, Timeout: 50 * time.Millisecond}}
+	if _, err := impatient.Charge(ctxT(t), req("pay_hour")); !errors.Is(err, provider.ErrAmbiguous) {
 		t.Fatalf("Charge = %v, want ErrAmbiguous", err)
 	}
 	// Close must not wait an hour; goleak in TestMain checks nothing is left.
@@ -794,7 +796,14 @@ func TestCloseAbandonsBackgroundCharge(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Close blocked on a pending slow charge")
 	}
-	if _, err := e.client.Charge(ctxT(t), req("pay_closed")); !errors.Is(err, ErrUnavailable) {
+	if _, err := e.client.Charge(ctxT(t), req("pay_closed")); !errors.Is(err, provider.ErrUnavailable) {
 		t.Errorf("Charge after Close = %v, want ErrUnavailable", err)
+	}
+}
+
+func TestClientLookupEscapesKey(t *testing.T) {
+	e := newEnv(t, "")
+	if _, err := e.client.Lookup(ctxT(t), "provider_payment_a/b?c"); !errors.Is(err, provider.ErrNotFound) {
+		t.Errorf("Lookup of odd key = %v, want provider.ErrNotFound", err)
 	}
 }

@@ -1,3 +1,5 @@
+//go:build failpoints
+
 package payments
 
 import (
@@ -11,10 +13,23 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/internal/failpoint"
 	"github.com/idemcoord/idem/store"
 )
 
-// Deliberately broken modes (Config.Break). They exist so that the chaos
+// Faults are the fault-injection settings of a Service. They exist only in
+// builds with -tags failpoints (release builds have an empty Faults), so a
+// release binary cannot pause at a failpoint or run a broken engine.
+type Faults struct {
+	// Failpoints pauses the operation at named points (tests, chaos runs).
+	Failpoints *failpoint.Set
+	// Break selects a deliberately broken engine for the chaos harness's
+	// honesty checks (BreakFindThenInsert, BreakNoFencing, BreakRawBodyHash).
+	// Empty: the real engine.
+	Break string
+}
+
+// Deliberately broken modes (Faults.Break). They exist so that the chaos
 // harness can prove it catches the failures the product guards against; a
 // green report means something only if a broken engine turns it red. Never
 // use them outside chaos runs and their tests.
@@ -33,17 +48,43 @@ const (
 	BreakRawBodyHash = "raw-body-hash"
 )
 
-func validBreak(b string) bool {
-	switch b {
+func (f Faults) validate() error {
+	switch f.Break {
 	case "", BreakFindThenInsert, BreakNoFencing, BreakRawBodyHash:
-		return true
+		return nil
 	}
-	return false
+	return fmt.Errorf("payments: unknown break mode %q (want %s, %s or %s)", f.Break, BreakFindThenInsert, BreakNoFencing, BreakRawBodyHash)
 }
 
-func rawBodyHash(body []byte) []string {
+// failpoint runs failpoint name's action, if it is active.
+func (s *Service) failpoint(ctx context.Context, name string) {
+	s.cfg.Failpoints.Eval(ctx, name)
+}
+
+// requestHashes are the hashes a request is claimed with: under
+// BreakRawBodyHash, the raw body's instead of the command's.
+func (s *Service) requestHashes(body []byte, hashes []string) []string {
+	if s.cfg.Break != BreakRawBodyHash {
+		return hashes
+	}
 	sum := sha256.Sum256(body)
 	return []string{"raw:" + hex.EncodeToString(sum[:])}
+}
+
+// externalFencing reports whether owners fence through the Locker: not
+// under BreakNoFencing.
+func (s *Service) externalFencing() bool {
+	return s.cfg.Locker != nil && s.cfg.Break != BreakNoFencing
+}
+
+// attemptBroken runs the claim of a broken engine (BreakFindThenInsert); ok
+// is false for the real engine.
+func (s *Service) attemptBroken(ctx context.Context, begin idem.BeginRequest, cmd Command) (res Result, ok bool, err error) {
+	if s.cfg.Break != BreakFindThenInsert {
+		return Result{}, false, nil
+	}
+	res, err = s.attemptFindThenInsert(ctx, begin, cmd)
+	return res, true, err
 }
 
 // attemptFindThenInsert is the naive claim: look for a record, and if there
