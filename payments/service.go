@@ -107,6 +107,9 @@ func NewService(st *store.Store, cfg Config) *Service {
 	if cfg.ReplayRule == "" {
 		cfg.ReplayRule = ReplayAsStored
 	}
+	if cfg.Provider != nil {
+		cfg.Provider = tracedProvider{cfg.Provider}
+	}
 	return &Service{store: st, cfg: cfg, logger: cfg.Logger}
 }
 
