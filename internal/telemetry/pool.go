@@ -47,7 +47,9 @@ func (c *PoolCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *PoolCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.pool.Stat()
 	g := func(d *prometheus.Desc, v float64) { ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v) }
-	n := func(d *prometheus.Desc, v float64) { ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v) }
+	n := func(d *prometheus.Desc, v float64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v)
+	}
 	g(c.acquired, float64(s.AcquiredConns()))
 	g(c.idle, float64(s.IdleConns()))
 	g(c.total, float64(s.TotalConns()))
