@@ -104,7 +104,8 @@ func (m *Main) AdminURL() string {
 	return "http://" + m.ops.adminLn.Addr().String()
 }
 
-// stopOps stops the admin listener and flushes the traces.
+// stopOps stops the admin listener and flushes the traces (for at most
+// 2s).
 func (m *Main) stopOps(ctx context.Context) error {
 	var err error
 	if m.ops.admin != nil {
@@ -114,7 +115,13 @@ func (m *Main) stopOps(ctx context.Context) error {
 		}
 	}
 	if m.ops.tracer != nil {
-		err = errors.Join(err, m.ops.tracer.Shutdown(ctx))
+		// Unflushed spans are lost, not a failure of the node: an
+		// unreachable collector must not hold up or fail its exit.
+		tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		if terr := m.ops.tracer.Shutdown(tctx); terr != nil {
+			m.logger.Warn("traces not flushed to the collector", "err", terr)
+		}
 	}
 	return err
 }
