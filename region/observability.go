@@ -2,6 +2,7 @@ package region
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"time"
@@ -85,8 +86,10 @@ func (s *Server) observed(next http.Handler) http.Handler {
 			}
 			span.End()
 		}
-		s.logger.DebugContext(ctx, "request", "method", r.Method, "route", route, "status", sw.status,
-			"duration", time.Since(start))
+		if s.logger.Enabled(ctx, slog.LevelDebug) {
+			s.logger.DebugContext(ctx, "request", "method", r.Method, "route", route, "status", sw.status,
+				"duration", time.Since(start))
+		}
 	})
 }
 

@@ -3,6 +3,7 @@ package region_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -54,7 +55,7 @@ func (l *lockedBuffer) lines(t *testing.T) []map[string]any {
 func tracedConfig(t *testing.T, secret []byte) (region.Config, *tracetest.InMemoryExporter, *lockedBuffer) {
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	t.Cleanup(func() { _ = tp.Shutdown(t.Context()) })
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	logs := &lockedBuffer{}
 	logger, err := telemetry.NewLogger(logs, "debug", "json")
 	if err != nil {
