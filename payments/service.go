@@ -16,6 +16,7 @@ import (
 	"github.com/idemcoord/idem/fencing"
 	"github.com/idemcoord/idem/fingerprint"
 	"github.com/idemcoord/idem/internal/failpoint"
+	"github.com/idemcoord/idem/internal/telemetry"
 	"github.com/idemcoord/idem/store"
 )
 
@@ -291,7 +292,7 @@ func (s *Service) finishAttempt(ctx context.Context, begin idem.BeginRequest, cm
 	}
 	if idem.ErrorCode(err) == idem.ECodeKeyReused {
 		s.logger.WarnContext(ctx, "idempotency key reused with a different request",
-			"tenant", begin.Tenant, "operation", begin.Operation, "key", begin.Key)
+			"tenant", begin.Tenant, "operation", begin.Operation, "key_hash", telemetry.KeyHash(begin.Key))
 	}
 	if errors.Is(err, idem.ErrFenced) {
 		s.fenced()

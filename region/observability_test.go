@@ -79,7 +79,8 @@ func spanNamed(spans tracetest.SpanStubs, name string) *tracetest.SpanStub {
 // node's server span (a child of the forward span) and its claim, store
 // transaction and statements. Every log line of the request, on both
 // nodes, carries region, node, tenant, operation, the key's hash (never the
-// key) and the trace id.
+// key) and the trace id. Without a caller's traceparent the forwarder
+// starts the trace and the home node joins it.
 func TestForwardedRequestIsOneTrace(t *testing.T) {
 	c := newFwdCluster(t, false)
 	secret := []byte("s3cret-peer")
@@ -158,6 +159,28 @@ func TestForwardedRequestIsOneTrace(t *testing.T) {
 			t.Errorf("a log holds the idempotency key itself:\n%s", logs.b.String())
 		}
 		logs.mu.Unlock()
+	}
+
+	// Without a caller's trace context the forwarder starts the trace and
+	// the home node still joins it.
+	euSpans.Reset()
+	usSpans.Reset()
+	// The same body under another key: a 409 duplicate, answered by the
+	// home node all the same.
+	if a := c.send(us.url, key+"-2", nil); a.status >= 500 {
+		t.Fatalf("second forwarded payment: %d %s", a.status, a.body)
+	}
+	waitUntil(t, "both nodes' server spans are exported", func() bool {
+		return spanNamed(euSpans.GetSpans(), "POST /payments") != nil && spanNamed(usSpans.GetSpans(), "POST /payments") != nil
+	})
+	root := spanNamed(usSpans.GetSpans(), "POST /payments")
+	if root.Parent.IsValid() {
+		t.Errorf("the forwarder's server span has a parent %s without a caller's traceparent", root.Parent.SpanID())
+	}
+	for _, s := range append(usSpans.GetSpans(), euSpans.GetSpans()...) {
+		if s.SpanContext.TraceID() != root.SpanContext.TraceID() {
+			t.Errorf("span %q on trace %s, want the forwarder's %s", s.Name, s.SpanContext.TraceID(), root.SpanContext.TraceID())
+		}
 	}
 }
 

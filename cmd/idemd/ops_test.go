@@ -67,7 +67,23 @@ func TestAdminListenerAndLogs(t *testing.T) {
 	if resp.StatusCode != http.StatusCreated {
 		t.Fatalf("payment: %d", resp.StatusCode)
 	}
+	// The key reused for another command: a warning, which names the key
+	// by its hash only.
+	req, _ = http.NewRequest(http.MethodPost, p.url+"/payments", strings.NewReader(strings.Replace(article, "10.00", "11.00", 1)))
+	req.Header.Set("Authorization", "Bearer tok-a")
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("Traceparent", "00-"+traceID+"-b7ad6b7169203331-01")
+	if resp, err = http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnprocessableEntity && resp.StatusCode != http.StatusConflict {
+		t.Fatalf("reused key: %d", resp.StatusCode)
+	}
 	p.stop()
+	if !strings.Contains(p.log.String(), "idempotency key reused") {
+		t.Errorf("no warning of the reused key:\n%s", p.log)
+	}
 	if strings.Contains(p.log.String(), key) {
 		t.Errorf("the log holds the idempotency key itself:\n%s", p.log)
 	}

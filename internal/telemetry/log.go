@@ -46,6 +46,9 @@ func KeyHash(key string) string {
 	return hex.EncodeToString(sum[:8])
 }
 
+// requestKeys name the fields of RequestFields in log lines.
+var requestKeys = [5]string{"region", "node", "tenant", "operation", "key_hash"}
+
 // LogHandler adds to every record logged with a context the request's
 // fields (region, node, tenant, operation, key_hash; those that are known)
 // and its trace_id and span_id. Records logged without a request context
@@ -69,11 +72,18 @@ func (h *LogHandler) Enabled(ctx context.Context, l slog.Level) bool { return h.
 // Handle implements slog.Handler.
 func (h *LogHandler) Handle(ctx context.Context, r slog.Record) error {
 	if f := RequestOf(ctx); f != nil {
-		for _, a := range [...]struct{ k, v string }{
-			{"region", f.Region}, {"node", f.Node}, {"tenant", f.Tenant}, {"operation", f.Operation}, {"key_hash", f.KeyHash},
-		} {
-			if a.v != "" {
-				r.AddAttrs(slog.String(a.k, a.v))
+		// A field the line already names itself (a tenant logged by the
+		// payment service) is not repeated.
+		var own [5]bool
+		r.Attrs(func(a slog.Attr) bool {
+			for i, k := range requestKeys {
+				own[i] = own[i] || a.Key == k
+			}
+			return true
+		})
+		for i, v := range [...]string{f.Region, f.Node, f.Tenant, f.Operation, f.KeyHash} {
+			if v != "" && !own[i] {
+				r.AddAttrs(slog.String(requestKeys[i], v))
 			}
 		}
 	}

@@ -30,9 +30,10 @@ func TestLogHandler(t *testing.T) {
 	logger.With("component", "x").InfoContext(ctx, "in request")
 	logger.Info("outside")
 	logger.DebugContext(ctx, "below the level")
+	logger.InfoContext(ctx, "names its tenant", "tenant", "tenant-a")
 
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
-	if len(lines) != 2 {
+	if len(lines) != 3 {
 		t.Fatalf("%d lines, want 2:\n%s", len(lines), buf.String())
 	}
 	var in, out map[string]any
@@ -44,6 +45,9 @@ func TestLogHandler(t *testing.T) {
 		if in[k] != v {
 			t.Errorf("in-request line: %s = %v, want %s", k, in[k], v)
 		}
+	}
+	if n := strings.Count(lines[2], `"tenant"`); n != 1 {
+		t.Errorf("a line naming its tenant has it %d times: %s", n, lines[2])
 	}
 	for _, k := range []string{"tenant", "trace_id", "region"} {
 		if _, ok := out[k]; ok {
