@@ -62,8 +62,8 @@ func (s *Server) observed(next http.Handler) http.Handler {
 		ctx := telemetry.WithRequest(telemetry.Extract(r.Context(), r.Header), f)
 		span := trace.SpanFromContext(context.Background())
 		if s.obs.tracing {
-			ctx, span = s.obs.tracer.Start(ctx, r.Method, trace.WithSpanKind(trace.SpanKindServer),
-				trace.WithAttributes(attribute.String("http.request.method", r.Method),
+			ctx, span = s.obs.tracer.Start(ctx, methodOf(r), trace.WithSpanKind(trace.SpanKindServer),
+				trace.WithAttributes(attribute.String("http.request.method", methodOf(r)),
 					attribute.String("idem.region", s.cfg.Region), attribute.String("idem.node", s.cfg.NodeID)))
 		}
 		sw := &statusWriter{ResponseWriter: w}
@@ -87,10 +87,22 @@ func (s *Server) observed(next http.Handler) http.Handler {
 			span.End()
 		}
 		if s.logger.Enabled(ctx, slog.LevelDebug) {
-			s.logger.DebugContext(ctx, "request", "method", r.Method, "route", route, "status", sw.status,
+			s.logger.DebugContext(ctx, "request", "method", methodOf(r), "route", route, "status", sw.status,
 				"duration", time.Since(start))
 		}
 	})
+}
+
+// methodOf returns the request's method if it is a standard one, else
+// "_OTHER": a log field or span attribute never echoes what an
+// unauthenticated client sent.
+func methodOf(r *http.Request) string {
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace:
+		return r.Method
+	}
+	return "_OTHER"
 }
 
 // noteRequest records the tenant, operation and key hash of an

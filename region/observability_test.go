@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/internal/telemetry"
+	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/region"
 )
 
@@ -201,6 +202,32 @@ func TestStandardMetrics(t *testing.T) {
 		"idem_pgxpool_acquire_wait_seconds_total", "idem_pgxpool_canceled_acquire_total"} {
 		if !strings.Contains(string(b), "\n"+name) {
 			t.Errorf("/metrics has no %s", name)
+		}
+	}
+}
+
+// TestRequestLogEchoesNoClientInput: the debug line of an unauthenticated
+// request with a made-up method and path names neither.
+func TestRequestLogEchoesNoClientInput(t *testing.T) {
+	logs := &lockedBuffer{}
+	logger, err := telemetry.NewLogger(logs, "debug", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := storetest.New(t)
+	n := startNode(t, st, payments.NewService(st, payments.Config{Region: "test"}), region.Config{Logger: logger})
+	a := n.do("EVILMETHOD", "/evil-path-x", "", nil, "")
+	if a.status != http.StatusNotFound && a.status != http.StatusMethodNotAllowed {
+		t.Fatalf("status %d", a.status)
+	}
+	lines := logs.lines(t)
+	if len(lines) == 0 {
+		t.Fatal("no request line")
+	}
+	for _, l := range lines {
+		b, _ := json.Marshal(l)
+		if strings.Contains(string(b), "EVILMETHOD") || strings.Contains(string(b), "evil-path-x") {
+			t.Errorf("log line echoes the request: %s", b)
 		}
 	}
 }

@@ -54,8 +54,10 @@ type Config struct {
 	MaxBodyBytes int64
 	// Logger receives request failures. Default: discard.
 	Logger *slog.Logger
-	// Registry receives the node's metrics and serves /metrics. Default: a
-	// new registry.
+	// Registry receives the node's metrics, the standard Go runtime,
+	// process and build-info collectors and the store pool's statistics,
+	// and serves /metrics; it must not hold them already. Default: a new
+	// registry.
 	Registry *prometheus.Registry
 	// Router decides which tenants this node serves and forwards the rest
 	// to their home region. Nil serves every tenant here (single region).
