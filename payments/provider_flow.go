@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/fencing"
+	"github.com/idemcoord/idem/internal/telemetry"
 	"github.com/idemcoord/idem/provider"
 	"github.com/idemcoord/idem/store"
 )
@@ -152,7 +153,7 @@ func (s *Service) drive(ctx context.Context, lease idem.Lease, cp idem.Checkpoin
 		return s.providerKeyConflict(ctx, lease, p, err)
 	case errors.Is(err, provider.ErrStaleToken):
 		// A newer owner reached the provider first: it will finish.
-		s.logger.WarnContext(ctx, "provider rejected a stale fencing token", "tenant", lease.Tenant, "key", lease.Key, "token", lease.Token)
+		s.logger.WarnContext(ctx, "provider rejected a stale fencing token", "tenant", lease.Tenant, "key_hash", telemetry.KeyHash(lease.Key), "token", lease.Token)
 		s.fenced()
 		return Result{}, &idem.Error{Code: idem.ECodeInProgress, Message: "Another owner is completing this request; retry later.", Err: err}
 	default:
@@ -223,7 +224,7 @@ const PaymentStatusConflict = "CONFLICT"
 // owner.
 func (s *Service) providerKeyConflict(ctx context.Context, lease idem.Lease, p store.Payment, cause error) (Result, error) {
 	s.logger.ErrorContext(ctx, "provider holds another charge under this payment's provider key",
-		"tenant", lease.Tenant, "key", lease.Key, "payment", p.ID, "provider_key", p.ProviderKey, "err", cause)
+		"tenant", lease.Tenant, "key_hash", telemetry.KeyHash(lease.Key), "payment", p.ID, "provider_key", p.ProviderKey, "err", cause)
 	resp := providerKeyConflictResponse(p.ID)
 	err := s.ownedTx(ctx, func(tx pgx.Tx) error {
 		if err := store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusFailedReplayable, ErrorCode: idem.ECodeProviderKeyConflict, Response: &resp}); err != nil {
@@ -264,7 +265,7 @@ func (s *Service) retryable(ctx context.Context, lease idem.Lease, cause error) 
 // lost. Only recovery (a retry or the recovery worker asking the provider)
 // moves the record on; the client gets 202 with a stable code.
 func (s *Service) markUnknown(ctx context.Context, lease idem.Lease, p store.Payment, cause error) (Result, error) {
-	s.logger.WarnContext(ctx, "payment outcome unknown", "tenant", lease.Tenant, "key", lease.Key, "payment", p.ID, "err", cause)
+	s.logger.WarnContext(ctx, "payment outcome unknown", "tenant", lease.Tenant, "key_hash", telemetry.KeyHash(lease.Key), "payment", p.ID, "err", cause)
 	err := s.ownedTx(ctx, func(tx pgx.Tx) error {
 		return store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusUnknown, ErrorCode: idem.ECodeOutcomeUnknown})
 	})

@@ -15,6 +15,7 @@ import (
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/fencing"
 	"github.com/idemcoord/idem/fingerprint"
+	"github.com/idemcoord/idem/internal/telemetry"
 	"github.com/idemcoord/idem/store"
 )
 
@@ -102,6 +103,9 @@ func NewService(st *store.Store, cfg Config) *Service {
 	}
 	if cfg.ReplayRule == "" {
 		cfg.ReplayRule = ReplayAsStored
+	}
+	if cfg.Provider != nil {
+		cfg.Provider = tracedProvider{cfg.Provider}
 	}
 	return &Service{store: st, cfg: cfg, logger: cfg.Logger}
 }
@@ -276,7 +280,7 @@ func (s *Service) finishAttempt(ctx context.Context, begin idem.BeginRequest, cm
 	}
 	if idem.ErrorCode(err) == idem.ECodeKeyReused {
 		s.logger.WarnContext(ctx, "idempotency key reused with a different request",
-			"tenant", begin.Tenant, "operation", begin.Operation, "key", begin.Key)
+			"tenant", begin.Tenant, "operation", begin.Operation, "key_hash", telemetry.KeyHash(begin.Key))
 	}
 	if errors.Is(err, idem.ErrFenced) {
 		s.fenced()

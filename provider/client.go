@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+
+	"github.com/idemcoord/idem/internal/telemetry"
 )
 
 // Sentinel errors returned (wrapped) by [Client]. Test them with errors.Is;
@@ -285,6 +287,7 @@ func (c *Client) do(ctx context.Context, op, method, path string, hdr http.Heade
 	if err != nil {
 		return response{}, fmt.Errorf("provider: %s: build request: %w", op, err)
 	}
+	telemetry.Inject(ctx, req.Header)
 	// Without GetBody the transport treats the request as not replayable
 	// and never re-sends it by itself after a dropped connection (it would
 	// otherwise, because of the Idempotency-Key header).

@@ -28,6 +28,7 @@ import (
 // us-east, which forwards tenant-a's requests there.
 type fwdCluster struct {
 	t      *testing.T
+	etcd   *etcdtest.Server
 	cli    *clientv3.Client
 	ca     *tlsutil.CA
 	dir    string
@@ -37,7 +38,7 @@ type fwdCluster struct {
 func newFwdCluster(t *testing.T, withTLS bool) *fwdCluster {
 	t.Helper()
 	etcd := etcdtest.Start(t)
-	c := &fwdCluster{t: t, cli: etcd.Client(t), dir: t.TempDir()}
+	c := &fwdCluster{t: t, etcd: etcd, cli: etcd.Client(t), dir: t.TempDir()}
 	if _, err := routing.SetPlacement(context.Background(), c.cli, "tenant-a", "eu-west"); err != nil {
 		t.Fatal(err)
 	}

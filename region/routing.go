@@ -15,6 +15,7 @@ import (
 	"sync"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/internal/telemetry"
 	"github.com/idemcoord/idem/internal/tlsutil"
 	"github.com/idemcoord/idem/routing"
 )
@@ -135,6 +136,7 @@ func (s *Server) knowsTenant(tenant string) bool {
 // with 508 IDEMPOTENCY_ROUTING_LOOP.
 func (s *Server) routed(h tenantHandler, hops int) tenantHandler {
 	return func(w http.ResponseWriter, r *http.Request, tenant string) {
+		s.noteRequest(r, tenant)
 		if s.cfg.Router == nil {
 			h(w, r, tenant)
 			return
@@ -180,6 +182,7 @@ func (s *Server) routed(h tenantHandler, hops int) tenantHandler {
 				if bySecret {
 					out.Set(HeaderPeerSecret, string(s.cfg.PeerSecret))
 				}
+				telemetry.Inject(pr.Out.Context(), out)
 			},
 			Transport: transport,
 			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -187,7 +190,9 @@ func (s *Server) routed(h tenantHandler, hops int) tenantHandler {
 					Message: "The tenant's home region could not be reached; retry with the same key.", Err: err})
 			},
 		}
-		proxy.ServeHTTP(w, r)
+		ctx, done := s.forwardSpan(r.Context(), rt.Placement.Region, rt.ForwardNode)
+		defer done()
+		proxy.ServeHTTP(w, r.WithContext(ctx))
 	}
 }
 

@@ -20,8 +20,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/internal/telemetry"
 	"github.com/idemcoord/idem/internal/tlsutil"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/routing"
@@ -52,8 +54,10 @@ type Config struct {
 	MaxBodyBytes int64
 	// Logger receives request failures. Default: discard.
 	Logger *slog.Logger
-	// Registry receives the node's metrics and serves /metrics. Default: a
-	// new registry.
+	// Registry receives the node's metrics, the standard Go runtime,
+	// process and build-info collectors and the store pool's statistics,
+	// and serves /metrics; it must not hold them already. Default: a new
+	// registry.
 	Registry *prometheus.Registry
 	// Router decides which tenants this node serves and forwards the rest
 	// to their home region. Nil serves every tenant here (single region).
@@ -106,6 +110,13 @@ type Config struct {
 	// MaxHeaderBytes bounds a request's header block; larger ones get 431.
 	// Default DefaultMaxHeaderBytes (64 KiB).
 	MaxHeaderBytes int
+
+	// TracerProvider, if set, traces requests (continuing a caller's W3C
+	// traceparent), forwards (the home node continues the same trace), the
+	// store's transactions and statements, provider calls and the recovery
+	// and cleanup passes. Default: nil, tracing off at no cost. The caller
+	// owns it (and shuts it down).
+	TracerProvider trace.TracerProvider
 }
 
 // Server is a regional node's HTTP server. Create it with NewServer, start it
@@ -130,6 +141,7 @@ type Server struct {
 	forwardTransport *http.Transport
 	peers            peerTransports
 	workerMetrics    *workerMetrics
+	obs              *observability
 	workers          workerGroup
 	stopWorkers      context.CancelFunc
 }
@@ -148,6 +160,7 @@ func NewServer(cfg Config, st *store.Store, pay *payments.Service) (*Server, err
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	cfg.Logger = slog.New(telemetry.NewLogHandler(cfg.Logger.Handler()))
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
@@ -183,7 +196,11 @@ func NewServer(cfg Config, st *store.Store, pay *payments.Service) (*Server, err
 	if err != nil {
 		return nil, fmt.Errorf("region: register metrics: %w", err)
 	}
-	s := &Server{cfg: cfg, store: st, payments: pay, metrics: m, workerMetrics: wm, logger: cfg.Logger, operations: ops,
+	obs, err := newObservability(cfg, st, cfg.Registry)
+	if err != nil {
+		return nil, fmt.Errorf("region: register metrics: %w", err)
+	}
+	s := &Server{cfg: cfg, store: st, payments: pay, metrics: m, workerMetrics: wm, obs: obs, logger: cfg.Logger, operations: ops,
 		forwardTransport: http.DefaultTransport.(*http.Transport).Clone()}
 	for token, tenant := range cfg.Tokens {
 		s.tokens = append(s.tokens, tokenDigest{sum: sha256.Sum256([]byte(token)), tenant: tenant})
@@ -206,7 +223,7 @@ func NewServer(cfg Config, st *store.Store, pay *payments.Service) (*Server, err
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.logger, idem.Errorf(idem.ECodeNotFound, "No such endpoint."))
 	})
-	s.handler = s.deadlines(s.instrument(mux))
+	s.handler = s.observed(s.deadlines(s.instrument(mux)))
 	return s, nil
 }
 

@@ -118,7 +118,7 @@ func (s *Server) every(ctx context.Context, name string, interval time.Duration,
 				return
 			case <-t.C:
 			}
-			if err := fn(ctx); err != nil && ctx.Err() == nil {
+			if err := s.tracedPass(ctx, name, fn); err != nil && ctx.Err() == nil {
 				s.workerMetrics.workerErrors.WithLabelValues(name).Inc()
 				s.logger.WarnContext(ctx, "background worker failed", "worker", name, "err", err)
 			}

@@ -9,8 +9,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/internal/telemetry"
 )
 
 // Payment is a row of the reference domain's payments table.
@@ -53,6 +55,8 @@ var ErrDuplicateMerchantReference = errors.New("store: duplicate merchant refere
 // ErrDuplicateMerchantReference and writes nothing.
 func ClaimWithPayment(ctx context.Context, q Querier, req idem.BeginRequest, status idem.Status, cp idem.Checkpoint,
 	completion *idem.Completion, p Payment, ev Event) (bool, error) {
+	ctx, span := telemetry.Start(ctx, "idem.claim", trace.SpanKindInternal)
+	defer span.End()
 	var (
 		respStatus *int
 		headers    []byte

@@ -9,8 +9,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/internal/telemetry"
 )
 
 // Querier is what record and domain functions need from a transaction or pool.
@@ -89,6 +91,8 @@ func validateBegin(req idem.BeginRequest) error {
 // token, inside the same serializable transaction, so exactly one of many
 // concurrent requests wins it.
 func (s *Store) Begin(ctx context.Context, req idem.BeginRequest) (idem.Decision, error) {
+	ctx, span := telemetry.Start(ctx, "idem.claim", trace.SpanKindInternal)
+	defer span.End()
 	if err := validateBegin(req); err != nil {
 		return idem.Decision{}, err
 	}

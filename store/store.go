@@ -23,8 +23,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/internal/telemetry"
 )
 
 // Options configure Open.
@@ -58,6 +60,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	if opts.MaxConns > 0 {
 		cfg.MaxConns = opts.MaxConns
 	}
+	cfg.ConnConfig.Tracer = queryTracer{}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("store: connect: %w", err)
@@ -100,8 +103,9 @@ func (s *Store) Ping(ctx context.Context) error {
 // fn may run several times and must have no effect outside the database.
 // Errors from fn are returned unchanged when not retryable; connection
 // failures are returned as *idem.Error with code STORE_UNAVAILABLE.
-func (s *Store) ExecTx(ctx context.Context, fn func(pgx.Tx) error) error {
-	var err error
+func (s *Store) ExecTx(ctx context.Context, fn func(pgx.Tx) error) (err error) {
+	ctx, span := telemetry.Start(ctx, "store.tx", trace.SpanKindInternal)
+	defer func() { endSpan(span, err) }()
 	for attempt := 1; ; attempt++ {
 		c := &commitKeeper{pool: s.pool}
 		err = crdbpgx.ExecuteTx(crdb.WithMaxRetries(ctx, 1), c, pgx.TxOptions{IsoLevel: pgx.Serializable}, fn)

@@ -52,6 +52,7 @@ func runUp(ctx context.Context, args []string, env *Env) error {
 	etcd := fs.String("etcd", "", "path of the etcd binary (default: next to idemctl, then ./bin, then PATH)")
 	window := fs.Duration("replay-window", 0, "replay window of every node (default: idemd's default)")
 	withTLS := fs.Bool("tls", false, "TLS everywhere: a throwaway CA and certificates for every node, etcd member and the provider; etcd with client-certificate auth and peer mTLS; nodes forward over mutual TLS; https URLs and the CA's path (caFile) in cluster.json")
+	otlp := fs.String("otlp-endpoint", "", "OTLP gRPC collector every node exports its traces to (idemd --otlp-endpoint); empty: tracing off")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: idemctl up [flags]\n\nStarts PostgreSQL, etcd, the provider simulator and idemd nodes locally and runs until interrupted.\nBuild the binaries first, from the module root: %s\n\nflags:\n", cluster.BuildCommand)
 		fs.PrintDefaults()
@@ -112,7 +113,12 @@ func runUp(ctx context.Context, args []string, env *Env) error {
 	startCtx, cancel := context.WithTimeout(ctx, upStartTimeout)
 	defer cancel()
 	began := time.Now()
+	var nodeArgs []string
+	if *otlp != "" {
+		nodeArgs = []string{"--otlp-endpoint", *otlp}
+	}
 	c, err := cluster.Start(startCtx, cluster.Config{
+		ExtraNodeArgs:  nodeArgs,
 		StateDir:       *stateDir,
 		Regions:        regionList,
 		NodesPerRegion: *nodes,
@@ -210,6 +216,12 @@ func printUpSummary(w io.Writer, c *cluster.Cluster, tempState bool, took time.D
 	} else {
 		for _, r := range info.Regions {
 			fmt.Fprintf(w, "  %-*s  %s\n", width, r.Name, r.DatabaseURL)
+		}
+	}
+	fmt.Fprintln(w, "\nMetrics (Prometheus):")
+	for _, r := range info.Regions {
+		for _, n := range r.Nodes {
+			fmt.Fprintf(w, "  %-*s  %s/metrics\n", width, r.Name, n)
 		}
 	}
 	if len(info.EtcdEndpoints) > 0 {

@@ -85,10 +85,12 @@ func TestUp(t *testing.T) {
 		}}
 		code := make(chan int, 1)
 		go func() {
-			code <- Run(ctx, []string{"up", "--state-dir", dir, "--idemd", idemd, "--etcd", etcd, "--nodes-per-region", "2"}, env)
+			code <- Run(ctx, []string{"up", "--state-dir", dir, "--idemd", idemd, "--etcd", etcd, "--nodes-per-region", "2",
+				"--otlp-endpoint", upOTLP}, env)
 		}()
 
 		info := upWaitForState(t, filepath.Join(dir, cluster.StateFile), code, &stderr)
+		upCheckOTLP(t)
 		if len(info.Regions) != 2 || info.Regions[1].Name != "us-east" || len(info.Regions[1].Nodes) != 2 {
 			t.Errorf("regions %+v, want eu-west and us-east from IDEM_REGIONS, 2 nodes each", info.Regions)
 		}
@@ -415,6 +417,9 @@ func upCheckSummary(tb testing.TB, out string, info cluster.Info) {
 			" -H 'Idempotency-Key: abc-123' -H 'Content-Type: application/json' -d '" + upSamplePayment + "'"}
 	for _, r := range info.Regions {
 		want = append(want, r.Nodes...)
+		for _, n := range r.Nodes {
+			want = append(want, n+"/metrics")
+		}
 	}
 	for tenant, token := range info.Tokens {
 		want = append(want, tenant+"  "+token+"  home "+info.Placements[tenant])
@@ -474,4 +479,32 @@ func (b *upSyncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// upOTLP is a collector address no one listens on: the exporter connects
+// lazily, so the nodes serve regardless and only the spans are lost.
+const upOTLP = "http://127.0.0.1:9"
+
+// upCheckOTLP checks that every idemd child was started with
+// --otlp-endpoint upOTLP.
+func upCheckOTLP(tb testing.TB) {
+	tb.Helper()
+	nodes := 0
+	for _, pid := range procfs.Children(os.Getpid()) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		if filepath.Base(args[0]) != "idemd" {
+			continue
+		}
+		nodes++
+		if !strings.Contains(string(b), "--otlp-endpoint\x00"+upOTLP+"\x00") {
+			tb.Errorf("idemd started without --otlp-endpoint %s: %q", upOTLP, args)
+		}
+	}
+	if nodes == 0 {
+		tb.Error("no idemd child process found")
+	}
 }

@@ -27,6 +27,7 @@ import (
 
 	"github.com/idemcoord/idem/internal/cli"
 	"github.com/idemcoord/idem/internal/etcdclient"
+	"github.com/idemcoord/idem/internal/telemetry"
 	"github.com/idemcoord/idem/internal/tlsutil"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/provider"
@@ -107,6 +108,13 @@ type Main struct {
 	ProviderCA string
 	// Etcd holds the etcd client's TLS and authentication flags.
 	Etcd etcdclient.Flags
+	// Ops holds the logging, tracing and admin listener flags.
+	Ops Ops
+
+	ops opsState
+	// defaultLogger is the logger ParseFlags may replace from Ops (one set
+	// by the embedding program is kept).
+	defaultLogger *slog.Logger
 
 	logger     *slog.Logger
 	getenv     func(string) string
@@ -124,7 +132,8 @@ type Main struct {
 
 // NewMain returns a Main with defaults.
 func NewMain() *Main {
-	return &Main{logger: slog.New(slog.NewTextHandler(os.Stderr, nil))}
+	logger := slog.New(telemetry.NewLogHandler(slog.NewTextHandler(os.Stderr, nil)))
+	return &Main{logger: logger, defaultLogger: logger}
 }
 
 // ParseFlags parses args, falling back to IDEM_* variables read with getenv.
@@ -164,6 +173,7 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	fs.StringVar(&m.ProviderCA, "provider-ca", "", "CA (PEM) that verifies an https --provider-url (default: the system's roots)")
 	m.Etcd.Register(fs)
 	m.faults.register(fs, &m.Workers.DuplicateDelivery)
+	m.Ops.register(fs)
 	operations := fs.String("operations", "", "comma-separated operations the coordination API serves (names of a-z, 0-9, '_', '.', '-'); others are refused with 404 OPERATION_UNKNOWN")
 	fs.DurationVar(&m.HTTP.ReadHeaderTimeout, "read-header-timeout", region.DefaultReadHeaderTimeout, "bound on reading a request's headers")
 	fs.DurationVar(&m.HTTP.ReadTimeout, "read-timeout", region.DefaultReadTimeout, "bound on reading a request's body (408 REQUEST_TIMEOUT past it)")
@@ -180,6 +190,9 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 		return err
 	}
 	if err := cli.ApplyEnv(fs, getenv); err != nil {
+		return err
+	}
+	if err := m.applyOps(); err != nil {
 		return err
 	}
 	if m.DatabaseURL == "" {
@@ -326,6 +339,9 @@ func (m *Main) loadKey(flag, file, envName, envValue string) (string, error) {
 // checks them), joins the region (with
 // etcd) and starts serving. It returns once the node is listening.
 func (m *Main) Run(ctx context.Context) error {
+	if err := m.startOps(ctx); err != nil {
+		return err
+	}
 	st, err := store.Open(ctx, m.DatabaseURL, store.Options{Logger: m.logger})
 	if err != nil {
 		return err
@@ -376,7 +392,11 @@ func (m *Main) Run(ctx context.Context) error {
 		}
 		cfg.Provider = pc
 	}
-	rcfg := region.Config{Listener: ln, Region: m.Region, NodeID: m.NodeID, Tokens: m.AuthTokens, Logger: m.logger}
+	rcfg := region.Config{Listener: ln, Region: m.Region, NodeID: m.NodeID, Tokens: m.AuthTokens, Logger: m.logger,
+		Registry: m.ops.registry}
+	if m.ops.tracer != nil {
+		rcfg.TracerProvider = m.ops.tracer
+	}
 	if err := m.peerConfig(&rcfg); err != nil {
 		_ = ln.Close()
 		return err
@@ -420,6 +440,7 @@ func (m *Main) joinRegion(ctx context.Context, ln net.Listener, https bool) (*ro
 	if err != nil {
 		return nil, err
 	}
+	ecfg.DialOptions = append(ecfg.DialOptions, m.ops.etcdDial...)
 	cli, err := clientv3.New(ecfg)
 	if err != nil {
 		return nil, fmt.Errorf("etcd: %w", err)
@@ -479,5 +500,5 @@ func (m *Main) Close() error {
 	if m.store != nil {
 		m.store.Close()
 	}
-	return err
+	return errors.Join(err, m.stopOps(ctx))
 }
