@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"time"
@@ -22,12 +23,14 @@ func runBench(ctx context.Context, args []string, env *Env) error {
 	fs.SetOutput(env.Stderr)
 	url := fs.String("database-url", "", "store to benchmark against; default: start a throwaway PostgreSQL with fsync on")
 	concurrency := fs.Int("concurrency", 8, "concurrent workers")
+	maxConns := fs.Int("max-conns", 0, "connection pool size of each store; default: concurrency + 4")
 	duration := fs.Duration("duration", 3*time.Second, "length of each phase")
 	rounds := fs.Int("rounds", 3, "how many times baseline and idempotent phases alternate")
 	suite := fs.String("suite", bench.SuiteStore, "what to measure: store, replay, http or all (comma-separated list allowed)")
 	replayKeys := fs.Int("replay-keys", 1000, "completed keys the replay suite retries in turn")
 	out := fs.String("out", "", "also write the report as JSON to this file")
 	asJSON := fs.Bool("json", false, "print the report as JSON instead of a table")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (clients and the layer) to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -51,7 +54,10 @@ func runBench(ctx context.Context, args []string, env *Env) error {
 			return err
 		}
 	}
-	st, err := store.Open(ctx, *url, store.Options{MaxConns: int32(*concurrency + 4)})
+	if *maxConns <= 0 {
+		*maxConns = *concurrency + 4
+	}
+	st, err := store.Open(ctx, *url, store.Options{MaxConns: int32(*maxConns)})
 	if err != nil {
 		return err
 	}
@@ -60,11 +66,22 @@ func runBench(ctx context.Context, args []string, env *Env) error {
 		return err
 	}
 	// The same database without the replay fast path, measured side by side.
-	claimFirst, err := store.Open(ctx, *url, store.Options{MaxConns: int32(*concurrency + 4), NoReplayRead: true})
+	claimFirst, err := store.Open(ctx, *url, store.Options{MaxConns: int32(*maxConns), NoReplayRead: true})
 	if err != nil {
 		return err
 	}
 	defer claimFirst.Close()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		defer func() { _ = f.Close() }()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	fmt.Fprintf(env.Stderr, "GOMAXPROCS %d, CPUs %d\n", runtime.GOMAXPROCS(0), runtime.NumCPU())
 	rep, err := bench.Run(ctx, st, bench.Config{Concurrency: *concurrency, PhaseDuration: *duration, Rounds: *rounds,
 		ReplayKeys: *replayKeys, ClaimFirst: claimFirst, Progress: env.Stderr}, suites...)

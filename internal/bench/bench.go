@@ -54,6 +54,9 @@ type Config struct {
 	ClaimFirst *store.Store
 	// Progress, if set, receives one line per finished phase.
 	Progress io.Writer
+
+	// sample reads CPU times around every phase (set by Run).
+	sample func() cpuSample
 }
 
 func (c Config) withDefaults() Config {
@@ -83,6 +86,15 @@ type Result struct {
 	P50Ms   float64       `json:"p50Ms"`
 	P99Ms   float64       `json:"p99Ms"`
 	Errors  int           `json:"errors"`
+	// ClientCPUPerOp is this process's CPU time (user + system) per
+	// operation, in microseconds: the benchmark's clients and everything
+	// the layer does outside the database (and, in the http suite, the
+	// HTTP servers). DBCPUPerOp is the CPU time of the database backends
+	// serving the benchmark's database per operation (WAL writer and
+	// checkpointer not included). Both 0 when not measurable (the database
+	// on another machine, or not Linux).
+	ClientCPUPerOp float64 `json:"clientCpuUsPerOp"`
+	DBCPUPerOp     float64 `json:"dbCpuUsPerOp"`
 }
 
 // Ratio compares the throughput of two results of a suite.
@@ -145,6 +157,7 @@ func (r Report) Suite(name string) SuiteReport {
 // migrated. It writes payments under tenants named bench-*.
 func Run(ctx context.Context, st *store.Store, cfg Config, suites ...string) (Report, error) {
 	cfg = cfg.withDefaults()
+	cfg.sample = func() cpuSample { return sampleCPU(ctx, st) }
 	if len(suites) == 0 {
 		suites = []string{SuiteStore}
 	}
@@ -224,6 +237,10 @@ type phaseStats struct {
 	errors    int
 	elapsed   time.Duration
 	latencies []time.Duration
+	// cpu sums the phases' CPU times; cpuPhases counts the phases that
+	// could be measured, phases all of them.
+	cpu               cpuSample
+	cpuPhases, phases int
 }
 
 func (p *phaseStats) add(o phaseStats) {
@@ -231,6 +248,10 @@ func (p *phaseStats) add(o phaseStats) {
 	p.errors += o.errors
 	p.elapsed += o.elapsed
 	p.latencies = append(p.latencies, o.latencies...)
+	p.cpu.client += o.cpu.client
+	p.cpu.server += o.cpu.server
+	p.cpuPhases += o.cpuPhases
+	p.phases += o.phases
 }
 
 func (p *phaseStats) result(name string) Result {
@@ -244,6 +265,10 @@ func (p *phaseStats) result(name string) Result {
 		r.P99 = p.latencies[min(n-1, n*99/100)]
 	}
 	r.P50Ms, r.P99Ms = float64(r.P50.Microseconds())/1000, float64(r.P99.Microseconds())/1000
+	if p.ops > 0 && p.phases > 0 && p.cpuPhases == p.phases {
+		r.ClientCPUPerOp = float64(p.cpu.client.Microseconds()) / float64(p.ops)
+		r.DBCPUPerOp = float64(p.cpu.server.Microseconds()) / float64(p.ops)
+	}
 	return r
 }
 
@@ -264,6 +289,10 @@ func phase(ctx context.Context, cfg Config, fn func(context.Context) error) (pha
 		wg    sync.WaitGroup
 		first error
 	)
+	var before cpuSample
+	if cfg.sample != nil {
+		before = cfg.sample()
+	}
 	start := time.Now()
 	deadline := start.Add(cfg.PhaseDuration)
 	for range cfg.Concurrency {
@@ -291,6 +320,13 @@ func phase(ctx context.Context, cfg Config, fn func(context.Context) error) (pha
 	}
 	wg.Wait()
 	total.elapsed = time.Since(start)
+	total.phases = 1
+	if cfg.sample != nil {
+		if after := cfg.sample(); before.ok && after.ok {
+			total.cpu = cpuSample{client: after.client - before.client, server: after.server - before.server, ok: true}
+			total.cpuPhases = 1
+		}
+	}
 	if err := ctx.Err(); err != nil {
 		return total, fmt.Errorf("bench: %w", err)
 	}
@@ -331,9 +367,10 @@ func (r Report) Markdown() string {
 			b.WriteString("\n")
 		}
 		fmt.Fprintf(&b, "suite %s, concurrency %d:\n\n", s.Suite, s.Concurrency)
-		b.WriteString("| operation | ops | ops/s | p50 ms | p99 ms | errors |\n|---|---:|---:|---:|---:|---:|\n")
+		b.WriteString("| operation | ops | ops/s | p50 ms | p99 ms | errors | client CPU µs/op | db CPU µs/op |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, x := range s.Results {
-			fmt.Fprintf(&b, "| %s | %d | %.0f | %.2f | %.2f | %d |\n", x.Name, x.Ops, x.OpsPerS, x.P50Ms, x.P99Ms, x.Errors)
+			fmt.Fprintf(&b, "| %s | %d | %.0f | %.2f | %.2f | %d | %.0f | %.0f |\n", x.Name, x.Ops, x.OpsPerS, x.P50Ms, x.P99Ms, x.Errors,
+				x.ClientCPUPerOp, x.DBCPUPerOp)
 		}
 		b.WriteString("\n")
 		for _, x := range s.Ratios {
