@@ -215,6 +215,15 @@ func (s *Service) Create(ctx context.Context, req Request) (Result, error) {
 // attempt runs one claim. Without a provider the whole operation is one
 // transaction; with one, see attemptWithProvider.
 func (s *Service) attempt(ctx context.Context, begin idem.BeginRequest, cmd Command, uncertain bool, lock *fencing.Lock) (Result, error) {
+	// A settled record answers from one read; anything else claims below.
+	if d, ok, err := s.store.ReadSettled(ctx, begin); err != nil || ok {
+		if err != nil {
+			return Result{}, err
+		}
+		res := Result{Outcome: d.Outcome}
+		_, err = s.answerExisting(ctx, s.store.Pool(), d, &res)
+		return s.finishAttempt(ctx, begin, cmd, res, err)
+	}
 	if s.cfg.Provider != nil {
 		return s.attemptWithProvider(ctx, begin, cmd, uncertain, lock)
 	}

@@ -96,6 +96,9 @@ func (s *Store) Begin(ctx context.Context, req idem.BeginRequest) (idem.Decision
 	if err := validateBegin(req); err != nil {
 		return idem.Decision{}, err
 	}
+	if d, ok, err := s.ReadSettled(ctx, req); err != nil || ok {
+		return d, err
+	}
 	var d idem.Decision
 	err := s.ExecTx(ctx, func(tx pgx.Tx) error {
 		var err error
@@ -106,6 +109,54 @@ func (s *Store) Begin(ctx context.Context, req idem.BeginRequest) (idem.Decision
 		return idem.Decision{}, fmt.Errorf("store: begin: %w", err)
 	}
 	return d, nil
+}
+
+// settledStatuses are the states a record cannot leave before its window
+// ends: nothing but the expiry takeover (which needs expires_at past) and
+// cleanup (likewise) ever writes such a record again.
+const settledStatuses = `('COMPLETED', 'FAILED_REPLAYABLE')`
+
+// ReadSettled is the replay fast path: one indexed read of req's scope,
+// outside any transaction and before any insert attempt. A record that is
+// COMPLETED or FAILED_REPLAYABLE and still inside its window (by the store's
+// clock) is immutable, so its answer is decided from this read alone: replay
+// when req's command hashes like the record's (under any hash version req
+// carries), conflict otherwise. It reports ok=false (and no error) when the
+// key has no such record (absent, in progress, retryable, unknown, expired)
+// or the fast path is turned off: the caller then claims with the atomic
+// insert as always. The decision never grants execution rights.
+func (s *Store) ReadSettled(ctx context.Context, req idem.BeginRequest) (d idem.Decision, ok bool, err error) {
+	if !s.replayRead {
+		return idem.Decision{}, false, nil
+	}
+	d, ok, err = ReadSettledTx(ctx, s.pool, req)
+	if err != nil {
+		return idem.Decision{}, false, fmt.Errorf("store: read settled record: %w", unavailableOr(err))
+	}
+	return d, ok, nil
+}
+
+// ReadSettledTx is ReadSettled through q, whatever the store's options.
+func ReadSettledTx(ctx context.Context, q Querier, req idem.BeginRequest) (idem.Decision, bool, error) {
+	if len(req.RequestHashes) == 0 {
+		return idem.Decision{}, false, nil
+	}
+	var now time.Time
+	rec, err := scanRecord(q.QueryRow(ctx, `SELECT `+recordColumns+`, now()
+		FROM idempotency_records WHERE tenant_id = $1 AND operation_name = $2 AND idempotency_key = $3
+		AND status IN `+settledStatuses+` AND expires_at > now()`,
+		req.Tenant, req.Operation, req.Key), &now)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return idem.Decision{}, false, nil
+	}
+	if err != nil {
+		return idem.Decision{}, false, err
+	}
+	switch outcome := idem.Decide(rec, req.RequestHashes, now); outcome {
+	case idem.OutcomeReplay, idem.OutcomeConflict:
+		return idem.Decision{Outcome: outcome, Record: rec}, true, nil
+	}
+	return idem.Decision{}, false, nil
 }
 
 // BeginTx is Begin inside the caller's transaction, for operations whose

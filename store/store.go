@@ -39,6 +39,10 @@ type Options struct {
 	// TxAttempts bounds how many times ExecTx starts a transaction anew after
 	// a serialization failure. Default 30.
 	TxAttempts int
+	// NoReplayRead turns off the replay fast path (see [Store.ReadSettled]):
+	// every request then goes straight to the insert-first claim. Benchmarks
+	// use it to measure the fast path against its absence.
+	NoReplayRead bool
 }
 
 // Store is a connection pool to the idempotency store. It is safe for
@@ -47,6 +51,7 @@ type Store struct {
 	pool       *pgxpool.Pool
 	logger     *slog.Logger
 	txAttempts int
+	replayRead bool
 }
 
 // Open connects to the database at url. It does not apply migrations; call
@@ -65,7 +70,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: connect: %w", err)
 	}
-	s := &Store{pool: pool, logger: opts.Logger, txAttempts: opts.TxAttempts}
+	s := &Store{pool: pool, logger: opts.Logger, txAttempts: opts.TxAttempts, replayRead: !opts.NoReplayRead}
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
 	}

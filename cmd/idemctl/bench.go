@@ -5,6 +5,11 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/idemcoord/idem/internal/bench"
@@ -18,14 +23,25 @@ func runBench(ctx context.Context, args []string, env *Env) error {
 	fs.SetOutput(env.Stderr)
 	url := fs.String("database-url", "", "store to benchmark against; default: start a throwaway PostgreSQL with fsync on")
 	concurrency := fs.Int("concurrency", 8, "concurrent workers")
+	maxConns := fs.Int("max-conns", 0, "connection pool size of each store; default: concurrency + 4")
 	duration := fs.Duration("duration", 3*time.Second, "length of each phase")
 	rounds := fs.Int("rounds", 3, "how many times baseline and idempotent phases alternate")
+	suite := fs.String("suite", bench.SuiteStore, "what to measure: store, replay, http or all (comma-separated list allowed)")
+	replayKeys := fs.Int("replay-keys", 1000, "completed keys the replay suite retries in turn")
+	out := fs.String("out", "", "also write the report as JSON to this file")
 	asJSON := fs.Bool("json", false, "print the report as JSON instead of a table")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (clients and the layer) to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if err := cli.ApplyEnv(fs, env.Getenv); err != nil {
 		return usageError{err}
+	}
+	suites := strings.Split(*suite, ",")
+	for _, name := range suites {
+		if name != "all" && !slices.Contains(bench.Suites, name) {
+			return usageError{fmt.Errorf("bench: unknown suite %q (want store, replay, http or all)", name)}
+		}
 	}
 	if *url == "" {
 		fmt.Fprintln(env.Stderr, "starting a throwaway PostgreSQL (fsync on)...")
@@ -38,7 +54,10 @@ func runBench(ctx context.Context, args []string, env *Env) error {
 			return err
 		}
 	}
-	st, err := store.Open(ctx, *url, store.Options{MaxConns: int32(*concurrency + 4)})
+	if *maxConns <= 0 {
+		*maxConns = *concurrency + 4
+	}
+	st, err := store.Open(ctx, *url, store.Options{MaxConns: int32(*maxConns)})
 	if err != nil {
 		return err
 	}
@@ -46,9 +65,37 @@ func runBench(ctx context.Context, args []string, env *Env) error {
 	if err := st.Migrate(ctx); err != nil {
 		return err
 	}
-	rep, err := bench.Run(ctx, st, bench.Config{Concurrency: *concurrency, PhaseDuration: *duration, Rounds: *rounds, Progress: env.Stderr})
+	// The same database without the replay fast path, measured side by side.
+	claimFirst, err := store.Open(ctx, *url, store.Options{MaxConns: int32(*maxConns), NoReplayRead: true})
 	if err != nil {
 		return err
+	}
+	defer claimFirst.Close()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		defer func() { _ = f.Close() }()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	fmt.Fprintf(env.Stderr, "GOMAXPROCS %d, CPUs %d\n", runtime.GOMAXPROCS(0), runtime.NumCPU())
+	rep, err := bench.Run(ctx, st, bench.Config{Concurrency: *concurrency, PhaseDuration: *duration, Rounds: *rounds,
+		ReplayKeys: *replayKeys, ClaimFirst: claimFirst, Progress: env.Stderr}, suites...)
+	if err != nil {
+		return err
+	}
+	if *out != "" {
+		raw, err := json.MarshalIndent(rep, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(*out, append(raw, '\n'), 0o644); err != nil {
+			return fmt.Errorf("bench: write report: %w", err)
+		}
 	}
 	if *asJSON {
 		enc := json.NewEncoder(env.Stdout)

@@ -1,41 +1,78 @@
-// Package bench measures the cost of the idempotency layer: the create_payment
-// write through the engine against the same business write (payment row and
-// outbox event, same SQL otherwise) without it, in one process and one run,
-// alternating phases so that both see the same machine.
+// Package bench measures the cost of the idempotency layer, in one process and
+// one run, alternating phases so that every kind of operation sees the same
+// machine. Three suites:
+//
+//   - store: the create_payment write through payments.Service against the
+//     same business write (payment row and outbox event, same SQL otherwise)
+//     without the layer;
+//   - replay: a retry of a completed key against a fresh idempotent write,
+//     with and without the replay fast path (store.Options.NoReplayRead);
+//   - http: POST /payments end to end over HTTP through the node's handler
+//     (region.Server) against a handler without the layer that does the same
+//     authentication, body read, strict decode, business write and render.
 package bench
 
 import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
-	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/store"
 )
 
-// Config configures Run.
+// Suite names.
+const (
+	SuiteStore  = "store"
+	SuiteReplay = "replay"
+	SuiteHTTP   = "http"
+)
+
+// Suites lists every suite in the order "all" runs them.
+var Suites = []string{SuiteStore, SuiteReplay, SuiteHTTP}
+
+// Config configures a run.
 type Config struct {
 	// Concurrency is the number of concurrent workers. Default 8.
 	Concurrency int
 	// PhaseDuration is how long each phase runs. Default 3s.
 	PhaseDuration time.Duration
-	// Rounds is how many times the baseline and idempotent phases alternate.
-	// Default 3.
+	// Rounds is how many times a suite's phases alternate. Default 3.
 	Rounds int
-	// ReplayKeys is how many completed keys the replay phase cycles through.
+	// ReplayKeys is how many completed keys replays cycle through.
 	// Default 1000.
 	ReplayKeys int
+	// ClaimFirst, if set, is a store on the same database opened with
+	// store.Options.NoReplayRead: the store and replay suites then also
+	// measure the layer without the replay fast path, side by side.
+	ClaimFirst *store.Store
 	// Progress, if set, receives one line per finished phase.
 	Progress io.Writer
+
+	// sample reads CPU times around every phase (set by Run).
+	sample func() cpuSample
+}
+
+func (c Config) withDefaults() Config {
+	if c.Concurrency <= 0 {
+		c.Concurrency = 8
+	}
+	if c.PhaseDuration <= 0 {
+		c.PhaseDuration = 3 * time.Second
+	}
+	if c.Rounds <= 0 {
+		c.Rounds = 3
+	}
+	if c.ReplayKeys <= 0 {
+		c.ReplayKeys = 1000
+	}
+	return c
 }
 
 // Result summarises one kind of operation over all its phases.
@@ -46,17 +83,153 @@ type Result struct {
 	OpsPerS float64       `json:"opsPerSecond"`
 	P50     time.Duration `json:"p50"`
 	P99     time.Duration `json:"p99"`
+	P50Ms   float64       `json:"p50Ms"`
+	P99Ms   float64       `json:"p99Ms"`
 	Errors  int           `json:"errors"`
+	// ClientCPUPerOp is this process's CPU time (user + system) per
+	// operation, in microseconds: the benchmark's clients and everything
+	// the layer does outside the database (and, in the http suite, the
+	// HTTP servers). DBCPUPerOp is the CPU time of the database backends
+	// serving the benchmark's database per operation (WAL writer and
+	// checkpointer not included). Both 0 when not measurable (the database
+	// on another machine, or not Linux).
+	ClientCPUPerOp float64 `json:"clientCpuUsPerOp"`
+	DBCPUPerOp     float64 `json:"dbCpuUsPerOp"`
 }
 
-// Report is the outcome of Run.
+// Ratio compares the throughput of two results of a suite.
+type Ratio struct {
+	// Name reads "a/b": a's ops/s divided by b's.
+	Name  string  `json:"name"`
+	Value float64 `json:"value"`
+}
+
+// SuiteReport is the outcome of one suite.
+type SuiteReport struct {
+	Suite       string   `json:"suite"`
+	Concurrency int      `json:"concurrency"`
+	Results     []Result `json:"results"`
+	Ratios      []Ratio  `json:"ratios"`
+	// Rows counts what the suite left in the store (payments and
+	// idempotency records under its tenants), for checking against Ops.
+	Payments int `json:"payments"`
+	Records  int `json:"records"`
+	// Seeded is how many completed keys the suite wrote before measuring.
+	Seeded int `json:"seeded"`
+}
+
+// Result returns the suite's result named name (zero if absent).
+func (s SuiteReport) Result(name string) Result {
+	for _, r := range s.Results {
+		if r.Name == name {
+			return r
+		}
+	}
+	return Result{}
+}
+
+// Ratio returns the suite's ratio named name (0 if absent).
+func (s SuiteReport) Ratio(name string) float64 {
+	for _, r := range s.Ratios {
+		if r.Name == name {
+			return r.Value
+		}
+	}
+	return 0
+}
+
+// Report is the outcome of a run of one or more suites.
 type Report struct {
-	Baseline   Result `json:"baseline"`
-	Idempotent Result `json:"idempotent"`
-	Replay     Result `json:"replay"`
-	// Ratio is idempotent ops/s divided by baseline ops/s.
-	Ratio       float64 `json:"ratio"`
-	Concurrency int     `json:"concurrency"`
+	Suites []SuiteReport `json:"suites"`
+}
+
+// Suite returns the report of suite name (zero if it did not run).
+func (r Report) Suite(name string) SuiteReport {
+	for _, s := range r.Suites {
+		if s.Suite == name {
+			return s
+		}
+	}
+	return SuiteReport{}
+}
+
+// Run runs the named suites ("all" for every one) on st, which must be
+// migrated. It writes payments under tenants named bench-*.
+func Run(ctx context.Context, st *store.Store, cfg Config, suites ...string) (Report, error) {
+	cfg = cfg.withDefaults()
+	cfg.sample = func() cpuSample { return sampleCPU(ctx, st) }
+	if len(suites) == 0 {
+		suites = []string{SuiteStore}
+	}
+	if slices.Contains(suites, "all") {
+		suites = Suites
+	}
+	var rep Report
+	for _, name := range suites {
+		var (
+			s   SuiteReport
+			err error
+		)
+		switch name {
+		case SuiteStore:
+			s, err = runStore(ctx, st, cfg)
+		case SuiteReplay:
+			s, err = runReplay(ctx, st, cfg)
+		case SuiteHTTP:
+			s, err = runHTTP(ctx, st, cfg)
+		default:
+			return Report{}, fmt.Errorf("bench: unknown suite %q (want %s or all)", name, strings.Join(Suites, ", "))
+		}
+		if err != nil {
+			return Report{}, fmt.Errorf("bench: suite %s: %w", name, err)
+		}
+		rep.Suites = append(rep.Suites, s)
+	}
+	return rep, nil
+}
+
+// op is one kind of operation measured by a suite.
+type op struct {
+	name string
+	fn   func(context.Context) error
+}
+
+// alternate runs every op's phase in turn, cfg.Rounds times, and returns one
+// Result per op, in ops' order.
+func alternate(ctx context.Context, cfg Config, suite string, ops []op) ([]Result, error) {
+	stats := make([]phaseStats, len(ops))
+	for round := 1; round <= cfg.Rounds; round++ {
+		for i, o := range ops {
+			s, err := phase(ctx, cfg, o.fn)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", o.name, err)
+			}
+			stats[i].add(s)
+			progress(cfg.Progress, suite, round, o.name, s)
+		}
+	}
+	out := make([]Result, len(ops))
+	for i, o := range ops {
+		out[i] = stats[i].result(o.name)
+	}
+	return out, nil
+}
+
+func ratio(results []Result, a, b string) Ratio {
+	var x, y float64
+	for _, r := range results {
+		switch r.Name {
+		case a:
+			x = r.OpsPerS
+		case b:
+			y = r.OpsPerS
+		}
+	}
+	r := Ratio{Name: a + "/" + b}
+	if y > 0 {
+		r.Value = x / y
+	}
+	return r
 }
 
 type phaseStats struct {
@@ -64,6 +237,10 @@ type phaseStats struct {
 	errors    int
 	elapsed   time.Duration
 	latencies []time.Duration
+	// cpu sums the phases' CPU times; cpuPhases counts the phases that
+	// could be measured, phases all of them.
+	cpu               cpuSample
+	cpuPhases, phases int
 }
 
 func (p *phaseStats) add(o phaseStats) {
@@ -71,6 +248,10 @@ func (p *phaseStats) add(o phaseStats) {
 	p.errors += o.errors
 	p.elapsed += o.elapsed
 	p.latencies = append(p.latencies, o.latencies...)
+	p.cpu.client += o.cpu.client
+	p.cpu.server += o.cpu.server
+	p.cpuPhases += o.cpuPhases
+	p.phases += o.phases
 }
 
 func (p *phaseStats) result(name string) Result {
@@ -83,105 +264,20 @@ func (p *phaseStats) result(name string) Result {
 		r.P50 = p.latencies[n*50/100]
 		r.P99 = p.latencies[min(n-1, n*99/100)]
 	}
+	r.P50Ms, r.P99Ms = float64(r.P50.Microseconds())/1000, float64(r.P99.Microseconds())/1000
+	if p.ops > 0 && p.phases > 0 && p.cpuPhases == p.phases {
+		r.ClientCPUPerOp = float64(p.cpu.client.Microseconds()) / float64(p.ops)
+		r.DBCPUPerOp = float64(p.cpu.server.Microseconds()) / float64(p.ops)
+	}
 	return r
 }
 
-// Run benchmarks on st, which must be migrated. It writes payments under
-// tenants named bench-*.
-func Run(ctx context.Context, st *store.Store, cfg Config) (Report, error) {
-	if cfg.Concurrency <= 0 {
-		cfg.Concurrency = 8
-	}
-	if cfg.PhaseDuration <= 0 {
-		cfg.PhaseDuration = 3 * time.Second
-	}
-	if cfg.Rounds <= 0 {
-		cfg.Rounds = 3
-	}
-	if cfg.ReplayKeys <= 0 {
-		cfg.ReplayKeys = 1000
-	}
-	svc := payments.NewService(st, payments.Config{Region: "bench"})
-	run := runID()
-	var seq atomic.Int64
-	next := func() int64 { return seq.Add(1) }
-
-	baseline := func(ctx context.Context) error {
-		n := next()
-		cmd, err := payments.ParseCommand(body(run, n), "")
-		if err != nil {
-			return err
-		}
-		p := store.Payment{Tenant: "bench-" + run, ID: fmt.Sprintf("pay_base_%s_%d", run, n), AccountID: cmd.AccountID,
-			AmountMinor: cmd.AmountMinor, Currency: cmd.Currency, MerchantReference: cmd.MerchantReference,
-			Channel: cmd.Channel, Status: "PENDING"}
-		p.ProviderKey = payments.ProviderKey(p.ID)
-		payload, err := json.Marshal(map[string]string{"eventId": "evt_" + p.ID + "_created", "type": "PaymentCreated",
-			"paymentId": p.ID, "accountId": p.AccountID, "amount": cmd.Amount(), "currency": p.Currency})
-		if err != nil {
-			return err
-		}
-		ev := store.Event{ID: "evt_" + p.ID + "_created", Tenant: p.Tenant, AggregateID: p.ID, Type: "PaymentCreated", Payload: payload}
-		return st.ExecTx(ctx, func(tx pgx.Tx) error { return store.InsertPaymentOnly(ctx, tx, p, ev) })
-	}
-	idempotent := func(ctx context.Context) error {
-		n := next()
-		res, err := svc.Create(ctx, payments.Request{Tenant: "bench-" + run, Key: fmt.Sprintf("key-%s-%d", run, n), Body: body(run, n)})
-		if err == nil && (res.Response.Status != 201 || res.Replayed) {
-			err = fmt.Errorf("bench: unexpected answer %d replayed=%v", res.Response.Status, res.Replayed)
-		}
-		return err
-	}
-	var base, idem, replay phaseStats
-	for round := 1; round <= cfg.Rounds; round++ {
-		for _, ph := range []struct {
-			name string
-			fn   func(context.Context) error
-			into *phaseStats
-		}{{"baseline", baseline, &base}, {"idempotent", idempotent, &idem}} {
-			s, err := phase(ctx, cfg, ph.fn)
-			if err != nil {
-				return Report{}, err
-			}
-			ph.into.add(s)
-			progress(cfg.Progress, round, ph.name, s)
-		}
-	}
-	// Replay: complete ReplayKeys operations, then retry them.
-	replayTenant := "bench-replay-" + run
-	for i := range cfg.ReplayKeys {
-		if _, err := svc.Create(ctx, payments.Request{Tenant: replayTenant, Key: fmt.Sprintf("r-%d", i), Body: body(run+"r", int64(i))}); err != nil {
-			return Report{}, fmt.Errorf("bench: seed replay keys: %w", err)
-		}
-	}
-	var rseq atomic.Int64
-	s, err := phase(ctx, cfg, func(ctx context.Context) error {
-		i := rseq.Add(1) % int64(cfg.ReplayKeys)
-		res, err := svc.Create(ctx, payments.Request{Tenant: replayTenant, Key: fmt.Sprintf("r-%d", i), Body: body(run+"r", i)})
-		if err == nil && !res.Replayed {
-			err = fmt.Errorf("bench: key r-%d was not replayed", i)
-		}
-		return err
-	})
-	if err != nil {
-		return Report{}, err
-	}
-	replay.add(s)
-	progress(cfg.Progress, 1, "replay", s)
-
-	rep := Report{Baseline: base.result("baseline"), Idempotent: idem.result("idempotent"), Replay: replay.result("replay"), Concurrency: cfg.Concurrency}
-	if rep.Baseline.OpsPerS > 0 {
-		rep.Ratio = rep.Idempotent.OpsPerS / rep.Baseline.OpsPerS
-	}
-	return rep, nil
-}
-
-func progress(w io.Writer, round int, name string, s phaseStats) {
+func progress(w io.Writer, suite string, round int, name string, s phaseStats) {
 	if w == nil {
 		return
 	}
-	fmt.Fprintf(w, "round %d %-10s %6d ops in %v (%.0f ops/s, %d errors)\n", round, name, s.ops, s.elapsed.Round(time.Millisecond),
-		float64(s.ops)/s.elapsed.Seconds(), s.errors)
+	fmt.Fprintf(w, "%s round %d %-20s %6d ops in %v (%.0f ops/s, %d errors)\n", suite, round, name, s.ops,
+		s.elapsed.Round(time.Millisecond), float64(s.ops)/s.elapsed.Seconds(), s.errors)
 }
 
 // phase runs fn from cfg.Concurrency workers for cfg.PhaseDuration. An
@@ -193,6 +289,10 @@ func phase(ctx context.Context, cfg Config, fn func(context.Context) error) (pha
 		wg    sync.WaitGroup
 		first error
 	)
+	var before cpuSample
+	if cfg.sample != nil {
+		before = cfg.sample()
+	}
 	start := time.Now()
 	deadline := start.Add(cfg.PhaseDuration)
 	for range cfg.Concurrency {
@@ -220,6 +320,13 @@ func phase(ctx context.Context, cfg Config, fn func(context.Context) error) (pha
 	}
 	wg.Wait()
 	total.elapsed = time.Since(start)
+	total.phases = 1
+	if cfg.sample != nil {
+		if after := cfg.sample(); before.ok && after.ok {
+			total.cpu = cpuSample{client: after.client - before.client, server: after.server - before.server, ok: true}
+			total.cpuPhases = 1
+		}
+	}
 	if err := ctx.Err(); err != nil {
 		return total, fmt.Errorf("bench: %w", err)
 	}
@@ -239,13 +346,36 @@ func runID() string {
 	return hex.EncodeToString(b)
 }
 
-// Markdown renders the report as a table.
-func (r Report) Markdown() string {
-	row := func(x Result) string {
-		return fmt.Sprintf("| %s | %d | %.0f | %.2f | %.2f | %d |\n", x.Name, x.Ops, x.OpsPerS,
-			float64(x.P50.Microseconds())/1000, float64(x.P99.Microseconds())/1000, x.Errors)
+// countRows counts the payments and records a suite left under tenants with
+// the given prefix.
+func countRows(ctx context.Context, st *store.Store, tenantPrefix string) (payments, records int, err error) {
+	err = st.Pool().QueryRow(ctx, `SELECT (SELECT count(*) FROM payments WHERE starts_with(tenant_id, $1)),
+		(SELECT count(*) FROM idempotency_records WHERE starts_with(tenant_id, $1))`, tenantPrefix).Scan(&payments, &records)
+	if err != nil {
+		return 0, 0, fmt.Errorf("count rows: %w", err)
 	}
-	return "| operation | ops | ops/s | p50 ms | p99 ms | errors |\n|---|---:|---:|---:|---:|---:|\n" +
-		row(r.Baseline) + row(r.Idempotent) + row(r.Replay) +
-		fmt.Sprintf("\nratio idempotent/baseline: **%.3f** (concurrency %d)\n", r.Ratio, r.Concurrency)
+	return payments, records, nil
+}
+
+var errUnexpected = errors.New("bench: unexpected answer")
+
+// Markdown renders the report as one table per suite.
+func (r Report) Markdown() string {
+	var b strings.Builder
+	for i, s := range r.Suites {
+		if i > 0 {
+			b.WriteString("\n")
+		}
+		fmt.Fprintf(&b, "suite %s, concurrency %d:\n\n", s.Suite, s.Concurrency)
+		b.WriteString("| operation | ops | ops/s | p50 ms | p99 ms | errors | client CPU µs/op | db CPU µs/op |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, x := range s.Results {
+			fmt.Fprintf(&b, "| %s | %d | %.0f | %.2f | %.2f | %d | %.0f | %.0f |\n", x.Name, x.Ops, x.OpsPerS, x.P50Ms, x.P99Ms, x.Errors,
+				x.ClientCPUPerOp, x.DBCPUPerOp)
+		}
+		b.WriteString("\n")
+		for _, x := range s.Ratios {
+			fmt.Fprintf(&b, "ratio %s: **%.3f**\n", x.Name, x.Value)
+		}
+	}
+	return b.String()
 }

@@ -10,33 +10,88 @@ import (
 	"github.com/idemcoord/idem/internal/bench"
 	"github.com/idemcoord/idem/internal/pgtest"
 	"github.com/idemcoord/idem/internal/storetest"
+	"github.com/idemcoord/idem/store"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.MainLeakChecked(m)) }
 
-// TestRunCountsWhatItWrote: the report's counts match the rows in the store,
-// so the figures in docs/benchmarks.md describe real writes.
+// TestRunCountsWhatItWrote: every suite's counts match the rows it left in
+// the store, so the figures in docs/benchmarks.md describe real writes and
+// real calls. No timing is asserted.
 func TestRunCountsWhatItWrote(t *testing.T) {
-	st, _ := storetest.New(t)
-	rep, err := bench.Run(context.Background(), st, bench.Config{Concurrency: 2, PhaseDuration: 300 * time.Millisecond, Rounds: 1, ReplayKeys: 20})
+	ctx := context.Background()
+	st, url := storetest.New(t)
+	claimFirst, err := store.Open(ctx, url, store.Options{NoReplayRead: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Baseline.Ops == 0 || rep.Idempotent.Ops == 0 || rep.Replay.Ops == 0 {
-		t.Fatalf("empty phases: %+v", rep)
+	defer claimFirst.Close()
+	rep, err := bench.Run(ctx, st, bench.Config{Concurrency: 2, PhaseDuration: 200 * time.Millisecond, Rounds: 1, ReplayKeys: 20,
+		ClaimFirst: claimFirst}, "all")
+	if err != nil {
+		t.Fatal(err)
 	}
-	if rep.Baseline.Errors+rep.Idempotent.Errors+rep.Replay.Errors != 0 {
-		t.Errorf("errors in report: %+v", rep)
+	if len(rep.Suites) != len(bench.Suites) {
+		t.Fatalf("ran %d suites, want %d", len(rep.Suites), len(bench.Suites))
 	}
-	pays := storetest.Count(t, st, `SELECT count(*) FROM payments`)
-	if want := rep.Baseline.Ops + rep.Idempotent.Ops + 20; pays != want {
-		t.Errorf("payments = %d, want baseline %d + idempotent %d + 20 replay seeds", pays, rep.Baseline.Ops, rep.Idempotent.Ops)
+	for _, s := range rep.Suites {
+		for _, r := range s.Results {
+			if r.Ops == 0 || r.Errors != 0 {
+				t.Errorf("%s/%s: %d ops, %d errors; want some ops and no error", s.Suite, r.Name, r.Ops, r.Errors)
+			}
+		}
+		for _, r := range s.Ratios {
+			if r.Value <= 0 {
+				t.Errorf("%s ratio %s = %v", s.Suite, r.Name, r.Value)
+			}
+		}
 	}
-	records := storetest.Count(t, st, `SELECT count(*) FROM idempotency_records`)
-	if want := rep.Idempotent.Ops + 20; records != want {
-		t.Errorf("records = %d, want %d", records, want)
+
+	ops := func(s bench.SuiteReport, names ...string) int {
+		n := 0
+		for _, name := range names {
+			n += s.Result(name).Ops
+		}
+		return n
 	}
-	if rep.Ratio <= 0 || !strings.Contains(rep.Markdown(), "ratio idempotent/baseline") {
-		t.Errorf("ratio %v, markdown:\n%s", rep.Ratio, rep.Markdown())
+	for _, tc := range []struct {
+		suite             string
+		wantPay, wantRecs int
+	}{
+		{suite: bench.SuiteStore,
+			wantPay:  ops(rep.Suite(bench.SuiteStore), bench.OpBaseline, bench.OpIdempotent, bench.OpIdempotentClaimFirst),
+			wantRecs: ops(rep.Suite(bench.SuiteStore), bench.OpIdempotent, bench.OpIdempotentClaimFirst)},
+		{suite: bench.SuiteReplay,
+			wantPay:  20 + ops(rep.Suite(bench.SuiteReplay), bench.OpWrite),
+			wantRecs: 20 + ops(rep.Suite(bench.SuiteReplay), bench.OpWrite)},
+		{suite: bench.SuiteHTTP,
+			wantPay:  ops(rep.Suite(bench.SuiteHTTP), bench.OpHTTPBaseline, bench.OpHTTPIdempotent),
+			wantRecs: ops(rep.Suite(bench.SuiteHTTP), bench.OpHTTPIdempotent)},
+	} {
+		s := rep.Suite(tc.suite)
+		if s.Payments != tc.wantPay || s.Records != tc.wantRecs {
+			t.Errorf("%s: %d payments and %d records in the store, want %d and %d from the reported ops",
+				tc.suite, s.Payments, s.Records, tc.wantPay, tc.wantRecs)
+		}
+	}
+	if r := rep.Suite(bench.SuiteReplay); r.Result(bench.OpReplay).Ops == 0 || r.Result(bench.OpReplayClaimFirst).Ops == 0 {
+		t.Errorf("replay suite without replays: %+v", r)
+	}
+	md := rep.Markdown()
+	for _, want := range []string{"ratio idempotent/baseline", "ratio replay/write", "ratio http idempotent/http baseline"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+	total := storetest.Count(t, st, `SELECT count(*) FROM payments`)
+	if sum := rep.Suite(bench.SuiteStore).Payments + rep.Suite(bench.SuiteReplay).Payments + rep.Suite(bench.SuiteHTTP).Payments; total != sum {
+		t.Errorf("%d payments in the store, suites account for %d", total, sum)
+	}
+}
+
+func TestUnknownSuite(t *testing.T) {
+	st, _ := storetest.New(t)
+	if _, err := bench.Run(context.Background(), st, bench.Config{}, "nope"); err == nil || !strings.Contains(err.Error(), "unknown suite") {
+		t.Errorf("unknown suite: %v", err)
 	}
 }

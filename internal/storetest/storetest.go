@@ -43,3 +43,23 @@ func Exec(tb testing.TB, st *store.Store, query string, args ...any) {
 		tb.Fatalf("%s: %v", query, err)
 	}
 }
+
+// CountClaimAttempts installs a BEFORE INSERT trigger on
+// idempotency_records that counts every row an INSERT proposes, including
+// those that ON CONFLICT DO NOTHING then drops (PostgreSQL fires BEFORE
+// INSERT row triggers before the conflict check). The count is a sequence, so
+// attempts made by transactions that roll back are counted too. The returned
+// function reports how many inserts were attempted, on any key, since the
+// trigger went in.
+func CountClaimAttempts(tb testing.TB, st *store.Store) func() int {
+	tb.Helper()
+	Exec(tb, st, `CREATE SEQUENCE IF NOT EXISTS test_claim_attempts`)
+	Exec(tb, st, `CREATE OR REPLACE FUNCTION test_count_claim_attempt() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM nextval('test_claim_attempts'); RETURN NEW; END $$`)
+	Exec(tb, st, `CREATE OR REPLACE TRIGGER test_count_claim_attempt BEFORE INSERT ON idempotency_records
+		FOR EACH ROW EXECUTE FUNCTION test_count_claim_attempt()`)
+	return func() int {
+		tb.Helper()
+		return Count(tb, st, `SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM test_claim_attempts`)
+	}
+}

@@ -1,0 +1,155 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"fmt"
+	"io"
+	"mime"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/region"
+	"github.com/idemcoord/idem/store"
+)
+
+// Operation names of the http suite.
+const (
+	OpHTTPBaseline   = "http baseline"
+	OpHTTPIdempotent = "http idempotent"
+)
+
+const benchToken = "bench-token"
+
+// baselineHandler serves POST /payments without the idempotency layer: the
+// same bearer-token check (SHA-256, constant-time), media type check, bounded
+// body read, strict command decode, business write (store.InsertPaymentOnly
+// in a SERIALIZABLE transaction) and v2 render as the node's handler.
+type baselineHandler struct {
+	st     *store.Store
+	token  [sha256.Size]byte
+	tenant string
+	run    string
+	seq    atomic.Int64
+}
+
+// v2Payment is the v2 body of a payment, as the node renders it.
+type v2Payment struct {
+	PaymentID         string `json:"paymentId"`
+	Status            string `json:"status"`
+	AccountID         string `json:"accountId"`
+	Amount            string `json:"amount"`
+	Currency          string `json:"currency"`
+	MerchantReference string `json:"merchantReference"`
+	Channel           string `json:"channel"`
+}
+
+func (h *baselineHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost || r.URL.Path != "/payments" {
+		http.Error(w, `{"errorCode":"NOT_FOUND"}`, http.StatusNotFound)
+		return
+	}
+	token, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	sum := sha256.Sum256([]byte(token))
+	if subtle.ConstantTimeCompare(sum[:], h.token[:]) != 1 {
+		http.Error(w, `{"errorCode":"UNAUTHENTICATED"}`, http.StatusUnauthorized)
+		return
+	}
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+		http.Error(w, `{"errorCode":"UNSUPPORTED_MEDIA_TYPE"}`, http.StatusUnsupportedMediaType)
+		return
+	}
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, region.DefaultMaxBodyBytes))
+	if err != nil {
+		http.Error(w, `{"errorCode":"VALIDATION_FAILED"}`, http.StatusBadRequest)
+		return
+	}
+	p, err := baselineWrite(r.Context(), h.st, h.tenant, fmt.Sprintf("pay_http_%s_%d", h.run, h.seq.Add(1)), b)
+	if err != nil {
+		http.Error(w, `{"errorCode":"VALIDATION_FAILED"}`, http.StatusBadRequest)
+		return
+	}
+	out, err := json.Marshal(v2Payment{PaymentID: p.ID, Status: p.Status, AccountID: p.AccountID,
+		Amount: payments.FormatMinor(p.AmountMinor, p.Currency), Currency: p.Currency,
+		MerchantReference: p.MerchantReference, Channel: p.Channel})
+	if err != nil {
+		http.Error(w, `{"errorCode":"INTERNAL"}`, http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Location", "/payments/"+p.ID)
+	w.WriteHeader(http.StatusCreated)
+	_, _ = w.Write(out)
+}
+
+// poster sends POST /payments with fresh keys and bodies to base.
+func poster(client *http.Client, base string, w *writer, prefix string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		n := w.seq.Add(1)
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/payments", bytes.NewReader(body(w.run+prefix, n)))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Authorization", "Bearer "+benchToken)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", fmt.Sprintf("key-%s-%s-%d", w.run, prefix, n))
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		if err == nil && (resp.StatusCode != http.StatusCreated || resp.Header.Get("Idempotent-Replayed") != "") {
+			err = fmt.Errorf("%w: POST /payments %d", errUnexpected, resp.StatusCode)
+		}
+		return err
+	}
+}
+
+func runHTTP(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, error) {
+	w := newWriter(SuiteHTTP)
+	node, err := region.NewServer(region.Config{Addr: "127.0.0.1:0", Region: "bench", Tokens: map[string]string{benchToken: w.tenant}},
+		st, payments.NewService(st, payments.Config{Region: "bench"}))
+	if err != nil {
+		return SuiteReport{}, err
+	}
+	if err := node.Open(); err != nil {
+		return SuiteReport{}, err
+	}
+	defer func() { _ = node.Close(context.WithoutCancel(ctx)) }()
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return SuiteReport{}, fmt.Errorf("listen: %w", err)
+	}
+	base := &http.Server{Handler: &baselineHandler{st: st, token: sha256.Sum256([]byte(benchToken)), tenant: w.tenant, run: w.run},
+		ReadHeaderTimeout: region.DefaultReadHeaderTimeout, WriteTimeout: region.DefaultWriteTimeout, IdleTimeout: region.DefaultIdleTimeout}
+	done := make(chan error, 1)
+	go func() { done <- base.Serve(ln) }()
+	defer func() {
+		_ = base.Shutdown(context.WithoutCancel(ctx))
+		<-done
+	}()
+
+	tr := &http.Transport{MaxIdleConns: 4 * cfg.Concurrency, MaxIdleConnsPerHost: 2 * cfg.Concurrency, IdleConnTimeout: time.Minute}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
+	results, err := alternate(ctx, cfg, SuiteHTTP, []op{
+		{OpHTTPBaseline, poster(client, "http://"+ln.Addr().String(), w, "b")},
+		{OpHTTPIdempotent, poster(client, node.URL(), w, "i")},
+	})
+	if err != nil {
+		return SuiteReport{}, err
+	}
+	rep := SuiteReport{Suite: SuiteHTTP, Concurrency: cfg.Concurrency, Results: results,
+		Ratios: []Ratio{ratio(results, OpHTTPIdempotent, OpHTTPBaseline)}}
+	rep.Payments, rep.Records, err = countRows(ctx, st, w.tenant)
+	return rep, err
+}

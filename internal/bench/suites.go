@@ -1,0 +1,145 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/store"
+)
+
+// Operation names of the store and replay suites.
+const (
+	OpBaseline             = "baseline"
+	OpIdempotent           = "idempotent"
+	OpIdempotentClaimFirst = "idempotent claim-first"
+	OpWrite                = "write"
+	OpReplay               = "replay"
+	OpReplayClaimFirst     = "replay claim-first"
+)
+
+// writer issues fresh operations with unique bodies and keys.
+type writer struct {
+	run    string
+	tenant string
+	seq    atomic.Int64
+}
+
+func newWriter(suite string) *writer {
+	run := runID()
+	return &writer{run: run, tenant: "bench-" + suite + "-" + run}
+}
+
+// baseline is the business write without the layer: parse and validate the
+// command, then the payment row and its outbox event in one statement, in
+// one SERIALIZABLE transaction through store.ExecTx.
+func (w *writer) baseline(st *store.Store) func(context.Context) error {
+	return func(ctx context.Context) error {
+		n := w.seq.Add(1)
+		_, err := baselineWrite(ctx, st, w.tenant, fmt.Sprintf("pay_base_%s_%d", w.run, n), body(w.run, n))
+		return err
+	}
+}
+
+// baselineWrite parses body and writes its payment and event under id.
+func baselineWrite(ctx context.Context, st *store.Store, tenant, id string, b []byte) (store.Payment, error) {
+	cmd, err := payments.ParseCommand(b, "")
+	if err != nil {
+		return store.Payment{}, err
+	}
+	p := store.Payment{Tenant: tenant, ID: id, AccountID: cmd.AccountID,
+		AmountMinor: cmd.AmountMinor, Currency: cmd.Currency, MerchantReference: cmd.MerchantReference,
+		Channel: cmd.Channel, Status: "PENDING"}
+	p.ProviderKey = payments.ProviderKey(p.ID)
+	payload, err := json.Marshal(map[string]string{"eventId": "evt_" + p.ID + "_created", "type": "PaymentCreated",
+		"paymentId": p.ID, "accountId": p.AccountID, "amount": cmd.Amount(), "currency": p.Currency})
+	if err != nil {
+		return store.Payment{}, err
+	}
+	ev := store.Event{ID: "evt_" + p.ID + "_created", Tenant: p.Tenant, AggregateID: p.ID, Type: "PaymentCreated", Payload: payload}
+	return p, st.ExecTx(ctx, func(tx pgx.Tx) error { return store.InsertPaymentOnly(ctx, tx, p, ev) })
+}
+
+// idempotent is payments.Service.Create with a fresh key each time.
+func (w *writer) idempotent(svc *payments.Service) func(context.Context) error {
+	return func(ctx context.Context) error {
+		n := w.seq.Add(1)
+		res, err := svc.Create(ctx, payments.Request{Tenant: w.tenant, Key: fmt.Sprintf("key-%s-%d", w.run, n), Body: body(w.run, n)})
+		if err == nil && (res.Response.Status != 201 || res.Replayed) {
+			err = fmt.Errorf("%w: %d replayed=%v", errUnexpected, res.Response.Status, res.Replayed)
+		}
+		return err
+	}
+}
+
+func runStore(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, error) {
+	w := newWriter(SuiteStore)
+	ops := []op{
+		{OpBaseline, w.baseline(st)},
+		{OpIdempotent, w.idempotent(payments.NewService(st, payments.Config{Region: "bench"}))},
+	}
+	if cfg.ClaimFirst != nil {
+		ops = append(ops, op{OpIdempotentClaimFirst, w.idempotent(payments.NewService(cfg.ClaimFirst, payments.Config{Region: "bench"}))})
+	}
+	results, err := alternate(ctx, cfg, SuiteStore, ops)
+	if err != nil {
+		return SuiteReport{}, err
+	}
+	rep := SuiteReport{Suite: SuiteStore, Concurrency: cfg.Concurrency, Results: results,
+		Ratios: []Ratio{ratio(results, OpIdempotent, OpBaseline)}}
+	if cfg.ClaimFirst != nil {
+		rep.Ratios = append(rep.Ratios, ratio(results, OpIdempotentClaimFirst, OpBaseline))
+	}
+	rep.Payments, rep.Records, err = countRows(ctx, st, w.tenant)
+	return rep, err
+}
+
+// seedReplays completes cfg.ReplayKeys keys under w.tenant and returns the
+// function that retries them in turn, expecting a replay.
+func seedReplays(ctx context.Context, svc *payments.Service, w *writer, n int) error {
+	for i := range n {
+		if _, err := svc.Create(ctx, payments.Request{Tenant: w.tenant, Key: fmt.Sprintf("r-%d", i), Body: body(w.run+"r", int64(i))}); err != nil {
+			return fmt.Errorf("seed replay keys: %w", err)
+		}
+	}
+	return nil
+}
+
+func replayer(svc *payments.Service, w *writer, n int) func(context.Context) error {
+	var seq atomic.Int64
+	return func(ctx context.Context) error {
+		i := seq.Add(1) % int64(n)
+		res, err := svc.Create(ctx, payments.Request{Tenant: w.tenant, Key: fmt.Sprintf("r-%d", i), Body: body(w.run+"r", i)})
+		if err == nil && !res.Replayed {
+			err = fmt.Errorf("%w: key r-%d was not replayed", errUnexpected, i)
+		}
+		return err
+	}
+}
+
+func runReplay(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, error) {
+	w := newWriter(SuiteReplay)
+	svc := payments.NewService(st, payments.Config{Region: "bench"})
+	if err := seedReplays(ctx, svc, w, cfg.ReplayKeys); err != nil {
+		return SuiteReport{}, err
+	}
+	ops := []op{{OpWrite, w.idempotent(svc)}, {OpReplay, replayer(svc, w, cfg.ReplayKeys)}}
+	if cfg.ClaimFirst != nil {
+		ops = append(ops, op{OpReplayClaimFirst, replayer(payments.NewService(cfg.ClaimFirst, payments.Config{Region: "bench"}), w, cfg.ReplayKeys)})
+	}
+	results, err := alternate(ctx, cfg, SuiteReplay, ops)
+	if err != nil {
+		return SuiteReport{}, err
+	}
+	rep := SuiteReport{Suite: SuiteReplay, Concurrency: cfg.Concurrency, Results: results, Seeded: cfg.ReplayKeys,
+		Ratios: []Ratio{ratio(results, OpReplay, OpWrite)}}
+	if cfg.ClaimFirst != nil {
+		rep.Ratios = append(rep.Ratios, ratio(results, OpReplayClaimFirst, OpWrite), ratio(results, OpReplay, OpReplayClaimFirst))
+	}
+	rep.Payments, rep.Records, err = countRows(ctx, st, w.tenant)
+	return rep, err
+}

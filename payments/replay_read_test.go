@@ -1,0 +1,75 @@
+package payments_test
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/fingerprint"
+	"github.com/idemcoord/idem/internal/storetest"
+	"github.com/idemcoord/idem/payments"
+)
+
+// TestCreateReplaysFromOneRead: on the one-statement path (no provider), a
+// retry of a completed payment and a different command under its key are
+// answered before any insert attempt; an in-progress or expired record still
+// goes through the insert-first claim.
+func TestCreateReplaysFromOneRead(t *testing.T) {
+	ctx := context.Background()
+	st, _ := storetest.New(t)
+	svc := payments.NewService(st, payments.Config{})
+	create := func(key, body string) (payments.Result, error) {
+		return svc.Create(ctx, payments.Request{Tenant: "tenant-a", Key: key, Body: []byte(body)})
+	}
+	first, err := create("k1", article)
+	if err != nil || first.Response.Status != 201 {
+		t.Fatalf("first = %+v, %v", first, err)
+	}
+	attempts := storetest.CountClaimAttempts(t, st)
+
+	again, err := create("k1", article)
+	if err != nil || !again.Replayed || again.Outcome != idem.OutcomeReplay || !bytes.Equal(again.Response.Body, first.Response.Body) {
+		t.Fatalf("retry = %+v, %v; want the stored answer replayed", again, err)
+	}
+	other := `{"accountId":"acc_1","amount":"11.00","currency":"EUR","merchantReference":"invoice-7781"}`
+	if _, err := create("k1", other); idem.ErrorCode(err) != idem.ECodeKeyReused {
+		t.Errorf("different command = %v, want %s", err, idem.ECodeKeyReused)
+	}
+	if n := attempts(); n != 0 {
+		t.Errorf("%d insert attempts for a completed key; want its answer from one read", n)
+	}
+
+	// In progress: falls through to the claim, which answers in progress.
+	cmd, err := payments.ParseCommand([]byte(article), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hashes, err := cmd.Fingerprint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Begin(ctx, idem.BeginRequest{Scope: idem.Scope{Tenant: "tenant-a", Operation: payments.Operation, Key: "k2"},
+		RequestHashes: hashes, HashVersion: fingerprint.Version, Owner: "elsewhere", LockFor: time.Minute, Window: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	before := attempts()
+	if _, err := create("k2", article); idem.ErrorCode(err) != idem.ECodeInProgress {
+		t.Errorf("retry of an in-progress key = %v, want %s", err, idem.ECodeInProgress)
+	}
+	if n := attempts() - before; n != 1 {
+		t.Errorf("in-progress key: %d insert attempts, want 1 (the claim)", n)
+	}
+
+	// Past its window (by the store's clock): not replayed.
+	storetest.Exec(t, st, `UPDATE idempotency_records SET expires_at = now() - INTERVAL '1 second' WHERE idempotency_key = 'k1'`)
+	before = attempts()
+	res, err := create("k1", article)
+	if res.Replayed || res.Outcome != idem.OutcomeExpired {
+		t.Errorf("retry after the window = %+v, %v; want a new operation, not a replay", res, err)
+	}
+	if n := attempts() - before; n < 1 {
+		t.Errorf("expired key: %d insert attempts, want the claim", n)
+	}
+}

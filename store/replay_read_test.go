@@ -1,0 +1,133 @@
+package store_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/internal/storetest"
+	"github.com/idemcoord/idem/store"
+)
+
+// completeKey claims key under hash and completes it.
+func completeKey(t *testing.T, st *store.Store, key, hash string) {
+	t.Helper()
+	ctx := context.Background()
+	d, err := st.Begin(ctx, beginReq(key, hash))
+	if err != nil || d.Outcome != idem.OutcomeExecute {
+		t.Fatalf("Begin %s = %v, %v; want execute", key, d.Outcome, err)
+	}
+	if err := st.Complete(ctx, d.Lease, completion(`{"id":"`+key+`"}`)); err != nil {
+		t.Fatalf("Complete %s: %v", key, err)
+	}
+}
+
+// TestReplayReadAttemptsNoInsert: a retry of a completed key, and a different
+// command under it, are answered from one read: no insert is attempted
+// (a trigger logs every proposed row, even those ON CONFLICT drops). The
+// record's hash is compared against every hash version the request carries,
+// and another tenant's identical key is still a new claim.
+func TestReplayReadAttemptsNoInsert(t *testing.T) {
+	ctx := context.Background()
+	st, _ := storetest.New(t)
+	completeKey(t, st, "done", "v1:a")
+	completeKey(t, st, "rejected", "v1:r")
+	storetest.Exec(t, st, `UPDATE idempotency_records SET status = 'FAILED_REPLAYABLE' WHERE idempotency_key = 'rejected'`)
+	attempts := storetest.CountClaimAttempts(t, st)
+
+	got, err := st.Begin(ctx, beginReq("done", "v1:a"))
+	if err != nil || got.Outcome != idem.OutcomeReplay || string(got.Record.Response.Body) != `{"id":"done"}` {
+		t.Fatalf("retry = %v, %v, %+v; want replay of the stored body", got.Outcome, err, got.Record)
+	}
+	older := beginReq("done", "v2:new")
+	older.RequestHashes = append(older.RequestHashes, "v1:a")
+	if got, err := st.Begin(ctx, older); err != nil || got.Outcome != idem.OutcomeReplay {
+		t.Errorf("retry hashed under two versions = %v, %v; want replay", got.Outcome, err)
+	}
+	if got, err := st.Begin(ctx, beginReq("done", "v1:b")); err != nil || got.Outcome != idem.OutcomeConflict {
+		t.Errorf("different command = %v, %v; want conflict", got.Outcome, err)
+	}
+	if got, err := st.Begin(ctx, beginReq("rejected", "v1:r")); err != nil || got.Outcome != idem.OutcomeReplay {
+		t.Errorf("retry of a replayable failure = %v, %v; want replay", got.Outcome, err)
+	}
+	if n := attempts(); n != 0 {
+		t.Errorf("%d insert attempts; settled records should have answered from one read", n)
+	}
+
+	other := beginReq("done", "v1:a")
+	other.Tenant = "t2"
+	if got, err := st.Begin(ctx, other); err != nil || got.Outcome != idem.OutcomeExecute {
+		t.Errorf("other tenant's key = %v, %v; want execute", got.Outcome, err)
+	}
+	if n := attempts(); n != 1 {
+		t.Errorf("other tenant's claim: %d insert attempts, want 1", n)
+	}
+}
+
+// TestReplayReadFallsThrough: every record that is not settled inside its
+// window goes to the insert-first claim, and is decided as before.
+func TestReplayReadFallsThrough(t *testing.T) {
+	ctx := context.Background()
+	st, url := storetest.New(t)
+
+	running, err := st.Begin(ctx, beginReq("running", "v1:a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	retryable, err := st.Begin(ctx, beginReq("retryable", "v1:a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Fail(ctx, retryable.Lease, idem.Failure{Status: idem.StatusFailedRetryable}); err != nil {
+		t.Fatal(err)
+	}
+	completeKey(t, st, "expired", "v1:a")
+	storetest.Exec(t, st, `UPDATE idempotency_records SET expires_at = now() - INTERVAL '1 second' WHERE idempotency_key = 'expired'`)
+	completeKey(t, st, "pruned", "v1:a")
+	storetest.Exec(t, st, `UPDATE idempotency_records SET status = 'EXPIRED' WHERE idempotency_key = 'pruned'`)
+	attempts := storetest.CountClaimAttempts(t, st)
+
+	for _, tc := range []struct {
+		key  string
+		hash string
+		want idem.Outcome
+	}{
+		{"absent", "v1:a", idem.OutcomeExecute},
+		{"running", "v1:a", idem.OutcomeInProgress},
+		{"running", "v1:b", idem.OutcomeConflict},
+		{"retryable", "v1:a", idem.OutcomeRecover},
+		{"expired", "v1:a", idem.OutcomeExpired},
+		{"pruned", "v1:b", idem.OutcomeExpired},
+	} {
+		before := attempts()
+		got, err := st.Begin(ctx, beginReq(tc.key, tc.hash))
+		if err != nil || got.Outcome != tc.want {
+			t.Errorf("%s/%s: Begin = %v, %v; want %v", tc.key, tc.hash, got.Outcome, err, tc.want)
+		}
+		if n := attempts() - before; n != 1 {
+			t.Errorf("%s/%s: %d insert attempts, want 1 (the claim)", tc.key, tc.hash, n)
+		}
+	}
+	if running.Lease.Token != 1 {
+		t.Errorf("running lease = %+v", running.Lease)
+	}
+
+	// With the fast path off, a replay makes the claim attempt: the trigger
+	// sees what the fast path saves.
+	completeKey(t, st, "slow", "v1:a")
+	plain, err := store.Open(ctx, url, store.Options{NoReplayRead: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	before := attempts()
+	if got, err := plain.Begin(ctx, beginReq("slow", "v1:a")); err != nil || got.Outcome != idem.OutcomeReplay {
+		t.Fatalf("replay without the fast path = %v, %v", got.Outcome, err)
+	}
+	if n := attempts() - before; n != 1 {
+		t.Errorf("replay without the fast path: %d insert attempts, want 1", n)
+	}
+	if _, ok, err := plain.ReadSettled(ctx, beginReq("slow", "v1:a")); ok || err != nil {
+		t.Errorf("ReadSettled with the fast path off = %v, %v; want false", ok, err)
+	}
+}
