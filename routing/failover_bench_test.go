@@ -180,6 +180,9 @@ func wanProxy(tb testing.TB, upstream string) string {
 			tb.Fatal(err)
 		}
 	}
+	// Before the proxy stops (cleanups run last first): a latency toxic
+	// still holding data would otherwise outlive it.
+	tb.Cleanup(func() { p.Toxics.ResetToxics(context.Background()) })
 	return "http://" + p.Listen
 }
 

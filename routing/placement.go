@@ -399,6 +399,11 @@ func MoveRegion(ctx context.Context, cli *clientv3.Client, from, to string, now 
 	if prev != from && prev != to {
 		cmps = append(cmps, noLiveNode(prev))
 	}
+	if prev == to {
+		// Moved to to before: what moves now are the tenants placed in from
+		// since, so from's records are the ones to hand over.
+		prev = from
+	}
 	mv := RegionMove{Region: from, ServedBy: to, From: prev, At: now.UTC()}
 	val, _ := json.Marshal(regionMoveValue{ServedBy: to, From: prev, At: mv.At})
 	resp, err := cli.Txn(ctx).If(cmps...).Then(clientv3.OpPut(key, string(val))).Commit()

@@ -344,3 +344,35 @@ func TestMovesAfterARegionFailover(t *testing.T) {
 		t.Errorf("the planned move did not survive the fail-backs: %+v", p)
 	}
 }
+
+// TestRepeatedFailoverOfARegion: a tenant moved back to a failed-over
+// region by a planned move is covered by that region's next failover, whose
+// record says it came from that region.
+func TestRepeatedFailoverOfARegion(t *testing.T) {
+	ctx := ctxFor(t)
+	cli := etcdtest.Start(t).Client(t)
+	placeTenants(t, cli, "eu", "eu-west", 2)
+	join(t, cli, "us-east", "us-1")
+	if _, err := routing.MoveRegion(ctx, cli, "eu-west", "us-east", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	eu := join(t, cli, "eu-west", "eu-2")
+	if _, err := routing.MoveTenant(ctx, cli, "eu-0000000", "eu-west", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := routing.MoveRegion(ctx, cli, "eu-west", "us-east", time.Now()); !errors.Is(err, routing.ErrRegionAlive) {
+		t.Fatalf("failover of a live region = %v", err)
+	}
+	if err := eu.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	again, err := routing.MoveRegion(ctx, cli, "eu-west", "us-east", time.Now())
+	if err != nil || again.From != "eu-west" {
+		t.Fatalf("second failover = %+v, %v; want from eu-west", again, err)
+	}
+	for _, tenant := range []string{"eu-0000000", "eu-0000001"} {
+		if p, _, _ := routing.GetPlacement(ctx, cli, tenant); p.Region != "us-east" || p.Epoch != again.Epoch {
+			t.Errorf("%s = %+v", tenant, p)
+		}
+	}
+}
