@@ -3,19 +3,16 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/internal/etcdtest"
-	"github.com/idemcoord/idem/internal/pgtest"
-	"github.com/idemcoord/idem/internal/storetest"
+	"github.com/idemcoord/idem/internal/pgserver"
 	"github.com/idemcoord/idem/routing"
+	"github.com/idemcoord/idem/store"
 )
-
-func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
 // TestRegionFailoverFailbackHandover: with a default region list, a
 // failover is one write that moves placed and unplaced tenants alike; the
@@ -49,8 +46,8 @@ func TestRegionFailoverFailbackHandover(t *testing.T) {
 	}
 	run("placement", "set", "--tenant", "placed", "--region", "eu-west")
 
-	oldStore, oldURL := storetest.New(t)
-	newStore, newURL := storetest.New(t)
+	oldStore, oldURL := regionStore(t, "idem_old_region")
+	newStore, newURL := regionStore(t, "idem_new_region")
 	d, err := oldStore.Begin(ctx, idem.BeginRequest{Scope: idem.Scope{Tenant: fresh, Operation: "op", Key: "k1"},
 		RequestHashes: []string{"v1:a"}, HashVersion: 1, Owner: "test", LockFor: time.Minute, Window: time.Hour})
 	if err != nil {
@@ -119,4 +116,30 @@ func headRevision(t *testing.T, etcd *etcdtest.Server) int64 {
 		t.Fatal(err)
 	}
 	return resp.Header.Revision
+}
+
+// regionStore starts a throwaway PostgreSQL for one region's store, stopped
+// when the test ends (this package's other tests count child processes, so
+// no server is shared across them).
+func regionStore(t *testing.T, name string) (*store.Store, string) {
+	t.Helper()
+	ctx := context.Background()
+	srv, err := pgserver.Start(ctx, pgserver.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Stop(context.Background()) })
+	url, err := srv.CreateDatabase(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.Open(ctx, url, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return st, url
 }
