@@ -483,7 +483,7 @@ type regionFailover struct {
 	env      *Env
 	from, to string
 	links    []string
-	moved    []routing.Failover
+	moved    *routing.RegionMove
 }
 
 // RegionFailover partitions region from, waits until etcd holds no live
@@ -524,14 +524,13 @@ func (f *regionFailover) Inject(ctx context.Context, c *cluster.Cluster) error {
 	}
 	f.note("%s had no live node %v after the partition", f.from, time.Since(began).Round(100*time.Millisecond))
 	moved, err := routing.MoveRegion(ctx, c.EtcdClient(), f.from, f.to, time.Now())
-	f.moved = moved
-	for _, m := range moved {
-		f.note("moved %s %s→%s (epoch %d)", m.Tenant, m.From, m.To, m.Epoch)
+	if err != nil {
+		return err
 	}
-	if len(moved) > 0 {
-		f.env.setFailedOver()
-	}
-	return err
+	f.moved = &moved
+	f.note("moved %s's tenants to %s (epoch %d, one write)", f.from, f.to, moved.Epoch)
+	f.env.setFailedOver()
+	return nil
 }
 
 func (f *regionFailover) Heal(ctx context.Context, c *cluster.Cluster) error {
@@ -543,7 +542,7 @@ func (f *regionFailover) Heal(ctx context.Context, c *cluster.Cluster) error {
 			return err
 		}
 	}
-	if len(f.moved) == 0 {
+	if f.moved == nil {
 		return nil
 	}
 	info := c.Info()
@@ -566,16 +565,21 @@ func (f *regionFailover) Heal(ctx context.Context, c *cluster.Cluster) error {
 		return fmt.Errorf("chaos: handover: %w", err)
 	}
 	defer dst.Close()
-	for _, m := range f.moved {
-		rep, err := store.Handover(ctx, src, dst, m.Tenant)
-		if err != nil {
-			return fmt.Errorf("chaos: handover of %s: %w", m.Tenant, err)
+	tenants := make([]string, 0, len(info.Placements))
+	for t := range info.Placements {
+		tenants = append(tenants, t)
+	}
+	slices.Sort(tenants)
+	for _, t := range tenants {
+		if p, ok, err := routing.GetPlacement(ctx, c.EtcdClient(), t); err != nil || !ok || p.Region != f.to || p.Epoch != f.moved.Epoch {
+			continue // not moved by this failover
 		}
-		if err := routing.MarkHandedOver(ctx, c.EtcdClient(), m.Tenant); err != nil {
-			return fmt.Errorf("chaos: handover of %s: %w", m.Tenant, err)
+		rep, err := store.Handover(ctx, src, dst, t)
+		if err != nil {
+			return fmt.Errorf("chaos: handover of %s: %w", t, err)
 		}
 		f.note("handover %s: %d records read, %d copied, %d identical, %d payments copied, %d conflicts",
-			m.Tenant, rep.Records, rep.Copied, rep.Identical, rep.Payments, len(rep.Conflicts))
+			t, rep.Records, rep.Copied, rep.Identical, rep.Payments, len(rep.Conflicts))
 		for i, cf := range rep.Conflicts {
 			if i == 5 {
 				f.note("… %d more conflicts", len(rep.Conflicts)-5)
@@ -583,6 +587,9 @@ func (f *regionFailover) Heal(ctx context.Context, c *cluster.Cluster) error {
 			}
 			f.note("handover conflict %s/%s: %s (%s here, %s there)", cf.Scope.Tenant, cf.Scope.Key, cf.Reason, cf.From, cf.To)
 		}
+	}
+	if err := routing.MarkRegionHandedOver(ctx, c.EtcdClient(), *f.moved); err != nil {
+		return fmt.Errorf("chaos: handover of %s: %w", f.from, err)
 	}
 	return nil
 }

@@ -3,7 +3,6 @@ package routing
 import (
 	"context"
 	"log/slog"
-	"sort"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -15,8 +14,9 @@ const ElectionPrefix = "/idem/election/failover"
 
 // AutoFailover moves the tenants of a region that has had no live node for
 // After to a surviving region. One node at a time runs it (an etcd election);
-// the move itself is MoveRegion, which re-checks inside its transaction that
-// the region is still without a live node. It is off unless configured.
+// the move itself is MoveRegion, one transaction whatever the number of
+// tenants, which re-checks that the region is still without a live node. It
+// is off unless configured.
 type AutoFailover struct {
 	Client *clientv3.Client
 	Map    *Map
@@ -30,8 +30,8 @@ type AutoFailover struct {
 	// Now is the node's clock. Default time.Now.
 	Now    func() time.Time
 	Logger *slog.Logger
-	// OnMove is called after each moved tenant. Optional.
-	OnMove func(Failover)
+	// OnMove is called after each region move. Optional.
+	OnMove func(RegionMove)
 }
 
 // Run campaigns and, while elected, checks every second. It returns when ctx
@@ -77,7 +77,7 @@ func (a *AutoFailover) lead(ctx context.Context) error {
 			return context.Canceled
 		case <-tick.C:
 		}
-		for _, region := range a.homeRegions() {
+		for _, region := range a.Map.HomeRegions() {
 			if len(a.Map.Nodes(region)) > 0 {
 				delete(deadSince, region)
 				continue
@@ -102,27 +102,11 @@ func (a *AutoFailover) lead(ctx context.Context) error {
 				a.Logger.Warn("automatic failover failed", "from", region, "to", to, "err", err)
 				continue
 			}
-			a.Logger.Warn("automatic failover", "from", region, "to", to, "tenants", len(moved), "dead_for", a.Now().Sub(since))
-			for _, f := range moved {
-				if a.OnMove != nil {
-					a.OnMove(f)
-				}
+			a.Logger.Warn("automatic failover", "from", region, "to", to, "epoch", moved.Epoch, "dead_for", a.Now().Sub(since))
+			if a.OnMove != nil {
+				a.OnMove(moved)
 			}
 			delete(deadSince, region)
 		}
 	}
-}
-
-// homeRegions lists the regions that are home to at least one tenant.
-func (a *AutoFailover) homeRegions() []string {
-	seen := map[string]bool{}
-	for _, p := range a.Map.Placements() {
-		seen[p.Region] = true
-	}
-	out := make([]string, 0, len(seen))
-	for r := range seen {
-		out = append(out, r)
-	}
-	sort.Strings(out)
-	return out
 }

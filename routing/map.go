@@ -15,22 +15,43 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// Map is a node's local copy of placements, live nodes and failovers,
-// loaded at one etcd revision and kept current by a watch. It is safe for
-// concurrent use. Close stops the watch.
+// LoadPageSize is how many keys a Map reads per range request while it
+// loads: the load is paginated at one revision, so neither etcd nor the node
+// ever holds the whole keyspace in one response.
+const LoadPageSize = 2000
+
+// Map is a node's local copy of placements, region moves, live nodes and
+// failovers, loaded at one etcd revision and kept current by a watch. It is
+// safe for concurrent use. Close stops the watch.
 type Map struct {
 	cli    *clientv3.Client
 	logger *slog.Logger
 
-	mu         sync.RWMutex
-	changed    chan struct{} // closed and replaced on every applied revision
-	placements map[string]Placement
-	nodes      map[string]map[string]string // region -> node id -> url
-	failovers  map[string]Failover
-	rev        int64
+	mu      sync.RWMutex
+	changed chan struct{} // closed and replaced on every applied revision
+	s       *mapState
+	rev     int64
 
 	cancel context.CancelFunc
 	done   chan struct{}
+}
+
+// mapState is the routing keyspace as a Map holds it.
+type mapState struct {
+	placementState
+	placements map[string]Placement         // the tenants' own placements
+	placedMax  map[string]int64             // region -> highest own placement epoch seen
+	nodes      map[string]map[string]string // region -> node id -> url
+	failovers  map[string]Failover          // the tenants' own failover records
+	handovers  map[string]int64             // region -> epoch of the move handed over
+}
+
+func newMapState() *mapState {
+	return &mapState{
+		placementState: placementState{moves: map[string]RegionMove{}},
+		placements:     map[string]Placement{}, placedMax: map[string]int64{},
+		nodes: map[string]map[string]string{}, failovers: map[string]Failover{}, handovers: map[string]int64{},
+	}
 }
 
 // NewMap loads the routing state from etcd and starts watching it. The
@@ -55,20 +76,50 @@ func (m *Map) Close() {
 	<-m.done
 }
 
+// load reads the keyspace in pages of LoadPageSize, all at the revision of
+// the first page.
 func (m *Map) load(ctx context.Context) error {
-	resp, err := m.cli.Get(ctx, "/idem/", clientv3.WithPrefix())
-	if err != nil {
-		return fmt.Errorf("routing: load map: %w", err)
+	for attempt := 0; ; attempt++ {
+		s, rev, err := m.loadAt(ctx)
+		if errors.Is(err, rpctypes.ErrCompacted) && attempt < 3 {
+			continue // compacted between two pages: start again
+		}
+		if err != nil {
+			return fmt.Errorf("routing: load map: %w", err)
+		}
+		m.mu.Lock()
+		m.s, m.rev = s, rev
+		m.broadcastLocked()
+		m.mu.Unlock()
+		return nil
 	}
-	placements, nodes, failovers := map[string]Placement{}, map[string]map[string]string{}, map[string]Failover{}
-	for _, kv := range resp.Kvs {
-		applyPut(placements, nodes, failovers, kv, m.logger)
+}
+
+func (m *Map) loadAt(ctx context.Context) (*mapState, int64, error) {
+	const prefix = "/idem/"
+	end := clientv3.GetPrefixRangeEnd(prefix)
+	s := newMapState()
+	key, rev := prefix, int64(0)
+	for {
+		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(LoadPageSize)}
+		if rev != 0 {
+			opts = append(opts, clientv3.WithRev(rev))
+		}
+		resp, err := m.cli.Get(ctx, key, opts...)
+		if err != nil {
+			return nil, 0, err
+		}
+		if rev == 0 {
+			rev = resp.Header.Revision
+		}
+		for _, kv := range resp.Kvs {
+			s.put(kv, m.logger)
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			return s, rev, nil
+		}
+		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 	}
-	m.mu.Lock()
-	m.placements, m.nodes, m.failovers, m.rev = placements, nodes, failovers, resp.Header.Revision
-	m.broadcastLocked()
-	m.mu.Unlock()
-	return nil
 }
 
 func (m *Map) broadcastLocked() {
@@ -103,20 +154,10 @@ func (m *Map) apply(resp clientv3.WatchResponse) {
 	defer m.mu.Unlock()
 	for _, ev := range resp.Events {
 		if ev.Type == mvccpb.DELETE {
-			key := string(ev.Kv.Key)
-			switch {
-			case strings.HasPrefix(key, PlacementPrefix):
-				delete(m.placements, key[len(PlacementPrefix):])
-			case strings.HasPrefix(key, FailoverPrefix):
-				delete(m.failovers, key[len(FailoverPrefix):])
-			default:
-				if region, id, ok := parseNodeKey(key); ok {
-					delete(m.nodes[region], id)
-				}
-			}
+			m.s.delete(string(ev.Kv.Key))
 			continue
 		}
-		applyPut(m.placements, m.nodes, m.failovers, ev.Kv, m.logger)
+		m.s.put(ev.Kv, m.logger)
 	}
 	if resp.Header.Revision > m.rev {
 		m.rev = resp.Header.Revision
@@ -124,7 +165,26 @@ func (m *Map) apply(resp clientv3.WatchResponse) {
 	m.broadcastLocked()
 }
 
-func applyPut(placements map[string]Placement, nodes map[string]map[string]string, failovers map[string]Failover, kv *mvccpb.KeyValue, logger *slog.Logger) {
+func (s *mapState) delete(key string) {
+	switch {
+	case strings.HasPrefix(key, PlacementPrefix):
+		delete(s.placements, key[len(PlacementPrefix):])
+	case strings.HasPrefix(key, RegionPlacementPrefix):
+		delete(s.moves, key[len(RegionPlacementPrefix):])
+	case key == DefaultRegionsKey:
+		s.defaults, s.defaultsEpoch = nil, 0
+	case strings.HasPrefix(key, FailoverPrefix):
+		delete(s.failovers, key[len(FailoverPrefix):])
+	case strings.HasPrefix(key, HandoverPrefix):
+		delete(s.handovers, key[len(HandoverPrefix):])
+	default:
+		if region, id, ok := parseNodeKey(key); ok {
+			delete(s.nodes[region], id)
+		}
+	}
+}
+
+func (s *mapState) put(kv *mvccpb.KeyValue, logger *slog.Logger) {
 	key := string(kv.Key)
 	switch {
 	case strings.HasPrefix(key, PlacementPrefix):
@@ -134,7 +194,22 @@ func applyPut(placements map[string]Placement, nodes map[string]map[string]strin
 			logger.Warn("ignoring bad placement", "key", key, "err", err)
 			return
 		}
-		placements[tenant] = p
+		s.placements[tenant] = p
+		s.placedMax[p.Region] = max(s.placedMax[p.Region], p.Epoch)
+	case strings.HasPrefix(key, RegionPlacementPrefix):
+		mv, err := decodeRegionMove(kv)
+		if err != nil {
+			logger.Warn("ignoring bad region move", "key", key, "err", err)
+			return
+		}
+		s.moves[mv.Region] = mv
+	case key == DefaultRegionsKey:
+		regions, err := decodeDefaultRegions(kv.Value)
+		if err != nil {
+			logger.Warn("ignoring bad default regions", "key", key, "err", err)
+			return
+		}
+		s.defaults, s.defaultsEpoch = regions, kv.ModRevision
 	case strings.HasPrefix(key, FailoverPrefix):
 		var f Failover
 		if err := json.Unmarshal(kv.Value, &f); err != nil {
@@ -145,7 +220,14 @@ func applyPut(placements map[string]Placement, nodes map[string]map[string]strin
 			// Written with the placement in one transaction: same revision.
 			f.Epoch = kv.ModRevision
 		}
-		failovers[key[len(FailoverPrefix):]] = f
+		s.failovers[key[len(FailoverPrefix):]] = f
+	case strings.HasPrefix(key, HandoverPrefix):
+		var h handoverValue
+		if err := json.Unmarshal(kv.Value, &h); err != nil {
+			logger.Warn("ignoring bad handover mark", "key", key, "err", err)
+			return
+		}
+		s.handovers[key[len(HandoverPrefix):]] = h.Epoch
 	default:
 		region, id, ok := parseNodeKey(key)
 		if !ok {
@@ -156,30 +238,116 @@ func applyPut(placements map[string]Placement, nodes map[string]map[string]strin
 			logger.Warn("ignoring bad node key", "key", key, "err", err)
 			return
 		}
-		if nodes[region] == nil {
-			nodes[region] = map[string]string{}
+		if s.nodes[region] == nil {
+			s.nodes[region] = map[string]string{}
 		}
-		nodes[region][id] = n.URL
+		s.nodes[region][id] = n.URL
 	}
 }
 
-// Placement returns the tenant's placement as the map knows it.
+// move returns a region move with its handover mark applied.
+func (s *mapState) move(mv RegionMove) RegionMove {
+	mv.HandedOver = s.handovers[mv.Region] == mv.Epoch
+	return mv
+}
+
+// effective resolves tenant's placement and the failover record that
+// applies to it.
+func (s *mapState) effective(tenant string) (Placement, *RegionMove, bool) {
+	var own *Placement
+	if p, ok := s.placements[tenant]; ok {
+		own = &p
+	}
+	p, ok := s.placed(tenant, own)
+	if !ok {
+		return Placement{}, nil, false
+	}
+	p, last := s.resolve(p, nil)
+	return p, last, true
+}
+
+// Placement returns the tenant's effective placement as the map knows it:
+// its own placement or, without one, its default home, followed through
+// the region moves written after it. ok is false only when the tenant has
+// no placement and no default region list is set.
 func (m *Map) Placement(tenant string) (Placement, bool) {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	p, ok := m.placements[tenant]
+	p, _, ok := m.s.effective(tenant)
 	return p, ok
 }
 
-// Placements returns every known placement, sorted by tenant.
+// Placements returns the effective placement of every tenant that has a
+// placement of its own, sorted by tenant. Tenants homed by the default rule
+// are not listed: nothing in etcd names them.
 func (m *Map) Placements() []Placement {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	out := make([]Placement, 0, len(m.placements))
-	for _, p := range m.placements {
+	out := make([]Placement, 0, len(m.s.placements))
+	for _, p := range m.s.placements {
+		p, _ = m.s.resolve(p, nil)
 		out = append(out, p)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Tenant < out[j].Tenant })
+	return out
+}
+
+// DefaultRegions returns the default region list (nil if none is set).
+func (m *Map) DefaultRegions() []string {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return append([]string(nil), m.s.defaults...)
+}
+
+// RegionMoves returns every region move, sorted by region.
+func (m *Map) RegionMoves() []RegionMove {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	out := make([]RegionMove, 0, len(m.s.moves))
+	for _, mv := range m.s.moves {
+		out = append(out, m.s.move(mv))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Region < out[j].Region })
+	return out
+}
+
+// RegionMove returns region's move key, if any.
+func (m *Map) RegionMove(region string) (RegionMove, bool) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	mv, ok := m.s.moves[region]
+	if !ok {
+		return RegionMove{}, false
+	}
+	return m.s.move(mv), true
+}
+
+// HomeRegions returns the regions that may be the effective home of some
+// tenant, sorted: each region tenants are placed in (by their own key or the
+// default list), followed through the region moves. It may name a region
+// whose last tenant left; it never misses one that serves a tenant.
+func (m *Map) HomeRegions() []string {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	seen := map[string]bool{}
+	add := func(region string, epoch int64) {
+		p, _ := m.s.resolve(Placement{Region: region, Epoch: epoch}, nil)
+		seen[p.Region] = true
+	}
+	for region, maxEpoch := range m.s.placedMax {
+		// Tenants placed in region span epochs up to maxEpoch: the oldest
+		// follow every move, the newest perhaps none.
+		add(region, 0)
+		add(region, maxEpoch)
+	}
+	for _, region := range m.s.defaults {
+		add(region, m.s.defaultsEpoch)
+	}
+	out := make([]string, 0, len(seen))
+	for r := range seen {
+		out = append(out, r)
+	}
+	sort.Strings(out)
 	return out
 }
 
@@ -187,8 +355,8 @@ func (m *Map) Placements() []Placement {
 func (m *Map) Nodes(region string) []string {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	out := make([]string, 0, len(m.nodes[region]))
-	for _, u := range m.nodes[region] {
+	out := make([]string, 0, len(m.s.nodes[region]))
+	for _, u := range m.s.nodes[region] {
 		out = append(out, u)
 	}
 	sort.Strings(out)
@@ -207,19 +375,25 @@ type Node struct {
 func (m *Map) NodeList(region string) []Node {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	out := make([]Node, 0, len(m.nodes[region]))
-	for id, u := range m.nodes[region] {
+	out := make([]Node, 0, len(m.s.nodes[region]))
+	for id, u := range m.s.nodes[region] {
 		out = append(out, Node{ID: id, URL: u})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
 }
 
-// Failover returns the tenant's last failover record, if any.
+// Failover returns the failover record that applies to the tenant's
+// effective placement: the region move that last moved it, or else its own
+// record (from a planned move), if any.
 func (m *Map) Failover(tenant string) (Failover, bool) {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	f, ok := m.failovers[tenant]
+	_, last, ok := m.s.effective(tenant)
+	if ok && last != nil {
+		return m.s.move(*last).Failover(tenant), true
+	}
+	f, ok := m.s.failovers[tenant]
 	return f, ok
 }
 

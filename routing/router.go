@@ -103,8 +103,11 @@ func (r *Router) Region() string { return r.cfg.Region }
 // Mode returns the store mode.
 func (r *Router) Mode() StoreMode { return r.cfg.Mode }
 
-// Route decides where tenant's request is served. A tenant without a
-// placement is placed in this node's region (one atomic create in etcd).
+// Route decides where tenant's request is served, from the map alone when
+// it knows the tenant's effective placement. A tenant without a placement
+// of its own has its default home (DefaultHome over the stored default
+// region list): no write. Only where no default list is set is it placed in
+// this node's region (one atomic create in etcd, as before such lists).
 // Errors are *idem.Error with code TENANT_NOT_SERVED_HERE when this node may
 // not serve and cannot forward.
 func (r *Router) Route(ctx context.Context, tenant string) (Route, error) {

@@ -186,13 +186,17 @@ func TestFailoverWaitsForTheOldRegion(t *testing.T) {
 		t.Fatal(err)
 	}
 	moved, err := routing.MoveRegion(ctx, cli, "eu-west", "us-east", time.Now())
-	if err != nil || len(moved) != 3 {
-		t.Fatalf("failover = %+v, %v; want 3 tenants moved", moved, err)
+	if err != nil || moved.Region != "eu-west" || moved.From != "eu-west" || moved.ServedBy != "us-east" {
+		t.Fatalf("failover = %+v, %v; want eu-west served by us-east", moved, err)
 	}
-	for _, f := range moved {
-		if f.From != "eu-west" || f.To != "us-east" || f.Epoch <= before[f.Tenant].Epoch {
-			t.Errorf("moved %+v, before %+v", f, before[f.Tenant])
+	for tenant, b := range before {
+		p, ok, err := routing.GetPlacement(ctx, cli, tenant)
+		if err != nil || !ok || p.Region != "us-east" || p.Epoch <= b.Epoch || p.Epoch != moved.Epoch {
+			t.Errorf("moved %+v, before %+v (%v)", p, b, err)
 		}
+	}
+	if p, _, _ := routing.GetPlacement(ctx, cli, "other"); p.Region != "us-east" {
+		t.Errorf("other = %+v", p)
 	}
 	usRouter := routing.NewRouter(cli, m, us, routing.RouterConfig{Region: "us-east", Window: time.Hour})
 	waitFor(t, "map to see the failover", func() bool {
@@ -207,7 +211,7 @@ func TestFailoverWaitsForTheOldRegion(t *testing.T) {
 	if rt, _ := usRouter.Route(ctx, "other"); rt.Uncertain {
 		t.Error("a tenant that never moved is uncertain")
 	}
-	if err := routing.MarkHandedOver(ctx, cli, "t0"); err != nil {
+	if err := routing.MarkRegionHandedOver(ctx, cli, moved); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "handover to be seen", func() bool { f, _ := m.Failover("t0"); return f.HandedOver })
@@ -259,9 +263,9 @@ func TestAutoFailover(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	moved := make(chan routing.Failover, 4)
+	moved := make(chan routing.RegionMove, 4)
 	af := &routing.AutoFailover{Client: cli, Map: m, Region: "us-east", After: 1500 * time.Millisecond,
-		OnMove: func(f routing.Failover) { moved <- f }}
+		OnMove: func(mv routing.RegionMove) { moved <- mv }}
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { _ = af.Run(runCtx); close(done) }()
@@ -277,8 +281,11 @@ func TestAutoFailover(t *testing.T) {
 	}
 	select {
 	case f := <-moved:
-		if f.Tenant != "a" || f.From != "eu-west" || f.To != "us-east" {
-			t.Errorf("moved %+v, want a: eu-west -> us-east", f)
+		if f.Region != "eu-west" || f.ServedBy != "us-east" {
+			t.Errorf("moved %+v, want eu-west -> us-east", f)
+		}
+		if p, _, _ := routing.GetPlacement(ctx, cli, "a"); p.Region != "us-east" {
+			t.Errorf("a is in %s after the automatic failover", p.Region)
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("no automatic failover of a dead region")

@@ -33,8 +33,8 @@ func commands() map[string]command {
 		"migrate":   {"apply the store's migrations to --database-url", runMigrate},
 		"bench":     {"benchmark the payment write with and without the idempotency layer", runBench},
 		"provider":  {"serve the payment provider simulator", runProvider},
-		"placement": {"get or set a tenant's home region (placement get|set --tenant T [--region R])", runPlacement},
-		"region":    {"region status, failover --from A --to B, handover of a failed region's records", runRegion},
+		"placement": {"get or set a tenant's home region (placement get|set --tenant T [--region R]), or the default regions (placement defaults --regions A,B)", runPlacement},
+		"region":    {"region status, failover --from A --to B, failback --region A, handover of a failed region's records", runRegion},
 		"chaos":     {"chaos tests: list the scenarios, or run them against a local cluster and check the history (chaos list|run)", runChaos},
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idemcoord/idem/internal/cli"
@@ -16,20 +17,22 @@ import (
 	"github.com/idemcoord/idem/store"
 )
 
-// runRegion: idemctl region status|failover|handover.
+// runRegion: idemctl region status|failover|failback|handover.
 func runRegion(ctx context.Context, args []string, env *Env) error {
 	if len(args) == 0 {
-		return usageError{errors.New("usage: idemctl region status|failover|handover [flags]")}
+		return usageError{errors.New("usage: idemctl region status|failover|failback|handover [flags]")}
 	}
 	switch args[0] {
 	case "status":
 		return regionStatus(ctx, args[1:], env)
 	case "failover":
 		return regionFailover(ctx, args[1:], env)
+	case "failback":
+		return regionFailback(ctx, args[1:], env)
 	case "handover":
 		return regionHandover(ctx, args[1:], env)
 	}
-	return usageError{fmt.Errorf("unknown region command %q (want status, failover or handover)", args[0])}
+	return usageError{fmt.Errorf("unknown region command %q (want status, failover, failback or handover)", args[0])}
 }
 
 func regionFlags(name string, env *Env) (*flag.FlagSet, *etcdFlags) {
@@ -49,9 +52,16 @@ func parseRegionFlags(fs *flag.FlagSet, args []string, env *Env) error {
 }
 
 type regionView struct {
-	Region  string   `json:"region"`
-	Nodes   []string `json:"nodes"`
+	Region string   `json:"region"`
+	Nodes  []string `json:"nodes"`
+	// Tenants are the tenants with a placement of their own whose
+	// effective home is the region.
 	Tenants []string `json:"tenants"`
+	// Default is set when the region is in the default list: it is also
+	// home to the unplaced tenants the default rule gives it.
+	Default bool `json:"default,omitempty"`
+	// Move is the region's indirection, if it was ever failed over.
+	Move *routing.RegionMove `json:"move,omitempty"`
 }
 
 func regionStatus(ctx context.Context, args []string, env *Env) error {
@@ -80,6 +90,13 @@ func regionStatus(ctx context.Context, args []string, env *Env) error {
 		v := view(p.Region)
 		v.Tenants = append(v.Tenants, p.Tenant)
 	}
+	for _, r := range m.DefaultRegions() {
+		view(r).Default = true
+	}
+	for _, mv := range m.RegionMoves() {
+		view(mv.Region).Move = &mv
+		view(mv.ServedBy)
+	}
 	resp, err := c.Get(ctx, routing.RegionsPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
 		return fmt.Errorf("etcd: %w", err)
@@ -97,8 +114,9 @@ func regionStatus(ctx context.Context, args []string, env *Env) error {
 	return printJSON(env, out)
 }
 
-// regionFailover moves every tenant of --from to --to once --from has no
-// live node left in etcd (waiting up to --wait for its leases to expire).
+// regionFailover makes --to serve every tenant of --from once --from has no
+// live node left in etcd (waiting up to --wait for its leases to expire):
+// one write, whatever the number of tenants.
 func regionFailover(ctx context.Context, args []string, env *Env) error {
 	fs, endpoints := regionFlags("failover", env)
 	from := fs.String("from", "", "region that failed (required)")
@@ -117,15 +135,17 @@ func regionFailover(ctx context.Context, args []string, env *Env) error {
 	defer c.Close()
 	deadline := time.Now().Add(*wait)
 	for {
-		alive, err := routing.RegionAlive(ctx, c, *from)
-		if err != nil {
+		mv, err := routing.MoveRegion(ctx, c, *from, *to, time.Now())
+		if err == nil {
+			fmt.Fprintf(env.Stderr, "%s's tenants are served by %s from epoch %d; run 'idemctl region handover --from %s --to %s' once %s's store is reachable\n",
+				*from, *to, mv.Epoch, mv.From, *to, mv.From)
+			return printJSON(env, mv)
+		}
+		if !errors.Is(err, routing.ErrRegionAlive) {
 			return err
 		}
-		if !alive {
-			break
-		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("region %s still holds a live lease after %v: a failover waits until the region has stopped serving (a partitioned region stops on its own once its lease runs out)", *from, *wait)
+			return fmt.Errorf("%w after %v: a failover waits until the region has stopped serving (a partitioned region stops on its own once its lease runs out)", err, *wait)
 		}
 		fmt.Fprintf(env.Stderr, "waiting for %s's leases to expire...\n", *from)
 		select {
@@ -134,12 +154,31 @@ func regionFailover(ctx context.Context, args []string, env *Env) error {
 		case <-time.After(time.Second):
 		}
 	}
-	moved, err := routing.MoveRegion(ctx, c, *from, *to, time.Now())
+}
+
+// regionFailback makes --region serve its own tenants again after a
+// failover: one write with a new epoch.
+func regionFailback(ctx context.Context, args []string, env *Env) error {
+	fs, endpoints := regionFlags("failback", env)
+	region := fs.String("region", "", "region that takes its tenants back (required)")
+	if err := parseRegionFlags(fs, args, env); err != nil {
+		return err
+	}
+	if *region == "" {
+		return usageError{errors.New("--region is required")}
+	}
+	c, err := dialEtcd(endpoints, env.Getenv)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(env.Stderr, "moved %d tenants from %s to %s; run 'idemctl region handover' once %s's store is reachable\n", len(moved), *from, *to, *from)
-	return printJSON(env, moved)
+	defer c.Close()
+	mv, err := routing.FailBack(ctx, c, *region, time.Now())
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Stderr, "%s serves its tenants again from epoch %d; run 'idemctl region handover --from %s --to %s' to merge what %s accepted meanwhile\n",
+		*region, mv.Epoch, mv.From, *region, mv.From)
+	return printJSON(env, mv)
 }
 
 // regionHandover merges the old region's records of moved tenants into the
@@ -180,22 +219,56 @@ func regionHandover(ctx context.Context, args []string, env *Env) error {
 		Tenant string `json:"tenant"`
 		store.HandoverReport
 	}
-	var reports []tenantReport
-	conflicts := 0
+	// The tenants: those with a placement of their own, and those the old
+	// store holds records of (tenants homed by the default rule are named
+	// nowhere else).
+	tenants := map[string]bool{}
 	for _, p := range m.Placements() {
-		f, ok := m.Failover(p.Tenant)
-		if !ok || f.From != *from || f.To != *to || p.Region != *to {
+		tenants[p.Tenant] = true
+	}
+	held, err := storeTenants(ctx, src)
+	if err != nil {
+		return err
+	}
+	for _, t := range held {
+		tenants[t] = true
+	}
+	names := make([]string, 0, len(tenants))
+	for t := range tenants {
+		names = append(names, t)
+	}
+	sort.Strings(names)
+	reports := []tenantReport{}
+	conflicts := 0
+	for _, tenant := range names {
+		p, ok := m.Placement(tenant)
+		if !ok || p.Region != *to {
 			continue
 		}
-		rep, err := store.Handover(ctx, src, dst, p.Tenant)
+		f, ok := m.Failover(tenant)
+		if !ok || f.To != *to || (f.From != *from && f.Region != *from) {
+			continue
+		}
+		rep, err := store.Handover(ctx, src, dst, tenant)
 		if err != nil {
 			return err
 		}
-		if err := routing.MarkHandedOver(ctx, c, p.Tenant); err != nil {
-			return err
+		if f.Region == "" {
+			if err := routing.MarkHandedOver(ctx, c, tenant); err != nil {
+				return err
+			}
 		}
 		conflicts += len(rep.Conflicts)
-		reports = append(reports, tenantReport{Tenant: p.Tenant, HandoverReport: rep})
+		reports = append(reports, tenantReport{Tenant: tenant, HandoverReport: rep})
+	}
+	// One mark per region move: it ends the uncertainty of every tenant the
+	// move took to --to, whatever their number.
+	for _, mv := range m.RegionMoves() {
+		if mv.ServedBy == *to && (mv.From == *from || mv.Region == *from) && !mv.HandedOver {
+			if err := routing.MarkRegionHandedOver(ctx, c, mv); err != nil {
+				return err
+			}
+		}
 	}
 	if err := printJSON(env, reports); err != nil {
 		return err
@@ -204,4 +277,17 @@ func regionHandover(ctx context.Context, args []string, env *Env) error {
 		return fmt.Errorf("%d conflicting records: both regions hold them with different meanings (listed above); the new home's records were kept", conflicts)
 	}
 	return nil
+}
+
+// storeTenants lists the tenants a store holds records or payments of.
+func storeTenants(ctx context.Context, s *store.Store) ([]string, error) {
+	rows, err := s.Pool().Query(ctx, `SELECT tenant_id FROM idempotency_records UNION SELECT tenant_id FROM payments`)
+	if err != nil {
+		return nil, fmt.Errorf("store: list tenants: %w", err)
+	}
+	tenants, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("store: list tenants: %w", err)
+	}
+	return tenants, nil
 }

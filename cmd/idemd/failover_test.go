@@ -63,7 +63,7 @@ func TestFailoverWithPartitionedRegion(t *testing.T) {
 	})
 	t.Logf("eu-west stopped serving %v after the partition", time.Since(partitioned).Round(10*time.Millisecond))
 
-	var moved []routing.Failover
+	var moved routing.RegionMove
 	waitFor(t, 30*time.Second, "eu-west's lease to expire in etcd and the failover to run", func() bool {
 		var err error
 		moved, err = routing.MoveRegion(ctx, cli, "eu-west", "us-east", time.Now())
@@ -72,8 +72,8 @@ func TestFailoverWithPartitionedRegion(t *testing.T) {
 		}
 		return err == nil
 	})
-	if len(moved) != 1 || moved[0].Tenant != "tenant-a" {
-		t.Fatalf("moved %+v", moved)
+	if p, _, err := routing.GetPlacement(ctx, cli, "tenant-a"); err != nil || p.Region != "us-east" || p.Epoch != moved.Epoch {
+		t.Fatalf("tenant-a after the failover = %+v, %v; moved %+v", p, err, moved)
 	}
 
 	// The retry lands in us-east, which never saw the key: it asks the
