@@ -27,8 +27,9 @@
 // effect and is executed again; any other checkpoint means a previous owner
 // may have acted, and only the operation's Recover (which asks downstream)
 // may settle it. Without Recover such a record is left
-// UNKNOWN_REQUIRES_RECOVERY and the request answers PAYMENT_OUTCOME_UNKNOWN
-// (the product's one code for an outcome that is not known yet).
+// UNKNOWN_REQUIRES_RECOVERY and the request answers OUTCOME_UNKNOWN
+// (idem.ECodeOutcomeUnknown; payments answers its own
+// PAYMENT_OUTCOME_UNKNOWN).
 //
 // # Failure classes
 //

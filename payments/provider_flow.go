@@ -54,14 +54,14 @@ func (s *Service) attemptWithProvider(ctx context.Context, begin idem.BeginReque
 		res, lease, cp = Result{}, idem.Lease{}, ""
 		var ev store.Event
 		p, ev = s.newPayment(begin.Scope, cmd)
-		inserted, err := store.ClaimWithPayment(ctx, tx, begin, idem.StatusInProgress, idem.CheckpointLocalPaymentCreated, nil, p, ev)
+		inserted, err := store.ClaimWithPayment(ctx, tx, begin, idem.StatusInProgress, CheckpointLocalPaymentCreated, nil, p, ev)
 		if err != nil {
 			return err
 		}
 		if inserted {
-			res.Outcome, cp = idem.OutcomeExecute, idem.CheckpointLocalPaymentCreated
+			res.Outcome, cp = idem.OutcomeExecute, CheckpointLocalPaymentCreated
 			if uncertain {
-				cp = idem.CheckpointProviderRequestSent
+				cp = CheckpointProviderRequestSent
 			}
 			lease = idem.Lease{Scope: begin.Scope, Token: 1, Owner: begin.Owner}
 			return nil
@@ -82,7 +82,7 @@ func (s *Service) attemptWithProvider(ctx context.Context, begin idem.BeginReque
 			if err := s.insertOwnedPayment(ctx, tx, d, p, ev); err != nil {
 				return err
 			}
-			cp = idem.CheckpointLocalPaymentCreated
+			cp = CheckpointLocalPaymentCreated
 			return store.CheckpointTx(ctx, tx, lease, cp, 0)
 		}
 		return nil
@@ -107,7 +107,7 @@ func (s *Service) drive(ctx context.Context, lease idem.Lease, cp idem.Checkpoin
 	// fencing.
 	ctx = context.WithoutCancel(ctx)
 	lease = s.unfenced(lease)
-	if cp != idem.CheckpointLocalPaymentCreated {
+	if cp != CheckpointLocalPaymentCreated {
 		// An earlier owner may have reached the provider: ask before acting.
 		ch, err := s.lookup(ctx, p.ProviderKey)
 		switch {
@@ -121,7 +121,7 @@ func (s *Service) drive(ctx context.Context, lease idem.Lease, cp idem.Checkpoin
 		s.failpoint(ctx, "recovery-before-checkpoint")
 	}
 	if err := s.ownedTx(ctx, func(tx pgx.Tx) error {
-		return store.CheckpointTx(ctx, tx, lease, idem.CheckpointProviderRequestSent, s.cfg.LockFor)
+		return store.CheckpointTx(ctx, tx, lease, CheckpointProviderRequestSent, s.cfg.LockFor)
 	}); err != nil {
 		return Result{}, s.fenceAsInProgress(err)
 	}
@@ -173,7 +173,7 @@ func (s *Service) confirm(ctx context.Context, lease idem.Lease, p store.Payment
 	}
 	var res Result
 	err := s.ownedTx(ctx, func(tx pgx.Tx) error {
-		if err := store.CheckpointTx(ctx, tx, lease, idem.CheckpointProviderConfirmed, 0); err != nil {
+		if err := store.CheckpointTx(ctx, tx, lease, CheckpointProviderConfirmed, 0); err != nil {
 			return err
 		}
 		completion, err := s.completion(ctx, tx, p)
@@ -195,13 +195,13 @@ func (s *Service) decline(ctx context.Context, lease idem.Lease, p store.Payment
 		ErrorCode string `json:"errorCode"`
 		Message   string `json:"message"`
 		PaymentID string `json:"paymentId"`
-	}{idem.ECodePaymentDeclined, "The payment provider declined the payment.", p.ID})
+	}{ECodePaymentDeclined, "The payment provider declined the payment.", p.ID})
 	if err != nil {
 		return Result{}, err
 	}
 	resp := idem.Response{Status: 402, Headers: map[string]string{"Content-Type": "application/json"}, Body: body, SchemaVersion: s.cfg.ResponseSchema}
 	err = s.ownedTx(ctx, func(tx pgx.Tx) error {
-		if err := store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusFailedReplayable, ErrorCode: idem.ECodePaymentDeclined, Response: &resp}); err != nil {
+		if err := store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusFailedReplayable, ErrorCode: ECodePaymentDeclined, Response: &resp}); err != nil {
 			return err
 		}
 		return store.SetPaymentStatus(ctx, tx, p.Tenant, p.ID, "DECLINED", paymentEvent(p, "PaymentDeclined", "declined", nil))
@@ -226,7 +226,7 @@ func (s *Service) providerKeyConflict(ctx context.Context, lease idem.Lease, p s
 		"tenant", lease.Tenant, "key", lease.Key, "payment", p.ID, "provider_key", p.ProviderKey, "err", cause)
 	resp := providerKeyConflictResponse(p.ID)
 	err := s.ownedTx(ctx, func(tx pgx.Tx) error {
-		if err := store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusFailedReplayable, ErrorCode: idem.ECodeProviderKeyConflict, Response: &resp}); err != nil {
+		if err := store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusFailedReplayable, ErrorCode: ECodeProviderKeyConflict, Response: &resp}); err != nil {
 			return err
 		}
 		return store.SetPaymentStatus(ctx, tx, p.Tenant, p.ID, PaymentStatusConflict, paymentEvent(p, "PaymentProviderKeyConflict", "conflict", nil))
@@ -244,7 +244,7 @@ func providerKeyConflictResponse(paymentID string) idem.Response {
 		ErrorCode string `json:"errorCode"`
 		Message   string `json:"message"`
 		PaymentID string `json:"paymentId"`
-	}{idem.ECodeProviderKeyConflict, "The payment provider already holds a different charge for this payment; nothing was charged. Use a new merchant reference, or contact support.", paymentID})
+	}{ECodeProviderKeyConflict, "The payment provider already holds a different charge for this payment; nothing was charged. Use a new merchant reference, or contact support.", paymentID})
 	return idem.Response{Status: 409, Headers: map[string]string{"Content-Type": "application/json"}, Body: body, SchemaVersion: DefaultSchemaVersion}
 }
 
@@ -252,12 +252,12 @@ func providerKeyConflictResponse(paymentID string) idem.Response {
 // retry with the key executes again, with the same payment and provider key.
 func (s *Service) retryable(ctx context.Context, lease idem.Lease, cause error) (Result, error) {
 	err := s.ownedTx(ctx, func(tx pgx.Tx) error {
-		return store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusFailedRetryable, ErrorCode: idem.ECodeProviderUnavailable})
+		return store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusFailedRetryable, ErrorCode: ECodeProviderUnavailable})
 	})
 	if err != nil {
 		return Result{}, s.fenceAsInProgress(err)
 	}
-	return Result{}, &idem.Error{Code: idem.ECodeProviderUnavailable, Message: "The payment provider is unavailable; nothing was charged. Retry with the same key.", Err: cause}
+	return Result{}, &idem.Error{Code: ECodeProviderUnavailable, Message: "The payment provider is unavailable; nothing was charged. Retry with the same key.", Err: cause}
 }
 
 // markUnknown records that the provider may have charged but the answer was
@@ -266,7 +266,7 @@ func (s *Service) retryable(ctx context.Context, lease idem.Lease, cause error) 
 func (s *Service) markUnknown(ctx context.Context, lease idem.Lease, p store.Payment, cause error) (Result, error) {
 	s.logger.WarnContext(ctx, "payment outcome unknown", "tenant", lease.Tenant, "key", lease.Key, "payment", p.ID, "err", cause)
 	err := s.ownedTx(ctx, func(tx pgx.Tx) error {
-		return store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusUnknown, ErrorCode: idem.ECodeOutcomeUnknown})
+		return store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusUnknown, ErrorCode: ECodeOutcomeUnknown})
 	})
 	if err != nil {
 		return Result{}, s.fenceAsInProgress(err)
@@ -279,7 +279,7 @@ func unknownResponse(paymentID string) idem.Response {
 		ErrorCode string `json:"errorCode"`
 		Message   string `json:"message"`
 		PaymentID string `json:"paymentId"`
-	}{idem.ECodeOutcomeUnknown, "The payment was sent to the provider but its outcome is not known yet. Retry with the same key; it will never be charged twice.", paymentID})
+	}{ECodeOutcomeUnknown, "The payment was sent to the provider but its outcome is not known yet. Retry with the same key; it will never be charged twice.", paymentID})
 	return idem.Response{Status: 202, Headers: map[string]string{"Content-Type": "application/json", "Retry-After": "1"}, Body: body}
 }
 

@@ -2,6 +2,7 @@ package payments
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -102,12 +103,12 @@ func (s *Service) recoverOwned(ctx context.Context, d idem.Decision, lock *fenci
 	}
 	p, err := store.GetPayment(ctx, s.store.Pool(), rec.Tenant, d.Record.ResourceID)
 	if err != nil {
-		if idem.ErrorCode(err) == idem.ECodePaymentNotFound {
+		if errors.Is(err, store.ErrPaymentNotFound) {
 			return RecoveryReleased, s.release(ctx, lease)
 		}
 		return "", err
 	}
-	if d.Record.Checkpoint == idem.CheckpointLocalPaymentCreated {
+	if d.Record.Checkpoint == CheckpointLocalPaymentCreated {
 		// The provider was never called: release the key for the client's
 		// retry rather than charge without the client.
 		return RecoveryReleased, s.release(ctx, lease)
@@ -116,7 +117,7 @@ func (s *Service) recoverOwned(ctx context.Context, d idem.Decision, lock *fenci
 	// finish with the same provider key if it has no charge.
 	res, err := s.drive(ctx, lease, d.Record.Checkpoint, p, lock)
 	switch {
-	case idem.ErrorCode(err) == idem.ECodeProviderUnavailable:
+	case idem.ErrorCode(err) == ECodeProviderUnavailable:
 		return RecoveryReleased, nil
 	case idem.ErrorCode(err) == idem.ECodeInProgress:
 		return RecoverySkipped, nil
@@ -135,6 +136,6 @@ func (s *Service) recoverOwned(ctx context.Context, d idem.Decision, lock *fenci
 // release marks an owned record FAILED_RETRYABLE: nothing was charged.
 func (s *Service) release(ctx context.Context, lease idem.Lease) error {
 	return s.store.ExecTx(ctx, func(tx pgx.Tx) error {
-		return store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusFailedRetryable, ErrorCode: idem.ECodeProviderUnavailable})
+		return store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusFailedRetryable, ErrorCode: ECodeProviderUnavailable})
 	})
 }

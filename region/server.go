@@ -430,7 +430,7 @@ func (s *Server) handleGetPayment(w http.ResponseWriter, r *http.Request, tenant
 	if !validPaymentID(id) {
 		// No payment has such an id; PostgreSQL would refuse it (NUL,
 		// invalid UTF-8) with an error that is not the client's to see.
-		writeError(w, r, s.logger, idem.Errorf(idem.ECodePaymentNotFound, "No such payment."))
+		writeError(w, r, s.logger, idem.Errorf(payments.ECodePaymentNotFound, "No such payment."))
 		return
 	}
 	body, err := s.payments.Get(r.Context(), tenant, id)
