@@ -337,10 +337,10 @@ func (m *Main) Run(ctx context.Context) error {
 		return fmt.Errorf("database: %w", err)
 	}
 	if m.Migrate {
-		if err := st.Migrate(ctx); err != nil {
+		if err := payments.Migrate(ctx, st); err != nil {
 			return err
 		}
-	} else if err := st.CheckMigrated(ctx); err != nil {
+	} else if err := payments.CheckMigrated(ctx, st); err != nil {
 		return err
 	}
 	ln, err := net.Listen("tcp", m.Listen)
