@@ -49,7 +49,7 @@ func newNode(t *testing.T, st *store.Store) string {
 	t.Helper()
 	pay := payments.NewService(st, payments.Config{Region: "test", Window: time.Hour})
 	srv, err := region.NewServer(region.Config{Region: "test", Tokens: map[string]string{"tok-a": "tenant-a", "tok-b": "tenant-b"},
-		Operations: []string{"contract_op", "op"}}, st, pay)
+		Operations: []string{"contract_op", "op"}}, st, region.Payments(pay))
 	if err != nil {
 		t.Fatal(err)
 	}

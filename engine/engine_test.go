@@ -47,7 +47,7 @@ var coordinators = []coordinator{
 		st, _ := storetest.New(t)
 		pay := payments.NewService(st, payments.Config{Region: "test", Window: time.Hour})
 		srv, err := region.NewServer(region.Config{Region: "test", Tokens: map[string]string{"tok-a": tenant},
-			Operations: []string{opName}}, st, pay)
+			Operations: []string{opName}}, st, region.Payments(pay))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -59,7 +59,16 @@ func (s *Service) withLock(ctx context.Context, begin idem.BeginRequest, attempt
 	return attempt(begin, lock)
 }
 
-// checkLock is what an owner calls before a side effect: nil without a lock.
+// lockGuard is what an owner holding lock calls before a side effect; nil
+// without a lock.
+func lockGuard(lock *fencing.Lock) func() error {
+	if lock == nil {
+		return nil
+	}
+	return func() error { return checkLock(lock) }
+}
+
+// checkLock reports a lock whose local deadline has passed as in progress.
 func checkLock(lock *fencing.Lock) error {
 	if lock == nil {
 		return nil

@@ -90,16 +90,17 @@ func (s *Service) attemptWithProvider(ctx context.Context, begin idem.BeginReque
 	if err != nil || lease.Token == 0 {
 		return s.finishAttempt(ctx, begin, cmd, res, err)
 	}
-	out, err := s.drive(ctx, lease, cp, p, lock)
+	out, err := s.drive(ctx, lease, cp, p, lockGuard(lock))
 	out.Outcome, out.ExpiredRetry = res.Outcome, res.ExpiredRetry
 	return out, err
 }
 
 // drive takes an owned payment from checkpoint cp to a recorded result. With
-// an external lock, the owner checks the lock's local deadline before the
-// provider call; the provider and the store still reject its token if a newer
-// owner took over after that check (a pause between check and act).
-func (s *Service) drive(ctx context.Context, lease idem.Lease, cp idem.Checkpoint, p store.Payment, lock *fencing.Lock) (Result, error) {
+// an external lock (guard set), the owner checks the lock's local deadline
+// before the provider call; the provider and the store still reject its
+// token if a newer owner took over after that check (a pause between check
+// and act).
+func (s *Service) drive(ctx context.Context, lease idem.Lease, cp idem.Checkpoint, p store.Payment, guard func() error) (Result, error) {
 	// The provider call and its recording must not be cut short by a client
 	// that hangs up: the answer is recorded for its retry. Each step has its
 	// own bound (ProviderTimeout for calls, LockFor for store writes), so a
@@ -117,7 +118,7 @@ func (s *Service) drive(ctx context.Context, lease idem.Lease, cp idem.Checkpoin
 			return s.markUnknown(ctx, lease, p, err)
 		}
 	}
-	if lock != nil {
+	if guard != nil {
 		s.failpoint(ctx, "recovery-before-checkpoint")
 	}
 	if err := s.ownedTx(ctx, func(tx pgx.Tx) error {
@@ -125,11 +126,13 @@ func (s *Service) drive(ctx context.Context, lease idem.Lease, cp idem.Checkpoin
 	}); err != nil {
 		return Result{}, s.fenceAsInProgress(err)
 	}
-	if err := checkLock(lock); err != nil {
-		return Result{}, err
+	if guard != nil {
+		if err := guard(); err != nil {
+			return Result{}, err
+		}
 	}
 	s.failpoint(ctx, "before-provider-call")
-	if lock != nil {
+	if guard != nil {
 		s.failpoint(ctx, "recovery-before-provider-call")
 	}
 	callCtx, cancelCall := context.WithTimeout(ctx, s.cfg.ProviderTimeout)

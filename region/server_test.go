@@ -66,7 +66,7 @@ func startNode(t *testing.T, st *store.Store, pay *payments.Service, cfg region.
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
-	srv, err := region.NewServer(cfg, st, pay)
+	srv, err := region.NewServer(cfg, st, region.Payments(pay))
 	if err != nil {
 		t.Fatal(err)
 	}

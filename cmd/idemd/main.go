@@ -25,6 +25,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/internal/cli"
 	"github.com/idemcoord/idem/internal/etcdclient"
 	"github.com/idemcoord/idem/internal/tlsutil"
@@ -394,7 +395,11 @@ func (m *Main) Run(ctx context.Context) error {
 	rcfg.Operations = m.Operations
 	rcfg.ReadHeaderTimeout, rcfg.ReadTimeout = m.HTTP.ReadHeaderTimeout, m.HTTP.ReadTimeout
 	rcfg.WriteTimeout, rcfg.IdleTimeout, rcfg.MaxHeaderBytes = m.HTTP.WriteTimeout, m.HTTP.IdleTimeout, m.HTTP.MaxHeaderBytes
-	srv, err := region.NewServer(rcfg, st, pay)
+	// The node's engine fences recovery as the payments service does (the
+	// etcd membership's locks), so that the recovery worker and a client's
+	// retry exclude each other.
+	rcfg.Engine = engine.New(st, pay.EngineOptions())
+	srv, err := region.NewServer(rcfg, st, region.Payments(pay))
 	if err != nil {
 		_ = ln.Close()
 		return err
