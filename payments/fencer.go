@@ -3,10 +3,10 @@ package payments
 import (
 	"context"
 	"errors"
-	"net/url"
 	"time"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/fencing"
 )
 
@@ -21,10 +21,10 @@ type Locker interface {
 var errNeedsLock = errors.New("payments: recovery needs the scope's lock")
 
 // LockKey is the lock name of a scope under the locker's prefix:
-// <tenant>/<operation>/<key>, each part path-escaped.
-func LockKey(scope idem.Scope) string {
-	return url.PathEscape(scope.Tenant) + "/" + url.PathEscape(scope.Operation) + "/" + url.PathEscape(scope.Key)
-}
+// <tenant>/<operation>/<key>, each part path-escaped. It is the engine's
+// (engine.LockKey), so that a takeover by Create and one by the engine's
+// recovery fence each other.
+func LockKey(scope idem.Scope) string { return engine.LockKey(scope) }
 
 // lockScope takes the scope's recovery lock. A lock held by someone else is
 // answered as in progress.
