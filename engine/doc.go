@@ -42,6 +42,12 @@
 // goes on. [Engine.RecoverStale] (or [Engine.Run], its loop) runs every
 // registered operation's Recover over the records nobody is working on.
 //
+// An operation whose final write belongs in one transaction with rows of
+// its own (a payment's status and its outbox event) writes the record
+// itself under [Attempt.Lease] and returns [Result.Stored]; the engine then
+// writes nothing. [Operation.UnknownCode] keeps a code its clients already
+// know for an unknown outcome (payments: PAYMENT_OUTCOME_UNKNOWN).
+//
 // Each execution costs one write more than the bare Coordinator calls (the
 // STARTED checkpoint); that write is what lets a takeover tell a record
 // that never acted from one that may have.
