@@ -5,17 +5,23 @@ import (
 	"fmt"
 )
 
-// Error codes a client can see. They are part of the API contract: never rename
-// one. The HTTP status for each lives in one table in package region.
+// Error codes a client can see, those of the engine and the node. They are
+// part of the API contract: never rename one. An operation's own codes live
+// in its package (payments' in package payments). The HTTP status for each
+// lives in one table in package region.
 const (
 	// Idempotency contract.
-	ECodeKeyMissing            = "IDEMPOTENCY_KEY_MISSING"
-	ECodeKeyInvalid            = "IDEMPOTENCY_KEY_INVALID"
-	ECodeKeyReused             = "IDEMPOTENCY_KEY_REUSED_WITH_DIFFERENT_REQUEST"
-	ECodeInProgress            = "IDEMPOTENCY_REQUEST_IN_PROGRESS"
-	ECodeRecordNotFound        = "IDEMPOTENCY_RECORD_NOT_FOUND"
-	ECodeFencingTokenStale     = "FENCING_TOKEN_STALE"
-	ECodeOutcomeUnknown        = "PAYMENT_OUTCOME_UNKNOWN"
+	ECodeKeyMissing        = "IDEMPOTENCY_KEY_MISSING"
+	ECodeKeyInvalid        = "IDEMPOTENCY_KEY_INVALID"
+	ECodeKeyReused         = "IDEMPOTENCY_KEY_REUSED_WITH_DIFFERENT_REQUEST"
+	ECodeInProgress        = "IDEMPOTENCY_REQUEST_IN_PROGRESS"
+	ECodeRecordNotFound    = "IDEMPOTENCY_RECORD_NOT_FOUND"
+	ECodeFencingTokenStale = "FENCING_TOKEN_STALE"
+	// ECodeOutcomeUnknown: an operation may have acted but its outcome was
+	// lost and is not known yet; a retry with the same key answers it once
+	// recovery knows. An operation may answer with its own code instead
+	// (payments answers PAYMENT_OUTCOME_UNKNOWN).
+	ECodeOutcomeUnknown        = "OUTCOME_UNKNOWN"
 	ECodeRoutingLoop           = "IDEMPOTENCY_ROUTING_LOOP"
 	ECodeNotHome               = "TENANT_NOT_SERVED_HERE"
 	ECodeReconciliationPending = "IDEMPOTENCY_RECONCILIATION_PENDING"
@@ -37,13 +43,6 @@ const (
 	// idempotency layer may store; the first request's outcome cannot be
 	// replayed, so it is not answered as a success.
 	ECodeResponseTooLarge = "IDEMPOTENCY_RESPONSE_TOO_LARGE"
-
-	// Payments domain.
-	ECodeDuplicateMerchantRef = "DUPLICATE_MERCHANT_REFERENCE"
-	ECodeProviderKeyConflict  = "PROVIDER_KEY_CONFLICT"
-	ECodePaymentNotFound      = "PAYMENT_NOT_FOUND"
-	ECodePaymentDeclined      = "PAYMENT_DECLINED"
-	ECodeProviderUnavailable  = "PROVIDER_UNAVAILABLE"
 
 	// Infrastructure.
 	ECodeStoreUnavailable = "STORE_UNAVAILABLE"

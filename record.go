@@ -46,18 +46,17 @@ func (s Status) Settled() bool {
 	return false
 }
 
-// Checkpoint is how far an operation got. The payment operation moves
-// RECEIVED -> LOCAL_PAYMENT_CREATED -> PROVIDER_REQUEST_SENT ->
-// PROVIDER_CONFIRMED -> COMPLETED.
+// Checkpoint is how far an operation got. Every operation starts at
+// RECEIVED and ends at COMPLETED; what lies between is the operation's own
+// (payments defines its checkpoints in package payments).
 type Checkpoint string
 
-// Checkpoints of the reference payment operation.
+// Checkpoints every operation shares.
 const (
-	CheckpointReceived            Checkpoint = "RECEIVED"
-	CheckpointLocalPaymentCreated Checkpoint = "LOCAL_PAYMENT_CREATED"
-	CheckpointProviderRequestSent Checkpoint = "PROVIDER_REQUEST_SENT"
-	CheckpointProviderConfirmed   Checkpoint = "PROVIDER_CONFIRMED"
-	CheckpointCompleted           Checkpoint = "COMPLETED"
+	// CheckpointReceived: claimed, nothing done yet.
+	CheckpointReceived Checkpoint = "RECEIVED"
+	// CheckpointCompleted: the operation finished.
+	CheckpointCompleted Checkpoint = "COMPLETED"
 )
 
 // Response is a stored answer, replayed byte for byte.

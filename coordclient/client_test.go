@@ -49,7 +49,7 @@ func newNode(t *testing.T, st *store.Store) string {
 	t.Helper()
 	pay := payments.NewService(st, payments.Config{Region: "test", Window: time.Hour})
 	srv, err := region.NewServer(region.Config{Region: "test", Tokens: map[string]string{"tok-a": "tenant-a", "tok-b": "tenant-b"},
-		Operations: []string{"contract_op", "op"}}, st, pay)
+		Operations: []string{"contract_op", "op"}}, st, region.Payments(pay))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,10 +139,10 @@ func testCoordinator(t *testing.T, c idem.Coordinator, st *store.Store) {
 					d.Record.Attempts != 1 || d.Record.LockedUntil == nil || d.ExpiredRetry {
 					t.Errorf("claimed record = %+v", d.Record)
 				}
-				if err := c.Checkpoint(ctx, d.Lease, idem.CheckpointProviderRequestSent); err != nil {
+				if err := c.Checkpoint(ctx, d.Lease, cpSent); err != nil {
 					t.Fatal(err)
 				}
-				if rec, err := c.Get(ctx, scope(key)); err != nil || rec.Checkpoint != idem.CheckpointProviderRequestSent || rec.Status != idem.StatusInProgress {
+				if rec, err := c.Get(ctx, scope(key)); err != nil || rec.Checkpoint != cpSent || rec.Status != idem.StatusInProgress {
 					t.Fatalf("Get after checkpoint = %+v, %v", rec, err)
 				}
 				want := idem.Response{Status: 201, Headers: map[string]string{"Location": "/things/res_1", "Content-Type": "application/json"}, Body: body, SchemaVersion: "v2"}
@@ -162,7 +162,7 @@ func testCoordinator(t *testing.T, c idem.Coordinator, st *store.Store) {
 					t.Fatalf("Get = %+v, %v", rec, err)
 				}
 				assertResponse(t, rec.Response, want)
-				expectFenced(t, "Checkpoint after Complete", c.Checkpoint(ctx, d.Lease, idem.CheckpointProviderConfirmed))
+				expectFenced(t, "Checkpoint after Complete", c.Checkpoint(ctx, d.Lease, cpConfirmed))
 				expectFenced(t, "Complete twice", c.Complete(ctx, d.Lease, idem.Completion{Response: idem.Response{Status: 500}}))
 			})
 		}
@@ -188,7 +188,7 @@ func testCoordinator(t *testing.T, c idem.Coordinator, st *store.Store) {
 		if cur.Record.Attempts != 2 {
 			t.Errorf("attempts after takeover = %d, want 2", cur.Record.Attempts)
 		}
-		expectFenced(t, "stale Checkpoint", c.Checkpoint(ctx, old.Lease, idem.CheckpointProviderRequestSent))
+		expectFenced(t, "stale Checkpoint", c.Checkpoint(ctx, old.Lease, cpSent))
 		expectFenced(t, "stale Complete", c.Complete(ctx, old.Lease, idem.Completion{Response: idem.Response{Status: 201}}))
 		expectFenced(t, "stale Fail", c.Fail(ctx, old.Lease, idem.Failure{Status: idem.StatusFailedRetryable}))
 		if err := c.Complete(ctx, cur.Lease, idem.Completion{Response: idem.Response{Status: 201, Body: []byte("second")}}); err != nil {
@@ -402,3 +402,10 @@ func TestClientErrors(t *testing.T) {
 		})
 	}
 }
+
+// Checkpoints an operation of these tests moves through (the engine's own
+// are only RECEIVED and COMPLETED).
+const (
+	cpSent      idem.Checkpoint = "PROVIDER_REQUEST_SENT"
+	cpConfirmed idem.Checkpoint = "PROVIDER_CONFIRMED"
+)

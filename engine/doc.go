@@ -27,8 +27,9 @@
 // effect and is executed again; any other checkpoint means a previous owner
 // may have acted, and only the operation's Recover (which asks downstream)
 // may settle it. Without Recover such a record is left
-// UNKNOWN_REQUIRES_RECOVERY and the request answers PAYMENT_OUTCOME_UNKNOWN
-// (the product's one code for an outcome that is not known yet).
+// UNKNOWN_REQUIRES_RECOVERY and the request answers OUTCOME_UNKNOWN
+// (idem.ECodeOutcomeUnknown; payments answers its own
+// PAYMENT_OUTCOME_UNKNOWN).
 //
 // # Failure classes
 //
@@ -40,6 +41,12 @@
 // an Execute that panics leaves the record FAILED_RETRYABLE and the panic
 // goes on. [Engine.RecoverStale] (or [Engine.Run], its loop) runs every
 // registered operation's Recover over the records nobody is working on.
+//
+// An operation whose final write belongs in one transaction with rows of
+// its own (a payment's status and its outbox event) writes the record
+// itself under [Attempt.Lease] and returns [Result.Stored]; the engine then
+// writes nothing. [Operation.UnknownCode] keeps a code its clients already
+// know for an unknown outcome (payments: PAYMENT_OUTCOME_UNKNOWN).
 //
 // Each execution costs one write more than the bare Coordinator calls (the
 // STARTED checkpoint); that write is what lets a takeover tell a record

@@ -124,6 +124,11 @@ type Operation struct {
 	// LockTimeout is how long an owner holds the record before a retry may
 	// take it over; it also bounds Execute. Default DefaultLockTimeout (30s).
 	LockTimeout time.Duration
+	// UnknownCode is the error code stored with, and answered for, an
+	// outcome that is not known yet. Default idem.ECodeOutcomeUnknown
+	// (OUTCOME_UNKNOWN); an operation whose clients already know another
+	// code keeps it (payments: PAYMENT_OUTCOME_UNKNOWN).
+	UnknownCode string
 }
 
 // Result is how an Execute or Recover call ended.
@@ -138,6 +143,15 @@ type Result struct {
 	ErrorCode    string
 	ResourceType string
 	ResourceID   string
+	// Stored says that Execute or Recover already wrote the record's next
+	// state under the attempt's lease, in the same transaction as its own
+	// rows (a payment and its outbox event, say): the engine writes nothing
+	// and reports Status (which must then be set).
+	Stored bool
+	// RecoveryOutcome, set by Recover, is the outcome RecoverStale counts
+	// for the record instead of the one its Status maps to (payments
+	// counts "declined" and "conflict" apart from other failures).
+	RecoveryOutcome string
 }
 
 // Attempt is the right to act on a record: its lease, the record as taken,
@@ -157,6 +171,10 @@ type Attempt struct {
 func (a *Attempt) Checkpoint(ctx context.Context, cp idem.Checkpoint) error {
 	return a.coord.Checkpoint(ctx, a.Lease, cp)
 }
+
+// Locked reports whether the attempt holds the scope's external lock: it
+// took the record over under a Locker.
+func (a *Attempt) Locked() bool { return a.lock != nil }
 
 // Check returns nil while the attempt's external lock (if any) is valid.
 // Call it before a side effect; the store and downstream still reject a
@@ -203,6 +221,8 @@ type Answer struct {
 	Outcome idem.Outcome
 	// ExpiredRetry is true when the key's earlier record had expired.
 	ExpiredRetry bool
+	// recoveryOutcome is Result.RecoveryOutcome, for RecoverStale.
+	recoveryOutcome string
 }
 
 // Engine runs registered operations over a Coordinator. It is safe for
@@ -254,6 +274,9 @@ func (e *Engine) Register(op Operation) error {
 	}
 	if op.LockTimeout <= 0 {
 		op.LockTimeout = DefaultLockTimeout
+	}
+	if op.UnknownCode == "" {
+		op.UnknownCode = idem.ECodeOutcomeUnknown
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -314,8 +337,8 @@ func errInProgress(cause error) error {
 	return &idem.Error{Code: idem.ECodeInProgress, Message: "A request with this idempotency key is still in progress; retry later.", Err: cause}
 }
 
-func errOutcomeUnknown() error {
-	return idem.Errorf(idem.ECodeOutcomeUnknown, "The outcome of the request with this idempotency key is not known yet; retry with the same key later.")
+func errOutcomeUnknown(code string) error {
+	return idem.Errorf(code, "The outcome of the request with this idempotency key is not known yet; retry with the same key later.")
 }
 
 // Do runs req: claims, replays, refuses, waits or recovers (see the package
@@ -460,11 +483,11 @@ func (e *Engine) attempt(ctx context.Context, op Operation, begin idem.BeginRequ
 		if op.Recover == nil {
 			e.opts.Logger.WarnContext(ctx, "record needs recovery and its operation has none",
 				"tenant", begin.Tenant, "operation", begin.Operation, "key", begin.Key, "checkpoint", d.Record.Checkpoint)
-			if err := e.markUnknown(ctx, a, idem.ECodeOutcomeUnknown); err != nil {
+			if err := e.markUnknown(ctx, a, op.UnknownCode); err != nil {
 				return ans, err
 			}
 			ans.Status = idem.StatusUnknown
-			return ans, errOutcomeUnknown()
+			return ans, errOutcomeUnknown(op.UnknownCode)
 		}
 		return e.run(ctx, ans, op, a, op.Recover, false)
 	}
@@ -502,13 +525,20 @@ func (e *Engine) run(ctx context.Context, ans Answer, op Operation, a *Attempt, 
 			e.release(wctx, a, idem.ErrorCode(err))
 		default:
 			ans.Status = idem.StatusUnknown
-			if werr := e.markUnknown(wctx, a, idem.ECodeOutcomeUnknown); werr != nil {
+			if werr := e.markUnknown(wctx, a, op.UnknownCode); werr != nil {
 				e.opts.Logger.ErrorContext(ctx, "recording an unknown outcome failed", "operation", op.Name, "err", werr)
 			}
 		}
 		return ans, err
 	}
-	ans.Response, ans.Status = res.Response, res.Status
+	ans.Response, ans.Status, ans.recoveryOutcome = res.Response, res.Status, res.RecoveryOutcome
+	if res.Stored {
+		if !storedStatus(res.Status) {
+			return ans, &idem.Error{Code: idem.ECodeInternal, Message: "Internal error.",
+				Err: fmt.Errorf("engine: operation %q stored status %q", op.Name, res.Status)}
+		}
+		return ans, nil
+	}
 	var werr error
 	switch res.Status {
 	case "", idem.StatusCompleted:
@@ -520,11 +550,15 @@ func (e *Engine) run(ctx context.Context, ans Answer, op Operation, a *Attempt, 
 	case idem.StatusFailedRetryable:
 		werr = e.releaseErr(wctx, a, res.ErrorCode)
 	case idem.StatusUnknown:
-		werr = e.markUnknownErr(wctx, a, res.ErrorCode)
+		code := res.ErrorCode
+		if code == "" {
+			code = op.UnknownCode
+		}
+		werr = e.markUnknownErr(wctx, a, code)
 	default:
 		werr = fmt.Errorf("engine: operation %q returned status %q", op.Name, res.Status)
 		ans.Status = idem.StatusUnknown
-		if err := e.markUnknownErr(wctx, a, idem.ECodeOutcomeUnknown); err != nil {
+		if err := e.markUnknownErr(wctx, a, op.UnknownCode); err != nil {
 			werr = errors.Join(werr, err)
 		}
 		return ans, &idem.Error{Code: idem.ECodeInternal, Message: "Internal error.", Err: werr}
@@ -576,6 +610,16 @@ func (e *Engine) markUnknown(ctx context.Context, a *Attempt, code string) error
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 	defer cancel()
 	return fenced(e.markUnknownErr(wctx, a, code))
+}
+
+// storedStatus reports whether an operation may report st as the state it
+// stored itself (Result.Stored).
+func storedStatus(st idem.Status) bool {
+	switch st {
+	case idem.StatusCompleted, idem.StatusFailedReplayable, idem.StatusFailedRetryable, idem.StatusUnknown:
+		return true
+	}
+	return false
 }
 
 func (e *Engine) markUnknownErr(ctx context.Context, a *Attempt, code string) error {

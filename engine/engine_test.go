@@ -47,7 +47,7 @@ var coordinators = []coordinator{
 		st, _ := storetest.New(t)
 		pay := payments.NewService(st, payments.Config{Region: "test", Window: time.Hour})
 		srv, err := region.NewServer(region.Config{Region: "test", Tokens: map[string]string{"tok-a": tenant},
-			Operations: []string{opName}}, st, pay)
+			Operations: []string{opName}}, st, region.Payments(pay))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -616,5 +616,69 @@ func TestTakeoverUnderLock(t *testing.T) {
 	}
 	if op.n.Load() != 0 {
 		t.Error("the second retry executed")
+	}
+}
+
+// TestOperationStoresItsOwnOutcome: an operation can keep its own
+// unknown-outcome code, write the record's final state itself (with its own
+// rows, in its own transaction) and name the recovery outcome counted.
+func TestOperationStoresItsOwnOutcome(t *testing.T) {
+	st, _ := storetest.New(t)
+	ctx := ctxOf(t)
+	const code = "TRANSFER_OUTCOME_UNKNOWN"
+	var locked atomic.Bool
+	e := newEngine(t, st, engine.Options{}, engine.Operation{
+		UnknownCode: code,
+		Execute: func(context.Context, *engine.Attempt) (engine.Result, error) {
+			return engine.Result{}, errors.New("answer lost after the transfer was sent")
+		},
+		Recover: func(ctx context.Context, a *engine.Attempt) (engine.Result, error) {
+			locked.Store(a.Locked())
+			// The operation completes the record itself, as it would in
+			// one transaction with its own rows.
+			if err := st.Complete(ctx, a.Lease, idem.Completion{Response: idem.Response{Status: 201, Body: []byte("stored by the operation")}}); err != nil {
+				return engine.Result{}, err
+			}
+			return engine.Result{Stored: true, Status: idem.StatusCompleted, RecoveryOutcome: "found",
+				Response: idem.Response{Status: 201, Body: []byte("not to be stored")}}, nil
+		},
+	})
+	h := hashes(t, map[string]any{"amount": "1"})
+	if _, err := e.Do(ctx, request("k-own", h)); err == nil {
+		t.Fatal("Execute's error was not returned")
+	}
+	if rec := record(t, st, "k-own"); rec.Status != idem.StatusUnknown || rec.ErrorCode != code {
+		t.Fatalf("record = %s %s, want UNKNOWN with the operation's code %s", rec.Status, rec.ErrorCode, code)
+	}
+	out, err := e.RecoverStale(ctx, 10)
+	if err != nil || out["found"] != 1 || len(out) != 1 {
+		t.Fatalf("RecoverStale = %v, %v; want 1 found", out, err)
+	}
+	if locked.Load() {
+		t.Error("Attempt.Locked without a Locker")
+	}
+	rec := record(t, st, "k-own")
+	if rec.Status != idem.StatusCompleted || string(rec.Response.Body) != "stored by the operation" {
+		t.Fatalf("record = %s %q, want COMPLETED with what the operation stored", rec.Status, rec.Response.Body)
+	}
+	ans, err := e.Do(ctx, request("k-own", h))
+	if err != nil || !ans.Replayed || string(ans.Response.Body) != "stored by the operation" {
+		t.Fatalf("retry = %+v, %v; want the operation's stored answer replayed", ans, err)
+	}
+
+	// Without Recover, a retry answers the operation's code.
+	e2 := engine.New(st, engine.Options{})
+	if err := e2.Register(engine.Operation{Name: "other_op", UnknownCode: code, Execute: func(context.Context, *engine.Attempt) (engine.Result, error) {
+		return engine.Result{}, errors.New("lost")
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	req := engine.Request{Operation: "other_op", Tenant: tenant, Key: "k-code", RequestHashes: h}
+	if _, err := e2.Do(ctx, req); err == nil {
+		t.Fatal("Execute's error was not returned")
+	}
+	storetest.Exec(t, st, `UPDATE idempotency_records SET locked_until = now() - INTERVAL '1 second' WHERE idempotency_key = 'k-code'`)
+	if _, err := e2.Do(ctx, req); idem.ErrorCode(err) != code {
+		t.Fatalf("retry of an unknown record = %v, want %s", err, code)
 	}
 }

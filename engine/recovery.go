@@ -117,6 +117,9 @@ func (e *Engine) recoverOne(ctx context.Context, op Operation, rec *idem.Record)
 	case err != nil && !IsRetryable(err) && ans.Status == "":
 		return "", err
 	}
+	if ans.recoveryOutcome != "" {
+		return ans.recoveryOutcome, nil
+	}
 	switch ans.Status {
 	case idem.StatusCompleted:
 		return RecoveryCompleted, nil

@@ -117,7 +117,7 @@ func (s *Service) attemptFindThenInsert(ctx context.Context, begin idem.BeginReq
 	})
 	if errors.Is(err, store.ErrDuplicateMerchantReference) {
 		// The naive engine reports the constraint violation as is.
-		return Result{}, idem.Errorf(idem.ECodeDuplicateMerchantRef, "A payment with this merchant reference already exists for the account.")
+		return Result{}, idem.Errorf(ECodeDuplicateMerchantRef, "A payment with this merchant reference already exists for the account.")
 	}
 	return res, err
 }

@@ -3,10 +3,10 @@ package payments
 import (
 	"context"
 	"errors"
-	"net/url"
 	"time"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/fencing"
 )
 
@@ -21,10 +21,10 @@ type Locker interface {
 var errNeedsLock = errors.New("payments: recovery needs the scope's lock")
 
 // LockKey is the lock name of a scope under the locker's prefix:
-// <tenant>/<operation>/<key>, each part path-escaped.
-func LockKey(scope idem.Scope) string {
-	return url.PathEscape(scope.Tenant) + "/" + url.PathEscape(scope.Operation) + "/" + url.PathEscape(scope.Key)
-}
+// <tenant>/<operation>/<key>, each part path-escaped. It is the engine's
+// (engine.LockKey), so that a takeover by Create and one by the engine's
+// recovery fence each other.
+func LockKey(scope idem.Scope) string { return engine.LockKey(scope) }
 
 // lockScope takes the scope's recovery lock. A lock held by someone else is
 // answered as in progress.
@@ -59,7 +59,16 @@ func (s *Service) withLock(ctx context.Context, begin idem.BeginRequest, attempt
 	return attempt(begin, lock)
 }
 
-// checkLock is what an owner calls before a side effect: nil without a lock.
+// lockGuard is what an owner holding lock calls before a side effect; nil
+// without a lock.
+func lockGuard(lock *fencing.Lock) func() error {
+	if lock == nil {
+		return nil
+	}
+	return func() error { return checkLock(lock) }
+}
+
+// checkLock reports a lock whose local deadline has passed as in progress.
 func checkLock(lock *fencing.Lock) error {
 	if lock == nil {
 		return nil

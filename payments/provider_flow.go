@@ -55,14 +55,14 @@ func (s *Service) attemptWithProvider(ctx context.Context, begin idem.BeginReque
 		res, lease, cp = Result{}, idem.Lease{}, ""
 		var ev store.Event
 		p, ev = s.newPayment(begin.Scope, cmd)
-		inserted, err := store.ClaimWithPayment(ctx, tx, begin, idem.StatusInProgress, idem.CheckpointLocalPaymentCreated, nil, p, ev)
+		inserted, err := store.ClaimWithPayment(ctx, tx, begin, idem.StatusInProgress, CheckpointLocalPaymentCreated, nil, p, ev)
 		if err != nil {
 			return err
 		}
 		if inserted {
-			res.Outcome, cp = idem.OutcomeExecute, idem.CheckpointLocalPaymentCreated
+			res.Outcome, cp = idem.OutcomeExecute, CheckpointLocalPaymentCreated
 			if uncertain {
-				cp = idem.CheckpointProviderRequestSent
+				cp = CheckpointProviderRequestSent
 			}
 			lease = idem.Lease{Scope: begin.Scope, Token: 1, Owner: begin.Owner}
 			return nil
@@ -83,7 +83,7 @@ func (s *Service) attemptWithProvider(ctx context.Context, begin idem.BeginReque
 			if err := s.insertOwnedPayment(ctx, tx, d, p, ev); err != nil {
 				return err
 			}
-			cp = idem.CheckpointLocalPaymentCreated
+			cp = CheckpointLocalPaymentCreated
 			return store.CheckpointTx(ctx, tx, lease, cp, 0)
 		}
 		return nil
@@ -91,16 +91,17 @@ func (s *Service) attemptWithProvider(ctx context.Context, begin idem.BeginReque
 	if err != nil || lease.Token == 0 {
 		return s.finishAttempt(ctx, begin, cmd, res, err)
 	}
-	out, err := s.drive(ctx, lease, cp, p, lock)
+	out, err := s.drive(ctx, lease, cp, p, lockGuard(lock))
 	out.Outcome, out.ExpiredRetry = res.Outcome, res.ExpiredRetry
 	return out, err
 }
 
 // drive takes an owned payment from checkpoint cp to a recorded result. With
-// an external lock, the owner checks the lock's local deadline before the
-// provider call; the provider and the store still reject its token if a newer
-// owner took over after that check (a pause between check and act).
-func (s *Service) drive(ctx context.Context, lease idem.Lease, cp idem.Checkpoint, p store.Payment, lock *fencing.Lock) (Result, error) {
+// an external lock (guard set), the owner checks the lock's local deadline
+// before the provider call; the provider and the store still reject its
+// token if a newer owner took over after that check (a pause between check
+// and act).
+func (s *Service) drive(ctx context.Context, lease idem.Lease, cp idem.Checkpoint, p store.Payment, guard func() error) (Result, error) {
 	// The provider call and its recording must not be cut short by a client
 	// that hangs up: the answer is recorded for its retry. Each step has its
 	// own bound (ProviderTimeout for calls, LockFor for store writes), so a
@@ -108,7 +109,7 @@ func (s *Service) drive(ctx context.Context, lease idem.Lease, cp idem.Checkpoin
 	// fencing.
 	ctx = context.WithoutCancel(ctx)
 	lease = s.unfenced(lease)
-	if cp != idem.CheckpointLocalPaymentCreated {
+	if cp != CheckpointLocalPaymentCreated {
 		// An earlier owner may have reached the provider: ask before acting.
 		ch, err := s.lookup(ctx, p.ProviderKey)
 		switch {
@@ -118,19 +119,21 @@ func (s *Service) drive(ctx context.Context, lease idem.Lease, cp idem.Checkpoin
 			return s.markUnknown(ctx, lease, p, err)
 		}
 	}
-	if lock != nil {
+	if guard != nil {
 		s.failpoint(ctx, "recovery-before-checkpoint")
 	}
 	if err := s.ownedTx(ctx, func(tx pgx.Tx) error {
-		return store.CheckpointTx(ctx, tx, lease, idem.CheckpointProviderRequestSent, s.cfg.LockFor)
+		return store.CheckpointTx(ctx, tx, lease, CheckpointProviderRequestSent, s.cfg.LockFor)
 	}); err != nil {
 		return Result{}, s.fenceAsInProgress(err)
 	}
-	if err := checkLock(lock); err != nil {
-		return Result{}, err
+	if guard != nil {
+		if err := guard(); err != nil {
+			return Result{}, err
+		}
 	}
 	s.failpoint(ctx, "before-provider-call")
-	if lock != nil {
+	if guard != nil {
 		s.failpoint(ctx, "recovery-before-provider-call")
 	}
 	callCtx, cancelCall := context.WithTimeout(ctx, s.cfg.ProviderTimeout)
@@ -174,7 +177,7 @@ func (s *Service) confirm(ctx context.Context, lease idem.Lease, p store.Payment
 	}
 	var res Result
 	err := s.ownedTx(ctx, func(tx pgx.Tx) error {
-		if err := store.CheckpointTx(ctx, tx, lease, idem.CheckpointProviderConfirmed, 0); err != nil {
+		if err := store.CheckpointTx(ctx, tx, lease, CheckpointProviderConfirmed, 0); err != nil {
 			return err
 		}
 		completion, err := s.completion(ctx, tx, p)
@@ -196,13 +199,13 @@ func (s *Service) decline(ctx context.Context, lease idem.Lease, p store.Payment
 		ErrorCode string `json:"errorCode"`
 		Message   string `json:"message"`
 		PaymentID string `json:"paymentId"`
-	}{idem.ECodePaymentDeclined, "The payment provider declined the payment.", p.ID})
+	}{ECodePaymentDeclined, "The payment provider declined the payment.", p.ID})
 	if err != nil {
 		return Result{}, err
 	}
 	resp := idem.Response{Status: 402, Headers: map[string]string{"Content-Type": "application/json"}, Body: body, SchemaVersion: s.cfg.ResponseSchema}
 	err = s.ownedTx(ctx, func(tx pgx.Tx) error {
-		if err := store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusFailedReplayable, ErrorCode: idem.ECodePaymentDeclined, Response: &resp}); err != nil {
+		if err := store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusFailedReplayable, ErrorCode: ECodePaymentDeclined, Response: &resp}); err != nil {
 			return err
 		}
 		return store.SetPaymentStatus(ctx, tx, p.Tenant, p.ID, "DECLINED", paymentEvent(p, "PaymentDeclined", "declined", nil))
@@ -227,7 +230,7 @@ func (s *Service) providerKeyConflict(ctx context.Context, lease idem.Lease, p s
 		"tenant", lease.Tenant, "key_hash", telemetry.KeyHash(lease.Key), "payment", p.ID, "provider_key", p.ProviderKey, "err", cause)
 	resp := providerKeyConflictResponse(p.ID)
 	err := s.ownedTx(ctx, func(tx pgx.Tx) error {
-		if err := store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusFailedReplayable, ErrorCode: idem.ECodeProviderKeyConflict, Response: &resp}); err != nil {
+		if err := store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusFailedReplayable, ErrorCode: ECodeProviderKeyConflict, Response: &resp}); err != nil {
 			return err
 		}
 		return store.SetPaymentStatus(ctx, tx, p.Tenant, p.ID, PaymentStatusConflict, paymentEvent(p, "PaymentProviderKeyConflict", "conflict", nil))
@@ -245,7 +248,7 @@ func providerKeyConflictResponse(paymentID string) idem.Response {
 		ErrorCode string `json:"errorCode"`
 		Message   string `json:"message"`
 		PaymentID string `json:"paymentId"`
-	}{idem.ECodeProviderKeyConflict, "The payment provider already holds a different charge for this payment; nothing was charged. Use a new merchant reference, or contact support.", paymentID})
+	}{ECodeProviderKeyConflict, "The payment provider already holds a different charge for this payment; nothing was charged. Use a new merchant reference, or contact support.", paymentID})
 	return idem.Response{Status: 409, Headers: map[string]string{"Content-Type": "application/json"}, Body: body, SchemaVersion: DefaultSchemaVersion}
 }
 
@@ -253,12 +256,12 @@ func providerKeyConflictResponse(paymentID string) idem.Response {
 // retry with the key executes again, with the same payment and provider key.
 func (s *Service) retryable(ctx context.Context, lease idem.Lease, cause error) (Result, error) {
 	err := s.ownedTx(ctx, func(tx pgx.Tx) error {
-		return store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusFailedRetryable, ErrorCode: idem.ECodeProviderUnavailable})
+		return store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusFailedRetryable, ErrorCode: ECodeProviderUnavailable})
 	})
 	if err != nil {
 		return Result{}, s.fenceAsInProgress(err)
 	}
-	return Result{}, &idem.Error{Code: idem.ECodeProviderUnavailable, Message: "The payment provider is unavailable; nothing was charged. Retry with the same key.", Err: cause}
+	return Result{}, &idem.Error{Code: ECodeProviderUnavailable, Message: "The payment provider is unavailable; nothing was charged. Retry with the same key.", Err: cause}
 }
 
 // markUnknown records that the provider may have charged but the answer was
@@ -267,7 +270,7 @@ func (s *Service) retryable(ctx context.Context, lease idem.Lease, cause error) 
 func (s *Service) markUnknown(ctx context.Context, lease idem.Lease, p store.Payment, cause error) (Result, error) {
 	s.logger.WarnContext(ctx, "payment outcome unknown", "tenant", lease.Tenant, "key_hash", telemetry.KeyHash(lease.Key), "payment", p.ID, "err", cause)
 	err := s.ownedTx(ctx, func(tx pgx.Tx) error {
-		return store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusUnknown, ErrorCode: idem.ECodeOutcomeUnknown})
+		return store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusUnknown, ErrorCode: ECodeOutcomeUnknown})
 	})
 	if err != nil {
 		return Result{}, s.fenceAsInProgress(err)
@@ -280,7 +283,7 @@ func unknownResponse(paymentID string) idem.Response {
 		ErrorCode string `json:"errorCode"`
 		Message   string `json:"message"`
 		PaymentID string `json:"paymentId"`
-	}{idem.ECodeOutcomeUnknown, "The payment was sent to the provider but its outcome is not known yet. Retry with the same key; it will never be charged twice.", paymentID})
+	}{ECodeOutcomeUnknown, "The payment was sent to the provider but its outcome is not known yet. Retry with the same key; it will never be charged twice.", paymentID})
 	return idem.Response{Status: 202, Headers: map[string]string{"Content-Type": "application/json", "Retry-After": "1"}, Body: body}
 }
 

@@ -94,11 +94,11 @@ func TestLostProviderAnswer(t *testing.T) {
 	f := newFixture(t, payments.Config{})
 	f.fault(provider.FaultLoseAnswer, 1, 0)
 	first, err := f.create("abc-123")
-	if err != nil || first.Response.Status != 202 || !first.Unknown || !bytes.Contains(first.Response.Body, []byte(idem.ECodeOutcomeUnknown)) {
-		t.Fatalf("first = %d %s, %v; want 202 %s", first.Response.Status, first.Response.Body, err, idem.ECodeOutcomeUnknown)
+	if err != nil || first.Response.Status != 202 || !first.Unknown || !bytes.Contains(first.Response.Body, []byte(payments.ECodeOutcomeUnknown)) {
+		t.Fatalf("first = %d %s, %v; want 202 %s", first.Response.Status, first.Response.Body, err, payments.ECodeOutcomeUnknown)
 	}
 	id := paymentIDOf(t, first.Response.Body)
-	if rec := f.record("abc-123"); rec.Status != idem.StatusUnknown || rec.Checkpoint != idem.CheckpointProviderRequestSent {
+	if rec := f.record("abc-123"); rec.Status != idem.StatusUnknown || rec.Checkpoint != payments.CheckpointProviderRequestSent {
 		t.Fatalf("record = %s/%s, want UNKNOWN at PROVIDER_REQUEST_SENT", rec.Status, rec.Checkpoint)
 	}
 	retry, err := f.create("abc-123")
@@ -124,7 +124,7 @@ func TestDeclineReplayed(t *testing.T) {
 	f := newFixture(t, payments.Config{})
 	f.fault(provider.FaultDecline, 1, 0)
 	first, err := f.create("k-decline")
-	if err != nil || first.Response.Status != 402 || !bytes.Contains(first.Response.Body, []byte(idem.ECodePaymentDeclined)) {
+	if err != nil || first.Response.Status != 402 || !bytes.Contains(first.Response.Body, []byte(payments.ECodePaymentDeclined)) {
 		t.Fatalf("first = %d %s, %v; want 402 PAYMENT_DECLINED", first.Response.Status, first.Response.Body, err)
 	}
 	retry, err := f.create("k-decline")
@@ -145,8 +145,8 @@ func TestProvider5xxRetriedWithSameKey(t *testing.T) {
 	f := newFixture(t, payments.Config{})
 	f.fault(provider.FaultFail, 1, 0)
 	_, err := f.create("k-5xx")
-	if idem.ErrorCode(err) != idem.ECodeProviderUnavailable {
-		t.Fatalf("first = %v, want %s", err, idem.ECodeProviderUnavailable)
+	if idem.ErrorCode(err) != payments.ECodeProviderUnavailable {
+		t.Fatalf("first = %v, want %s", err, payments.ECodeProviderUnavailable)
 	}
 	rec := f.record("k-5xx")
 	if rec.Status != idem.StatusFailedRetryable {
@@ -292,8 +292,8 @@ func TestBusinessIdentityAcrossStores(t *testing.T) {
 	// second charge.
 	changed := strings.Replace(article, `"10.00"`, `"12.00"`, 1)
 	got, err := newHome.Create(context.Background(), payments.Request{Tenant: "tenant-a", Key: "fresh-other-amount", Body: []byte(changed), Uncertain: true})
-	if err != nil || got.Response.Status != 409 || !bytes.Contains(got.Response.Body, []byte(idem.ECodeDuplicateMerchantRef)) {
-		t.Errorf("other amount, same reference = %d %s, %v; want 409 %s", got.Response.Status, got.Response.Body, err, idem.ECodeDuplicateMerchantRef)
+	if err != nil || got.Response.Status != 409 || !bytes.Contains(got.Response.Body, []byte(payments.ECodeDuplicateMerchantRef)) {
+		t.Errorf("other amount, same reference = %d %s, %v; want 409 %s", got.Response.Status, got.Response.Body, err, payments.ECodeDuplicateMerchantRef)
 	}
 	if c := f.charges(); c.Total != 1 {
 		t.Errorf("charges after the different amount = %+v, want 1", c)
@@ -311,12 +311,12 @@ func TestProviderKeyConflictFoundByRecovery(t *testing.T) {
 	f := newFixture(t, payments.Config{})
 	f.fault(provider.FaultFail, 1, 0)
 	first, err := f.create("k-conflict")
-	if idem.ErrorCode(err) != idem.ECodeProviderUnavailable {
-		t.Fatalf("first = %+v, %v; want %s", first, err, idem.ECodeProviderUnavailable)
+	if idem.ErrorCode(err) != payments.ECodeProviderUnavailable {
+		t.Fatalf("first = %+v, %v; want %s", first, err, payments.ECodeProviderUnavailable)
 	}
 	// The record is left as a lost answer would leave it, and another party
 	// charges the key with another amount.
-	storetest.Exec(t, f.st, `UPDATE idempotency_records SET status = 'UNKNOWN_REQUIRES_RECOVERY', error_code = $1 WHERE idempotency_key = 'k-conflict'`, idem.ECodeOutcomeUnknown)
+	storetest.Exec(t, f.st, `UPDATE idempotency_records SET status = 'UNKNOWN_REQUIRES_RECOVERY', error_code = $1 WHERE idempotency_key = 'k-conflict'`, payments.ECodeOutcomeUnknown)
 	id := payments.PaymentID("tenant-a", "acc_1", "invoice-7781")
 	if _, err := f.provider.Charge(context.Background(), provider.ChargeRequest{ProviderKey: payments.ProviderKey(id), AmountMinor: 999, Currency: "EUR", AccountID: "acc_9"}); err != nil {
 		t.Fatal(err)
@@ -328,13 +328,13 @@ func TestProviderKeyConflictFoundByRecovery(t *testing.T) {
 	if n := storetest.Count(t, f.st, `SELECT count(*) FROM payments WHERE payment_id = $1 AND status = $2`, id, payments.PaymentStatusConflict); n != 1 {
 		t.Errorf("payment %s is not %s", id, payments.PaymentStatusConflict)
 	}
-	if rec := f.record("k-conflict"); rec.Status != idem.StatusFailedReplayable || rec.ErrorCode != idem.ECodeProviderKeyConflict {
-		t.Errorf("record = %s %s, want %s %s", rec.Status, rec.ErrorCode, idem.StatusFailedReplayable, idem.ECodeProviderKeyConflict)
+	if rec := f.record("k-conflict"); rec.Status != idem.StatusFailedReplayable || rec.ErrorCode != payments.ECodeProviderKeyConflict {
+		t.Errorf("record = %s %s, want %s %s", rec.Status, rec.ErrorCode, idem.StatusFailedReplayable, payments.ECodeProviderKeyConflict)
 	}
 	for _, key := range []string{"k-conflict", "k-conflict-fresh", "k-conflict-fresh"} {
 		got, err := f.create(key)
-		if err != nil || got.Response.Status != 409 || !bytes.Contains(got.Response.Body, []byte(idem.ECodeProviderKeyConflict)) || got.ProviderKeyConflict {
-			t.Errorf("retry with %s = %d %s (counted again: %v), %v; want 409 %s", key, got.Response.Status, got.Response.Body, got.ProviderKeyConflict, err, idem.ECodeProviderKeyConflict)
+		if err != nil || got.Response.Status != 409 || !bytes.Contains(got.Response.Body, []byte(payments.ECodeProviderKeyConflict)) || got.ProviderKeyConflict {
+			t.Errorf("retry with %s = %d %s (counted again: %v), %v; want 409 %s", key, got.Response.Status, got.Response.Body, got.ProviderKeyConflict, err, payments.ECodeProviderKeyConflict)
 		}
 	}
 	// Another region (its own store) that asks the provider first finds the
@@ -342,8 +342,8 @@ func TestProviderKeyConflictFoundByRecovery(t *testing.T) {
 	other, _ := storetest.New(t)
 	newHome := payments.NewService(other, payments.Config{Provider: f.provider, LockFor: 30 * time.Second})
 	got, err := newHome.Create(context.Background(), payments.Request{Tenant: "tenant-a", Key: "k-moved", Body: []byte(article), Uncertain: true})
-	if err != nil || got.Response.Status != 409 || !got.ProviderKeyConflict || !bytes.Contains(got.Response.Body, []byte(idem.ECodeProviderKeyConflict)) {
-		t.Errorf("uncertain region = %d %s (conflict %v), %v; want 409 %s", got.Response.Status, got.Response.Body, got.ProviderKeyConflict, err, idem.ECodeProviderKeyConflict)
+	if err != nil || got.Response.Status != 409 || !got.ProviderKeyConflict || !bytes.Contains(got.Response.Body, []byte(payments.ECodeProviderKeyConflict)) {
+		t.Errorf("uncertain region = %d %s (conflict %v), %v; want 409 %s", got.Response.Status, got.Response.Body, got.ProviderKeyConflict, err, payments.ECodeProviderKeyConflict)
 	}
 	if n := storetest.Count(t, other, `SELECT count(*) FROM payments WHERE status = 'PENDING'`); n != 0 {
 		t.Errorf("%d payments left PENDING in the other region", n)

@@ -95,7 +95,7 @@ func (s *Service) replay(ctx context.Context, q store.Querier, rec *idem.Record)
 	}
 	p, err := store.GetPayment(ctx, q, rec.Tenant, rec.ResourceID)
 	if err != nil {
-		return idem.Response{}, err
+		return idem.Response{}, paymentNotFound(err, "The payment does not exist.")
 	}
 	body, err := renderers[s.cfg.ResponseSchema](p)
 	if err != nil {

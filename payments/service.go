@@ -333,7 +333,7 @@ func duplicateResponse(existingID string) idem.Response {
 		ErrorCode         string `json:"errorCode"`
 		Message           string `json:"message"`
 		ExistingPaymentID string `json:"existingPaymentId"`
-	}{idem.ECodeDuplicateMerchantRef, "A payment with this merchant reference already exists for the account.", existingID})
+	}{ECodeDuplicateMerchantRef, "A payment with this merchant reference already exists for the account.", existingID})
 	return idem.Response{Status: 409, Headers: map[string]string{"Content-Type": "application/json"}, Body: body, SchemaVersion: DefaultSchemaVersion}
 }
 
@@ -346,14 +346,14 @@ func (s *Service) rejectDuplicate(ctx context.Context, begin idem.BeginRequest, 
 	err := s.store.ExecTx(ctx, func(tx pgx.Tx) error {
 		existing, err := store.PaymentByMerchantReference(ctx, tx, begin.Tenant, cmd.AccountID, cmd.MerchantReference)
 		if err != nil {
-			return err
+			return paymentNotFound(err, "No payment for this merchant reference.")
 		}
-		resp, code := duplicateResponse(existing.ID), idem.ECodeDuplicateMerchantRef
+		resp, code := duplicateResponse(existing.ID), ECodeDuplicateMerchantRef
 		if existing.Status == PaymentStatusConflict {
 			// The merchant reference's payment ended in a provider key
 			// conflict: answer that, not a duplicate naming the very payment
 			// this command would create.
-			resp, code = providerKeyConflictResponse(existing.ID), idem.ECodeProviderKeyConflict
+			resp, code = providerKeyConflictResponse(existing.ID), ECodeProviderKeyConflict
 		}
 		d, err := store.BeginTx(ctx, tx, begin)
 		if err != nil {
@@ -405,7 +405,7 @@ func (s *Service) newPayment(scope idem.Scope, cmd Command) (store.Payment, stor
 func (s *Service) Get(ctx context.Context, tenant, id string) ([]byte, error) {
 	p, err := store.GetPayment(ctx, s.store.Pool(), tenant, id)
 	if err != nil {
-		return nil, err
+		return nil, paymentNotFound(err, "The payment does not exist.")
 	}
 	return renderers[s.cfg.ResponseSchema](p)
 }
@@ -434,4 +434,13 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
+}
+
+// paymentNotFound answers store.ErrPaymentNotFound as PAYMENT_NOT_FOUND with
+// msg, and returns any other error as is.
+func paymentNotFound(err error, msg string) error {
+	if errors.Is(err, store.ErrPaymentNotFound) {
+		return &idem.Error{Code: ECodePaymentNotFound, Message: msg, Err: err}
+	}
+	return err
 }

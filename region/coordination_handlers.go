@@ -6,7 +6,6 @@ import (
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/fingerprint"
-	"github.com/idemcoord/idem/payments"
 )
 
 func (s *Server) handleCoordBegin(w http.ResponseWriter, r *http.Request, tenant string) {
@@ -46,10 +45,7 @@ func (s *Server) coordBegin(w http.ResponseWriter, r *http.Request, scope idem.S
 		Owner:      "coord/" + scope.Tenant,
 		HomeRegion: s.cfg.Region,
 		LockFor:    defaultLockTimeout,
-		Window:     payments.DefaultWindow,
-	}
-	if s.payments != nil {
-		req.Window = s.payments.Window()
+		Window:     s.window,
 	}
 	switch {
 	case in.RequestHash != nil && len(in.Command) > 0:

@@ -13,7 +13,6 @@ import (
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/fingerprint"
 	"github.com/idemcoord/idem/internal/ident"
-	"github.com/idemcoord/idem/payments"
 )
 
 // coordScope reads {operation} and {key}: the key must be a valid idempotency
@@ -28,7 +27,7 @@ func (s *Server) coordScope(r *http.Request, tenant string) (idem.Scope, error) 
 	if !validOperation(op) {
 		return idem.Scope{}, idem.Errorf(idem.ECodeValidationFailed, "An operation name is 1 to %d characters of a-z, 0-9, '_', '.' and '-'.", maxOperationLen)
 	}
-	if op == payments.Operation {
+	if _, mine := s.own[op]; mine {
 		// The node's own operations keep their records to themselves: their
 		// recovery worker acts on them and their stored bodies are never shown.
 		return idem.Scope{}, idem.Errorf(idem.ECodeValidationFailed, "Operation %q is reserved for the node's own API.", op)

@@ -7,10 +7,12 @@ import (
 	"net/http"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/payments"
 )
 
-// codeStatus maps every client-visible error code to its HTTP status. It is
-// the one table; the README lists the same codes.
+// codeStatus maps every client-visible error code to its HTTP status, the
+// engine's and node's (package idem) and the payments operation's (package
+// payments). It is the one table; the README lists the same codes.
 var codeStatus = map[string]int{
 	idem.ECodeKeyMissing:                 http.StatusBadRequest,
 	idem.ECodeKeyInvalid:                 http.StatusBadRequest,
@@ -34,14 +36,16 @@ var codeStatus = map[string]int{
 	idem.ECodeOperationUnknown:           http.StatusNotFound,
 	idem.ECodeRequestTimeout:             http.StatusRequestTimeout,
 	idem.ECodeResponseTooLarge:           http.StatusInternalServerError,
-	idem.ECodeDuplicateMerchantRef:       http.StatusConflict,
-	idem.ECodeProviderKeyConflict:        http.StatusConflict,
-	idem.ECodePaymentNotFound:            http.StatusNotFound,
-	idem.ECodePaymentDeclined:            http.StatusPaymentRequired,
-	idem.ECodeProviderUnavailable:        http.StatusServiceUnavailable,
-	idem.ECodeStoreUnavailable:           http.StatusServiceUnavailable,
-	idem.ECodeUnavailable:                http.StatusServiceUnavailable,
-	idem.ECodeInternal:                   http.StatusInternalServerError,
+	// The payments operation's own codes.
+	payments.ECodeOutcomeUnknown:       http.StatusAccepted,
+	payments.ECodeDuplicateMerchantRef: http.StatusConflict,
+	payments.ECodeProviderKeyConflict:  http.StatusConflict,
+	payments.ECodePaymentNotFound:      http.StatusNotFound,
+	payments.ECodePaymentDeclined:      http.StatusPaymentRequired,
+	payments.ECodeProviderUnavailable:  http.StatusServiceUnavailable,
+	idem.ECodeStoreUnavailable:         http.StatusServiceUnavailable,
+	idem.ECodeUnavailable:              http.StatusServiceUnavailable,
+	idem.ECodeInternal:                 http.StatusInternalServerError,
 }
 
 // StatusOf returns the HTTP status of an error code (500 for unknown codes).
@@ -75,7 +79,7 @@ func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 		w.Header().Set("Connection", "close")
 	}
 	switch code {
-	case idem.ECodeInProgress, idem.ECodeStoreUnavailable, idem.ECodeUnavailable, idem.ECodeNotHome, idem.ECodeProviderUnavailable, idem.ECodeReconciliationPending:
+	case idem.ECodeInProgress, idem.ECodeStoreUnavailable, idem.ECodeUnavailable, idem.ECodeNotHome, payments.ECodeProviderUnavailable, idem.ECodeReconciliationPending:
 		w.Header().Set("Retry-After", "1")
 	}
 	writeJSON(w, status, errorBody{ErrorCode: code, Message: idem.ErrorMessage(err)})

@@ -5,6 +5,9 @@ import (
 	"regexp"
 	"strconv"
 	"testing"
+
+	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/payments"
 )
 
 // TestErrorTableMatchesREADME: every code the README documents maps to the
@@ -32,5 +35,20 @@ func TestErrorTableMatchesREADME(t *testing.T) {
 		if _, ok := documented[code]; !ok {
 			t.Errorf("code %s is not documented in the README's error table", code)
 		}
+	}
+}
+
+// TestStatusTableCoversPaymentsCodes: every code the payments operation
+// answers with has a status in the one table (the codes live in package
+// payments, not in the engine's vocabulary).
+func TestStatusTableCoversPaymentsCodes(t *testing.T) {
+	for _, code := range payments.Codes {
+		if _, ok := codeStatus[code]; !ok {
+			t.Errorf("payments code %s has no status in the table", code)
+		}
+	}
+	if codeStatus[payments.ECodeOutcomeUnknown] != 202 || codeStatus[idem.ECodeOutcomeUnknown] != 202 {
+		t.Errorf("outcome unknown codes: payments %d, engine %d; want 202 for both",
+			codeStatus[payments.ECodeOutcomeUnknown], codeStatus[idem.ECodeOutcomeUnknown])
 	}
 }

@@ -117,7 +117,7 @@ func (c *fwdCluster) start(regionName string, cfg region.Config) *fwdNode {
 	cfg.Listener, cfg.Region, cfg.NodeID = ln, regionName, nodeID
 	cfg.Tokens = map[string]string{"tok-a": "tenant-a"}
 	cfg.Router = routing.NewRouter(c.cli, m, mem, routing.RouterConfig{Region: regionName, Window: time.Hour})
-	srv, err := region.NewServer(cfg, st, pay)
+	srv, err := region.NewServer(cfg, st, region.Payments(pay))
 	if err != nil {
 		t.Fatal(err)
 	}

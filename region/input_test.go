@@ -7,6 +7,7 @@ import (
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/fingerprint"
+	"github.com/idemcoord/idem/payments"
 )
 
 // TestPathParametersNeverAnswer5xx: NUL and invalid UTF-8 in a path
@@ -19,10 +20,10 @@ func TestPathParametersNeverAnswer5xx(t *testing.T) {
 		status       int
 		code         string
 	}{
-		{http.MethodGet, "/payments/%FF", 404, idem.ECodePaymentNotFound},
-		{http.MethodGet, "/payments/%00", 404, idem.ECodePaymentNotFound},
-		{http.MethodGet, "/payments/pay_%C0%80", 404, idem.ECodePaymentNotFound},
-		{http.MethodGet, "/payments/pay_%E2%80%AE", 404, idem.ECodePaymentNotFound},
+		{http.MethodGet, "/payments/%FF", 404, payments.ECodePaymentNotFound},
+		{http.MethodGet, "/payments/%00", 404, payments.ECodePaymentNotFound},
+		{http.MethodGet, "/payments/pay_%C0%80", 404, payments.ECodePaymentNotFound},
+		{http.MethodGet, "/payments/pay_%E2%80%AE", 404, payments.ECodePaymentNotFound},
 		{http.MethodGet, "/v1/idempotency/records/create_payment/%00", 400, idem.ECodeKeyInvalid},
 		{http.MethodGet, "/v1/idempotency/records/create_payment/%FF", 400, idem.ECodeKeyInvalid},
 		{http.MethodGet, "/v1/idempotency/records/%FF/k1", 422, idem.ECodeValidationFailed},

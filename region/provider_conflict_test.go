@@ -50,8 +50,8 @@ func TestProviderKeyConflictIsTerminal(t *testing.T) {
 	}
 
 	first := n.pay("tok-a", "conflict-1", article)
-	if first.status != http.StatusConflict || first.code() != idem.ECodeProviderKeyConflict {
-		t.Fatalf("first = %d %s, want 409 %s", first.status, first.body, idem.ECodeProviderKeyConflict)
+	if first.status != http.StatusConflict || first.code() != payments.ECodeProviderKeyConflict {
+		t.Fatalf("first = %d %s, want 409 %s", first.status, first.body, payments.ECodeProviderKeyConflict)
 	}
 	if got := storetest.Count(t, n.store, `SELECT count(*) FROM payments WHERE payment_id = $1 AND status = 'CONFLICT'`, id); got != 1 {
 		t.Errorf("payment %s in CONFLICT: %d rows, want 1", id, got)
@@ -63,23 +63,23 @@ func TestProviderKeyConflictIsTerminal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rec.Status != idem.StatusFailedReplayable || rec.ErrorCode != idem.ECodeProviderKeyConflict {
-		t.Errorf("record = %s %s, want %s %s", rec.Status, rec.ErrorCode, idem.StatusFailedReplayable, idem.ECodeProviderKeyConflict)
+	if rec.Status != idem.StatusFailedReplayable || rec.ErrorCode != payments.ECodeProviderKeyConflict {
+		t.Errorf("record = %s %s, want %s %s", rec.Status, rec.ErrorCode, idem.StatusFailedReplayable, payments.ECodeProviderKeyConflict)
 	}
 	if got := testutil.ToFloat64(mustCounter(t, n.reg, "idempotency_provider_key_conflicts_total")); got != 1 {
 		t.Errorf("idempotency_provider_key_conflicts_total = %v, want 1", got)
 	}
 
 	replay := n.pay("tok-a", "conflict-1", article)
-	if replay.status != http.StatusConflict || replay.code() != idem.ECodeProviderKeyConflict || replay.header.Get("Idempotent-Replayed") != "true" {
-		t.Errorf("retry with the key = %d %v %s, want a replayed 409 %s", replay.status, replay.header, replay.body, idem.ECodeProviderKeyConflict)
+	if replay.status != http.StatusConflict || replay.code() != payments.ECodeProviderKeyConflict || replay.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("retry with the key = %d %v %s, want a replayed 409 %s", replay.status, replay.header, replay.body, payments.ECodeProviderKeyConflict)
 	}
 	fresh := n.pay("tok-a", "conflict-2", article)
-	if fresh.status != http.StatusConflict || fresh.code() != idem.ECodeProviderKeyConflict {
-		t.Errorf("fresh key, same merchant reference = %d %s, want 409 %s", fresh.status, fresh.body, idem.ECodeProviderKeyConflict)
+	if fresh.status != http.StatusConflict || fresh.code() != payments.ECodeProviderKeyConflict {
+		t.Errorf("fresh key, same merchant reference = %d %s, want 409 %s", fresh.status, fresh.body, payments.ECodeProviderKeyConflict)
 	}
-	if again := n.pay("tok-a", "conflict-2", article); again.status != http.StatusConflict || again.code() != idem.ECodeProviderKeyConflict {
-		t.Errorf("retry of the fresh key = %d %s, want 409 %s", again.status, again.body, idem.ECodeProviderKeyConflict)
+	if again := n.pay("tok-a", "conflict-2", article); again.status != http.StatusConflict || again.code() != payments.ECodeProviderKeyConflict {
+		t.Errorf("retry of the fresh key = %d %s, want 409 %s", again.status, again.body, payments.ECodeProviderKeyConflict)
 	}
 	if got := n.do(http.MethodGet, "/payments/"+id, "tok-a", nil, ""); got.status != http.StatusOK || !containsJSON(got.body, `"status":"CONFLICT"`) {
 		t.Errorf("GET /payments/%s = %d %s, want status CONFLICT", id, got.status, got.body)

@@ -10,7 +10,6 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"mime"
 	"net"
 	"net/http"
 	"slices"
@@ -23,9 +22,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/internal/telemetry"
 	"github.com/idemcoord/idem/internal/tlsutil"
-	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/routing"
 	"github.com/idemcoord/idem/store"
 )
@@ -85,7 +84,7 @@ type Config struct {
 	// forward.
 	PeerSecret []byte
 	// Operations are the operations the coordination API serves, besides
-	// the node's own create_payment (which it never serves there). A
+	// the node's own (NewServer's list, which it never serves there). A
 	// request for any other operation is refused with 404
 	// OPERATION_UNKNOWN before anything is stored or counted. Default:
 	// none.
@@ -117,19 +116,30 @@ type Config struct {
 	// and cleanup passes. Default: nil, tracing off at no cost. The caller
 	// owns it (and shuts it down).
 	TracerProvider trace.TracerProvider
+
+	// Engine is the node's engine: the Engine part of each of the node's
+	// operations is registered in it, and the recovery worker runs its
+	// RecoverStale. A node whose operations fence recovery through etcd
+	// passes an engine with that Locker (idemd does). Default: an engine
+	// over the store without external fencing.
+	Engine *engine.Engine
 }
 
 // Server is a regional node's HTTP server. Create it with NewServer, start it
 // with Open, stop it with Close.
 type Server struct {
-	cfg      Config
-	store    *store.Store
-	payments *payments.Service
-	metrics  *metrics
-	logger   *slog.Logger
-	handler  http.Handler
+	cfg     Config
+	store   *store.Store
+	engine  *engine.Engine
+	metrics *metrics
+	logger  *slog.Logger
+	handler http.Handler
 	// operations are the coordination operations served (Config.Operations).
 	operations map[string]bool
+	// own are the node's own operations (NewServer's list), by name.
+	own map[string]Operation
+	// window is the replay window of the coordination API's records.
+	window time.Duration
 
 	ln   net.Listener
 	http *http.Server
@@ -146,8 +156,9 @@ type Server struct {
 	stopWorkers      context.CancelFunc
 }
 
-// NewServer returns a Server over st and the payment service pay.
-func NewServer(cfg Config, st *store.Store, pay *payments.Service) (*Server, error) {
+// NewServer returns a Server over st serving ops, the node's own operations
+// (Payments(pay) for the reference one), besides the coordination API.
+func NewServer(cfg Config, st *store.Store, ops ...Operation) (*Server, error) {
 	if cfg.Addr == "" {
 		cfg.Addr = DefaultAddr
 	}
@@ -181,18 +192,45 @@ func NewServer(cfg Config, st *store.Store, pay *payments.Service) (*Server, err
 	if cfg.MaxHeaderBytes <= 0 {
 		cfg.MaxHeaderBytes = DefaultMaxHeaderBytes
 	}
-	ops := map[string]bool{}
-	for _, op := range cfg.Operations {
-		if !validOperation(op) || op == payments.Operation {
-			return nil, fmt.Errorf("region: operation %q: want 1 to %d characters of a-z, 0-9, '_', '.' and '-', and not %s (the node's own)", op, maxOperationLen, payments.Operation)
-		}
-		ops[op] = true
+	if cfg.Engine == nil {
+		cfg.Engine = engine.New(st, engine.Options{Owner: cfg.NodeID, HomeRegion: cfg.Region, Logger: cfg.Logger})
 	}
-	m, err := newMetrics(cfg.Registry, st, append([]string{payments.Operation}, slices.Sorted(maps.Keys(ops))...))
+	own := map[string]Operation{}
+	var ownNames []string
+	window := engine.DefaultWindow
+	for _, op := range ops {
+		if !validOperation(op.Name) {
+			return nil, fmt.Errorf("region: the node's operation %q: want 1 to %d characters of a-z, 0-9, '_', '.' and '-'", op.Name, maxOperationLen)
+		}
+		if _, dup := own[op.Name]; dup {
+			return nil, fmt.Errorf("region: the node's operation %q is listed twice", op.Name)
+		}
+		own[op.Name] = op
+		ownNames = append(ownNames, op.Name)
+		if op.Engine != nil {
+			if op.Engine.Name != op.Name {
+				return nil, fmt.Errorf("region: operation %q registers engine operation %q", op.Name, op.Engine.Name)
+			}
+			if err := cfg.Engine.Register(*op.Engine); err != nil {
+				return nil, fmt.Errorf("region: %w", err)
+			}
+			if len(own) == 1 && op.Engine.Window > 0 {
+				window = op.Engine.Window
+			}
+		}
+	}
+	coordOps := map[string]bool{}
+	for _, op := range cfg.Operations {
+		if _, mine := own[op]; !validOperation(op) || mine {
+			return nil, fmt.Errorf("region: operation %q: want 1 to %d characters of a-z, 0-9, '_', '.' and '-', and not one of the node's own (%s)", op, maxOperationLen, strings.Join(ownNames, ", "))
+		}
+		coordOps[op] = true
+	}
+	m, err := newMetrics(cfg.Registry, st, append(ownNames, slices.Sorted(maps.Keys(coordOps))...))
 	if err != nil {
 		return nil, fmt.Errorf("region: register metrics: %w", err)
 	}
-	wm, err := newWorkerMetrics(cfg.Registry)
+	wm, err := newWorkerMetrics(cfg.Registry, ops)
 	if err != nil {
 		return nil, fmt.Errorf("region: register metrics: %w", err)
 	}
@@ -200,14 +238,24 @@ func NewServer(cfg Config, st *store.Store, pay *payments.Service) (*Server, err
 	if err != nil {
 		return nil, fmt.Errorf("region: register metrics: %w", err)
 	}
-	s := &Server{cfg: cfg, store: st, payments: pay, metrics: m, workerMetrics: wm, obs: obs, logger: cfg.Logger, operations: ops,
+	s := &Server{cfg: cfg, store: st, engine: cfg.Engine, metrics: m, workerMetrics: wm, obs: obs, logger: cfg.Logger, operations: coordOps, own: own, window: window,
 		forwardTransport: http.DefaultTransport.(*http.Transport).Clone()}
 	for token, tenant := range cfg.Tokens {
 		s.tokens = append(s.tokens, tokenDigest{sum: sha256.Sum256([]byte(token)), tenant: tenant})
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /payments", s.authenticated(s.handleCreatePayment))
-	mux.HandleFunc("GET /payments/{id}", s.authenticated(s.handleGetPayment))
+	var paths []string
+	for _, op := range ops {
+		if op.Routes == nil {
+			continue
+		}
+		for _, rt := range op.Routes(s) {
+			mux.HandleFunc(rt.Pattern, s.authenticated(rt.Handler))
+			if _, path, ok := strings.Cut(rt.Pattern, " "); ok && !slices.Contains(paths, path) {
+				paths = append(paths, path)
+			}
+		}
+	}
 	mux.HandleFunc("GET /v1/idempotency/records/{operation}/{key}", s.authenticated(s.handleGetRecord))
 	s.registerCoordination(mux)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{}))
@@ -215,7 +263,7 @@ func NewServer(cfg Config, st *store.Store, pay *payments.Service) (*Server, err
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "region": cfg.Region})
 	})
 	mux.HandleFunc("GET /readyz", s.handleReady)
-	for _, p := range []string{"/payments", "/payments/{id}", "/v1/idempotency/records/{operation}/{key}", "/metrics", "/healthz", "/readyz"} {
+	for _, p := range append(paths, "/v1/idempotency/records/{operation}/{key}", "/metrics", "/healthz", "/readyz") {
 		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
 			writeError(w, r, s.logger, idem.Errorf(idem.ECodeMethodNotAllowed, "The method is not allowed here."))
 		})
@@ -291,7 +339,7 @@ func (s *Server) Close(ctx context.Context) error {
 	return err
 }
 
-type tenantHandler func(w http.ResponseWriter, r *http.Request, tenant string)
+type tenantHandler = TenantHandler
 
 // tokenDigest is a bearer token's SHA-256 digest and its tenant.
 type tokenDigest struct {
@@ -344,84 +392,9 @@ func (s *Server) authenticated(h tenantHandler) http.HandlerFunc {
 	}
 }
 
-func (s *Server) handleCreatePayment(w http.ResponseWriter, r *http.Request, tenant string) {
-	start := time.Now()
-	key, keyPresent := r.Header["Idempotency-Key"]
-	switch {
-	case !keyPresent:
-		writeError(w, r, s.logger, idem.Errorf(idem.ECodeKeyMissing, "The Idempotency-Key header is required."))
-		return
-	case len(key) != 1 || !idem.ValidKey(key[0]):
-		writeError(w, r, s.logger, idem.Errorf(idem.ECodeKeyInvalid, "The Idempotency-Key header must be 1 to 255 visible ASCII characters."))
-		return
-	}
-	if ct := r.Header.Get("Content-Type"); ct != "" {
-		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
-			writeError(w, r, s.logger, idem.Errorf(idem.ECodeUnsupportedMediaType, "The body must be application/json."))
-			return
-		}
-	}
-	body, err := s.readBody(w, r)
-	if err != nil {
-		writeError(w, r, s.logger, err)
-		return
-	}
-	res, err := s.payments.Create(r.Context(), payments.Request{
-		Tenant: tenant, Key: key[0], Body: body, APIVersion: r.Header.Get("Api-Version"), Wait: preferWait(r.Header),
-		Uncertain: routeOf(r.Context()).Uncertain,
-	})
-	s.observe(payments.Operation, res, err, time.Since(start))
-	window := strconv.FormatInt(int64(s.payments.Window()/time.Second), 10)
-	w.Header().Set("Idempotency-Window", window)
-	if err != nil {
-		writeError(w, r, s.logger, err)
-		return
-	}
-	for k, v := range res.Response.Headers {
-		w.Header().Set(k, v)
-	}
-	if res.Replayed {
-		w.Header().Set("Idempotent-Replayed", "true")
-	}
-	w.WriteHeader(res.Response.Status)
-	_, _ = w.Write(res.Response.Body)
-}
-
 // Fenced counts a write or provider call of this node that was rejected
 // because a newer owner held the record (idempotency_fenced_total).
 func (s *Server) Fenced() { s.metrics.fenced.Inc() }
-
-// observe counts an idempotent request's outcome.
-func (s *Server) observe(operation string, res payments.Result, err error, d time.Duration) {
-	outcome := outcomeLabel(res.Outcome)
-	switch idem.ErrorCode(err) {
-	case "":
-	case idem.ECodeKeyReused:
-		outcome = idem.OutcomeConflict.String()
-		s.metrics.conflicts.WithLabelValues(operation).Inc()
-	case idem.ECodeInProgress:
-		outcome = idem.OutcomeInProgress.String()
-		s.metrics.inProgress.WithLabelValues(operation).Inc()
-	default:
-		if res.Outcome == 0 {
-			outcome = outcomeRejected
-		}
-	}
-	if res.Replayed {
-		s.metrics.replays.WithLabelValues(operation).Inc()
-	}
-	if res.ExpiredRetry {
-		s.metrics.expiredRetries.WithLabelValues(operation).Inc()
-	}
-	if res.Unknown {
-		s.metrics.unknownStates.WithLabelValues(operation).Inc()
-	}
-	if res.ProviderKeyConflict {
-		s.metrics.keyConflicts.Inc()
-	}
-	s.metrics.requests.WithLabelValues(operation, outcome).Inc()
-	s.metrics.latency.WithLabelValues(operation, outcome).Observe(d.Seconds())
-}
 
 // preferWait reads Prefer: wait=N (RFC 7240) and returns N seconds, or 0.
 func preferWait(h http.Header) time.Duration {
@@ -435,37 +408,11 @@ func preferWait(h http.Header) time.Duration {
 			if err == nil && n > 0 {
 				// Clamp before multiplying: n seconds overflow a Duration
 				// from about 9.2e9 on.
-				return time.Duration(min(n, int(payments.MaxWait/time.Second))) * time.Second
+				return time.Duration(min(n, int(engine.DefaultMaxWait/time.Second))) * time.Second
 			}
 		}
 	}
 	return 0
-}
-
-func (s *Server) handleGetPayment(w http.ResponseWriter, r *http.Request, tenant string) {
-	id := r.PathValue("id")
-	if !validPaymentID(id) {
-		// No payment has such an id; PostgreSQL would refuse it (NUL,
-		// invalid UTF-8) with an error that is not the client's to see.
-		writeError(w, r, s.logger, idem.Errorf(idem.ECodePaymentNotFound, "No such payment."))
-		return
-	}
-	body, err := s.payments.Get(r.Context(), tenant, id)
-	if err != nil {
-		writeError(w, r, s.logger, err)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	_, _ = w.Write(body)
-}
-
-// maxPaymentIDLen bounds the {id} of GET /payments/{id}.
-const maxPaymentIDLen = 128
-
-// validPaymentID reports whether id could name a payment: 1 to
-// maxPaymentIDLen visible ASCII characters (ids are "pay_" and hex digits).
-func validPaymentID(id string) bool {
-	return id != "" && len(id) <= maxPaymentIDLen && visibleASCII(id)
 }
 
 // recordView is the inspection view of a record. It never includes the

@@ -66,7 +66,7 @@ func startNode(t *testing.T, st *store.Store, pay *payments.Service, cfg region.
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
-	srv, err := region.NewServer(cfg, st, pay)
+	srv, err := region.NewServer(cfg, st, region.Payments(pay))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -368,7 +368,7 @@ func TestDuplicateMerchantReference(t *testing.T) {
 	n := newNode(t)
 	first := n.pay("tok-a", "key-1", article)
 	dup := n.pay("tok-a", "key-2", article)
-	if dup.status != http.StatusConflict || dup.code() != idem.ECodeDuplicateMerchantRef ||
+	if dup.status != http.StatusConflict || dup.code() != payments.ECodeDuplicateMerchantRef ||
 		!strings.Contains(string(dup.body), `"existingPaymentId":"`+paymentID(t, first)+`"`) {
 		t.Fatalf("duplicate = %d %s", dup.status, dup.body)
 	}

@@ -36,7 +36,7 @@ func openNodeOn(t *testing.T, st *store.Store, pay *payments.Service, cfg region
 	cfg.Region = "test"
 	cfg.Tokens = map[string]string{"tok-a": "tenant-a"}
 	cfg.Registry = prometheus.NewRegistry()
-	srv, err := region.NewServer(cfg, st, pay)
+	srv, err := region.NewServer(cfg, st, region.Payments(pay))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,7 +39,7 @@ func BenchmarkCreatePaymentTracing(b *testing.B) {
 					cfg.TracerProvider = tp
 				}
 				cfg.Tokens = map[string]string{"tok-a": "tenant-a"}
-				srv, err := region.NewServer(cfg, st, payments.NewService(st, payments.Config{Region: "test", Window: time.Hour}))
+				srv, err := region.NewServer(cfg, st, region.Payments(payments.NewService(st, payments.Config{Region: "test", Window: time.Hour})))
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -99,7 +99,7 @@ func BenchmarkHandlerTracing(b *testing.B) {
 				b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 				cfg.TracerProvider = tp
 			}
-			srv, err := region.NewServer(cfg, st, payments.NewService(st, payments.Config{Region: "test"}))
+			srv, err := region.NewServer(cfg, st, region.Payments(payments.NewService(st, payments.Config{Region: "test"})))
 			if err != nil {
 				b.Fatal(err)
 			}

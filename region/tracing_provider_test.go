@@ -48,7 +48,7 @@ func TestProviderCallAndRecoveryTraced(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	srv, err := region.NewServer(region.Config{Region: "test", Tokens: map[string]string{"tok-a": "tenant-a"}, TracerProvider: tp}, st, pay)
+	srv, err := region.NewServer(region.Config{Region: "test", Tokens: map[string]string{"tok-a": "tenant-a"}, TracerProvider: tp}, st, region.Payments(pay))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/store"
 )
@@ -14,10 +15,11 @@ import (
 // WorkerConfig configures a node's background workers. A zero interval
 // disables that worker.
 type WorkerConfig struct {
-	// RecoveryInterval is how often stale and unknown payments are
-	// reconciled with the provider. Suggested: 5s.
+	// RecoveryInterval is how often the records of every operation
+	// registered in the node's engine that nobody is working on (stale or
+	// unknown) are recovered; payments asks the provider. Suggested: 5s.
 	RecoveryInterval time.Duration
-	// RecoveryBatch bounds one recovery pass. Default 50.
+	// RecoveryBatch bounds one recovery pass, per operation. Default 50.
 	RecoveryBatch int
 	// CleanupInterval is how often expired records are pruned and deleted.
 	// Suggested: 1m.
@@ -44,10 +46,10 @@ type workerMetrics struct {
 	workerErrors   *prometheus.CounterVec
 }
 
-func newWorkerMetrics(reg prometheus.Registerer) (*workerMetrics, error) {
+func newWorkerMetrics(reg prometheus.Registerer, ops []Operation) (*workerMetrics, error) {
 	m := &workerMetrics{
 		recovery: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "idempotency_recovery_total", Help: "Records handled by the recovery worker, by outcome (completed, released, declined, unknown, skipped, conflict).",
+			Name: "idempotency_recovery_total", Help: "Records handled by the recovery worker, by outcome (completed, failed, released, unknown, skipped; payments adds declined and conflict).",
 		}, []string{"outcome"}),
 		bodiesPruned: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "idempotency_cleanup_bodies_pruned_total", Help: "Response bodies dropped from records past their window.",
@@ -65,8 +67,13 @@ func newWorkerMetrics(reg prometheus.Registerer) (*workerMetrics, error) {
 		}
 	}
 	// Every series exists from the start, so that a rate reads 0.
-	for _, outcome := range payments.RecoveryOutcomes {
+	for _, outcome := range engine.RecoveryOutcomes {
 		m.recovery.WithLabelValues(outcome)
+	}
+	for _, op := range ops {
+		for _, outcome := range op.RecoveryOutcomes {
+			m.recovery.WithLabelValues(outcome)
+		}
 	}
 	for _, w := range workerNames {
 		m.workerErrors.WithLabelValues(w)
@@ -87,7 +94,9 @@ func (s *Server) StartWorkers(ctx context.Context, cfg WorkerConfig) {
 	ctx, cancel := context.WithCancel(ctx)
 	s.stopWorkers = cancel
 	s.every(ctx, "recovery", cfg.RecoveryInterval, func(ctx context.Context) error {
-		out, err := s.payments.RecoverBatch(ctx, cfg.RecoveryBatch)
+		// Every operation registered in the node's engine, through the
+		// engine: payments' Recover asks the provider.
+		out, err := s.engine.RecoverStale(ctx, cfg.RecoveryBatch)
 		for outcome, n := range out {
 			s.workerMetrics.recovery.WithLabelValues(outcome).Add(float64(n))
 		}

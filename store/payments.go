@@ -166,11 +166,15 @@ func scanPayment(row rowScanner) (Payment, error) {
 	return p, err
 }
 
-// GetPayment returns the tenant's payment id, or idem's PAYMENT_NOT_FOUND error.
+// ErrPaymentNotFound: no such payment. Package payments answers it as its
+// PAYMENT_NOT_FOUND code.
+var ErrPaymentNotFound = errors.New("store: payment not found")
+
+// GetPayment returns the tenant's payment id, or ErrPaymentNotFound.
 func GetPayment(ctx context.Context, q Querier, tenant, id string) (Payment, error) {
 	p, err := scanPayment(q.QueryRow(ctx, `SELECT `+paymentColumns+` FROM payments WHERE tenant_id = $1 AND payment_id = $2`, tenant, id))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Payment{}, idem.Errorf(idem.ECodePaymentNotFound, "The payment does not exist.")
+		return Payment{}, ErrPaymentNotFound
 	}
 	if err != nil {
 		return Payment{}, fmt.Errorf("store: get payment: %w", unavailableOr(err))
@@ -179,12 +183,12 @@ func GetPayment(ctx context.Context, q Querier, tenant, id string) (Payment, err
 }
 
 // PaymentByMerchantReference returns the tenant's payment for an account and
-// merchant reference, or PAYMENT_NOT_FOUND.
+// merchant reference, or ErrPaymentNotFound.
 func PaymentByMerchantReference(ctx context.Context, q Querier, tenant, account, ref string) (Payment, error) {
 	p, err := scanPayment(q.QueryRow(ctx, `SELECT `+paymentColumns+` FROM payments
 		WHERE tenant_id = $1 AND account_id = $2 AND merchant_reference = $3`, tenant, account, ref))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Payment{}, idem.Errorf(idem.ECodePaymentNotFound, "No payment for this merchant reference.")
+		return Payment{}, ErrPaymentNotFound
 	}
 	if err != nil {
 		return Payment{}, fmt.Errorf("store: payment by merchant reference: %w", unavailableOr(err))

@@ -54,7 +54,7 @@ func TestBeginOutcomes(t *testing.T) {
 			t.Errorf("%s: Begin = %v, %v; want %v", tc.name, got.Outcome, err, tc.want)
 		}
 	}
-	if err := st.Checkpoint(ctx, d.Lease, idem.CheckpointLocalPaymentCreated); err != nil {
+	if err := st.Checkpoint(ctx, d.Lease, cpCreated); err != nil {
 		t.Fatalf("Checkpoint: %v", err)
 	}
 	if err := st.Complete(ctx, d.Lease, completion(`{"id":"x1"}`)); err != nil {
@@ -130,7 +130,7 @@ func TestStaleTakeoverExactlyOne(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.Checkpoint(ctx, first.Lease, idem.CheckpointProviderRequestSent); err != nil {
+	if err := st.Checkpoint(ctx, first.Lease, cpSent); err != nil {
 		t.Fatal(err)
 	}
 	storetest.Exec(t, st, `UPDATE idempotency_records SET locked_until = now() - INTERVAL '1 second' WHERE idempotency_key = 'stale'`)
@@ -149,12 +149,12 @@ func TestStaleTakeoverExactlyOne(t *testing.T) {
 	if counts[idem.OutcomeRecover] != 1 || counts[idem.OutcomeInProgress] != 19 {
 		t.Fatalf("outcomes = %v, want 1 recover and 19 in progress", counts)
 	}
-	if winner.Lease.Token != first.Lease.Token+1 || winner.Record.Checkpoint != idem.CheckpointProviderRequestSent || winner.Record.Attempts != 2 {
+	if winner.Lease.Token != first.Lease.Token+1 || winner.Record.Checkpoint != cpSent || winner.Record.Attempts != 2 {
 		t.Errorf("winner = token %d checkpoint %s attempts %d; want token %d, PROVIDER_REQUEST_SENT, 2",
 			winner.Lease.Token, winner.Record.Checkpoint, winner.Record.Attempts, first.Lease.Token+1)
 	}
 	// The old owner wakes up: every write it tries is rejected.
-	if err := st.Checkpoint(ctx, first.Lease, idem.CheckpointProviderConfirmed); !errors.Is(err, idem.ErrFenced) {
+	if err := st.Checkpoint(ctx, first.Lease, cpConfirmed); !errors.Is(err, idem.ErrFenced) {
 		t.Errorf("old owner Checkpoint = %v, want ErrFenced", err)
 	}
 	if err := st.Complete(ctx, first.Lease, completion(`{"old":true}`)); !errors.Is(err, idem.ErrFenced) {
@@ -344,7 +344,7 @@ func TestExternalFencingTokens(t *testing.T) {
 	if err != nil || d.Outcome != idem.OutcomeRecover || d.Lease.Token != 100 {
 		t.Fatalf("Begin with token 100 = %+v, %v; want ownership under 100", d, err)
 	}
-	if err := st.Checkpoint(ctx, first.Lease, idem.CheckpointProviderRequestSent); !errors.Is(err, idem.ErrFenced) {
+	if err := st.Checkpoint(ctx, first.Lease, cpSent); !errors.Is(err, idem.ErrFenced) {
 		t.Errorf("original owner write = %v, want ErrFenced", err)
 	}
 	stale()
@@ -386,3 +386,11 @@ func TestClosedConnectionIsUnavailable(t *testing.T) {
 		t.Errorf("closed connection error %v classified %s, want %s", err, got, idem.ECodeStoreUnavailable)
 	}
 }
+
+// Checkpoints an operation of these tests moves through (the engine's own
+// are only RECEIVED and COMPLETED).
+const (
+	cpCreated   idem.Checkpoint = "LOCAL_PAYMENT_CREATED"
+	cpSent      idem.Checkpoint = "PROVIDER_REQUEST_SENT"
+	cpConfirmed idem.Checkpoint = "PROVIDER_CONFIRMED"
+)

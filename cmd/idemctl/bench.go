@@ -15,6 +15,7 @@ import (
 	"github.com/idemcoord/idem/internal/bench"
 	"github.com/idemcoord/idem/internal/cli"
 	"github.com/idemcoord/idem/internal/pgserver"
+	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/store"
 )
 
@@ -62,7 +63,7 @@ func runBench(ctx context.Context, args []string, env *Env) error {
 		return err
 	}
 	defer st.Close()
-	if err := st.Migrate(ctx); err != nil {
+	if err := payments.Migrate(ctx, st); err != nil {
 		return err
 	}
 	// The same database without the replay fast path, measured side by side.

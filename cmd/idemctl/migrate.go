@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/idemcoord/idem/internal/cli"
+	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/store"
 )
 
@@ -27,7 +28,7 @@ func runMigrate(ctx context.Context, args []string, env *Env) error {
 		return err
 	}
 	defer st.Close()
-	if err := st.Migrate(ctx); err != nil {
+	if err := payments.Migrate(ctx, st); err != nil {
 		return err
 	}
 	fmt.Fprintln(env.Stdout, "migrations applied")

@@ -25,6 +25,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/internal/cli"
 	"github.com/idemcoord/idem/internal/etcdclient"
 	"github.com/idemcoord/idem/internal/telemetry"
@@ -353,10 +354,10 @@ func (m *Main) Run(ctx context.Context) error {
 		return fmt.Errorf("database: %w", err)
 	}
 	if m.Migrate {
-		if err := st.Migrate(ctx); err != nil {
+		if err := payments.Migrate(ctx, st); err != nil {
 			return err
 		}
-	} else if err := st.CheckMigrated(ctx); err != nil {
+	} else if err := payments.CheckMigrated(ctx, st); err != nil {
 		return err
 	}
 	ln, err := net.Listen("tcp", m.Listen)
@@ -414,7 +415,11 @@ func (m *Main) Run(ctx context.Context) error {
 	rcfg.Operations = m.Operations
 	rcfg.ReadHeaderTimeout, rcfg.ReadTimeout = m.HTTP.ReadHeaderTimeout, m.HTTP.ReadTimeout
 	rcfg.WriteTimeout, rcfg.IdleTimeout, rcfg.MaxHeaderBytes = m.HTTP.WriteTimeout, m.HTTP.IdleTimeout, m.HTTP.MaxHeaderBytes
-	srv, err := region.NewServer(rcfg, st, pay)
+	// The node's engine fences recovery as the payments service does (the
+	// etcd membership's locks), so that the recovery worker and a client's
+	// retry exclude each other.
+	rcfg.Engine = engine.New(st, pay.EngineOptions())
+	srv, err := region.NewServer(rcfg, st, region.Payments(pay))
 	if err != nil {
 		_ = ln.Close()
 		return err

@@ -282,7 +282,7 @@ func TestKilledAfterProviderRequestSent(t *testing.T) {
 	scope := idem.Scope{Tenant: "tenant-a", Operation: payments.Operation, Key: "killed-1"}
 	waitFor(t, 20*time.Second, "record at PROVIDER_REQUEST_SENT", func() bool {
 		rec, err := st.Get(ctx, scope)
-		return err == nil && rec.Checkpoint == idem.CheckpointProviderRequestSent
+		return err == nil && rec.Checkpoint == payments.CheckpointProviderRequestSent
 	})
 	node.kill()
 	if rec, _ := st.Get(ctx, scope); rec.Status != idem.StatusInProgress {

@@ -173,7 +173,7 @@ func testPausedOwner(t *testing.T, fp string) {
 	if err := prov.SetFault(ctx, provider.Fault{Mode: provider.FaultFail, Times: 1}); err != nil {
 		t.Fatal(err)
 	}
-	if status, body, _ := payBody(t, x.url, "fenced-1", article); status != 503 || codeOf(body) != idem.ECodeProviderUnavailable {
+	if status, body, _ := payBody(t, x.url, "fenced-1", article); status != 503 || codeOf(body) != payments.ECodeProviderUnavailable {
 		t.Fatalf("first attempt = %d %s", status, body)
 	}
 	type answer struct {

@@ -17,6 +17,7 @@ import (
 	"github.com/idemcoord/idem/internal/pgserver"
 	"github.com/idemcoord/idem/internal/pgtest"
 	"github.com/idemcoord/idem/internal/tlsutil"
+	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/store"
 )
 
@@ -215,7 +216,7 @@ func runMigrations(ctx context.Context, dbURL string) error {
 		return err
 	}
 	defer st.Close()
-	return st.Migrate(ctx)
+	return payments.Migrate(ctx, st)
 }
 
 // writeOtherCA writes the certificate of a new CA that signed nothing and

@@ -116,7 +116,7 @@ func poster(client *http.Client, base string, w *writer, prefix string) func(con
 func runHTTP(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, error) {
 	w := newWriter(SuiteHTTP)
 	node, err := region.NewServer(region.Config{Addr: "127.0.0.1:0", Region: "bench", Tokens: map[string]string{benchToken: w.tenant}},
-		st, payments.NewService(st, payments.Config{Region: "bench"}))
+		st, region.Payments(payments.NewService(st, payments.Config{Region: "bench"})))
 	if err != nil {
 		return SuiteReport{}, err
 	}

@@ -7,10 +7,12 @@ import (
 	"testing"
 
 	"github.com/idemcoord/idem/internal/pgtest"
+	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/store"
 )
 
-// New returns a migrated store on a new empty database, and its URL. The store
+// New returns a store on a new empty database, migrated for the engine and
+// the payments operation (payments.Migrate), and its URL. The store
 // is closed in t.Cleanup.
 func New(tb testing.TB) (*store.Store, string) {
 	tb.Helper()
@@ -20,7 +22,7 @@ func New(tb testing.TB) (*store.Store, string) {
 		tb.Fatalf("open store: %v", err)
 	}
 	tb.Cleanup(st.Close)
-	if err := st.Migrate(context.Background()); err != nil {
+	if err := payments.Migrate(context.Background(), st); err != nil {
 		tb.Fatalf("migrate: %v", err)
 	}
 	return st, url

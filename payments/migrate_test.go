@@ -1,0 +1,132 @@
+package payments_test
+
+import (
+	"context"
+	"io/fs"
+	"strings"
+	"testing"
+	"testing/fstest"
+
+	"github.com/idemcoord/idem/internal/pgtest"
+	"github.com/idemcoord/idem/internal/storetest"
+	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/store"
+)
+
+func openEmpty(t *testing.T) *store.Store {
+	t.Helper()
+	st, err := store.Open(context.Background(), pgtest.NewDatabase(t), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	return st
+}
+
+func tableExists(t *testing.T, st *store.Store, name string) bool {
+	t.Helper()
+	return storetest.Count(t, st, `SELECT count(*) FROM information_schema.tables WHERE table_name = $1`, name) == 1
+}
+
+// TestEngineMigratesOnlyItsTables: the store's own migrations create the
+// idempotency records and nothing of the payments domain; payments.Migrate
+// installs the domain's tables.
+func TestEngineMigratesOnlyItsTables(t *testing.T) {
+	ctx := context.Background()
+	st := openEmpty(t)
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	domain := []string{"payments", "outbox_events", "queue_messages", "consumer_inbox", "ledger_entries", "email_notifications"}
+	if !tableExists(t, st, "idempotency_records") {
+		t.Fatal("the engine's migrations did not create idempotency_records")
+	}
+	for _, table := range domain {
+		if tableExists(t, st, table) {
+			t.Errorf("the engine's migrations created the payments domain's table %s", table)
+		}
+	}
+	if err := st.CheckMigrated(ctx); err != nil {
+		t.Errorf("engine-only CheckMigrated: %v", err)
+	}
+	if err := payments.CheckMigrated(ctx, st); err == nil || !strings.Contains(err.Error(), "0002_payments.sql") {
+		t.Errorf("payments.CheckMigrated before payments.Migrate = %v, want the missing migrations named", err)
+	}
+	if err := payments.Migrate(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	for _, table := range domain {
+		if !tableExists(t, st, table) {
+			t.Errorf("payments.Migrate did not create %s", table)
+		}
+	}
+	if err := payments.CheckMigrated(ctx, st); err != nil {
+		t.Errorf("payments.CheckMigrated: %v", err)
+	}
+}
+
+// TestMigrateRecognisesEarlierDatabases: a database migrated when every
+// migration was the store's (versions 1 to 3 recorded under their file
+// names) is taken as migrated: nothing is applied twice.
+func TestMigrateRecognisesEarlierDatabases(t *testing.T) {
+	ctx := context.Background()
+	st := openEmpty(t)
+	storetest.Exec(t, st, `CREATE TABLE schema_migrations (version INT NOT NULL PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())`)
+	for _, set := range []store.Migrations{store.EngineMigrations(), payments.Migrations()} {
+		files, err := fs.Glob(set.FS, "*.sql")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, f := range files {
+			if set.Name == "engine" && i > 0 {
+				break // the earlier code had only 0001 of the engine's
+			}
+			body, err := fs.ReadFile(set.FS, f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			storetest.Exec(t, st, string(body))
+			storetest.Exec(t, st, `INSERT INTO schema_migrations (version, name) VALUES ($1, $2)`, int(f[3]-'0'), f)
+		}
+	}
+	if err := payments.CheckMigrated(ctx, st); err != nil {
+		t.Fatalf("CheckMigrated on an earlier database: %v", err)
+	}
+	if err := payments.Migrate(ctx, st); err != nil {
+		t.Fatalf("Migrate on an earlier database: %v", err)
+	}
+}
+
+// TestMigrateRefusesAnotherSchema: a version applied under another file
+// name is not this code's migration; Migrate and CheckMigrated say so
+// rather than skip it.
+func TestMigrateRefusesAnotherSchema(t *testing.T) {
+	ctx := context.Background()
+	st := openEmpty(t)
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	storetest.Exec(t, st, `INSERT INTO schema_migrations (version, name) VALUES (2, '0002_something_else.sql')`)
+	if err := payments.Migrate(ctx, st); err == nil || !strings.Contains(err.Error(), "0002_something_else.sql") {
+		t.Errorf("Migrate = %v, want version 2 refused as applied under another name", err)
+	}
+	if err := payments.CheckMigrated(ctx, st); err == nil || !strings.Contains(err.Error(), "0002_something_else.sql") {
+		t.Errorf("CheckMigrated = %v, want version 2 refused as applied under another name", err)
+	}
+	if tableExists(t, st, "payments") {
+		t.Error("Migrate applied 0002_payments.sql over a foreign version 2")
+	}
+}
+
+// TestMigrationSetsOwnTheirVersions: two sets with one version are refused
+// before anything is applied.
+func TestMigrationSetsOwnTheirVersions(t *testing.T) {
+	st := openEmpty(t)
+	clash := store.Migrations{Name: "clash", FS: fstest.MapFS{"0001_clash.sql": {Data: []byte(`CREATE TABLE clash (i int)`)}}}
+	if err := st.Migrate(context.Background(), clash); err == nil || !strings.Contains(err.Error(), "version 1") {
+		t.Errorf("Migrate with a clashing set = %v, want the version named", err)
+	}
+	if tableExists(t, st, "clash") || tableExists(t, st, "idempotency_records") {
+		t.Error("a clashing set was (partly) applied")
+	}
+}

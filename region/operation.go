@@ -1,0 +1,42 @@
+package region
+
+import (
+	"net/http"
+
+	"github.com/idemcoord/idem/engine"
+)
+
+// Operation is an operation the node serves itself, with endpoints of its
+// own on the node's API and records of its own: payments is one (see
+// Payments). NewServer serves a list of them.
+type Operation struct {
+	// Name is the operation part of its records' scopes. The coordination
+	// API refuses it: a node's own records are acted on by its own
+	// recovery, and their stored bodies are never shown.
+	Name string
+	// Routes returns the operation's endpoints on s. Each is served
+	// authenticated (the tenant comes from the bearer token, or from the
+	// authenticated peer that forwarded the request) and routed to the
+	// tenant's home region before its handler runs.
+	Routes func(s *Server) []Route
+	// Engine is the operation as the engine runs it: window, lock timeout
+	// and Recover. The node registers it in its engine (Config.Engine),
+	// whose RecoverStale the recovery worker runs for every operation.
+	// Optional.
+	Engine *engine.Operation
+	// RecoveryOutcomes are outcomes its Recover counts besides the
+	// engine's (engine.RecoveryOutcomes), so that their series exist from
+	// the start.
+	RecoveryOutcomes []string
+}
+
+// Route is one endpoint of an Operation.
+type Route struct {
+	// Pattern is a net/http pattern with its method, "POST /payments".
+	Pattern string
+	// Handler serves a request of tenant.
+	Handler TenantHandler
+}
+
+// TenantHandler serves an authenticated request of tenant.
+type TenantHandler func(w http.ResponseWriter, r *http.Request, tenant string)
