@@ -86,6 +86,9 @@ type Config struct {
 	// OPERATION_UNKNOWN before anything is stored or counted. Default:
 	// none.
 	Operations []string
+	// Sidecar makes routes of an existing HTTP service idempotent (see
+	// SidecarConfig). Default: none.
+	Sidecar SidecarConfig
 
 	// ReadHeaderTimeout bounds reading a request's headers. Default
 	// DefaultReadHeaderTimeout (5s).
@@ -132,6 +135,7 @@ type Server struct {
 	workerMetrics    *workerMetrics
 	workers          workerGroup
 	stopWorkers      context.CancelFunc
+	sidecar          *sidecarState
 }
 
 // NewServer returns a Server over st and the payment service pay.
@@ -193,6 +197,9 @@ func NewServer(cfg Config, st *store.Store, pay *payments.Service) (*Server, err
 	mux.HandleFunc("GET /payments/{id}", s.authenticated(s.handleGetPayment))
 	mux.HandleFunc("GET /v1/idempotency/records/{operation}/{key}", s.authenticated(s.handleGetRecord))
 	s.registerCoordination(mux)
+	if err := s.registerSidecar(mux); err != nil {
+		return nil, err
+	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "region": cfg.Region})
@@ -261,6 +268,7 @@ func (s *Server) Close(ctx context.Context) error {
 	if s.stopWorkers != nil {
 		s.stopWorkers()
 	}
+	s.stopSidecar()
 	defer s.workers.Wait()
 	defer s.peers.closeIdle()
 	defer s.forwardTransport.CloseIdleConnections()
