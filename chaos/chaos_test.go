@@ -209,3 +209,38 @@ func TestServiceHopOverTLS(t *testing.T) {
 		}
 	}
 }
+
+// TestSidecarCrossRegion runs the sidecar scenario briefly: the generic
+// path (a --proxy-routes route in front of an upstream the harness
+// observes) under cross-region races and node kills executes each command
+// once, with identical answers, and every check passes.
+func TestSidecarCrossRegion(t *testing.T) {
+	t.Parallel()
+	opts := runOpts(t, "sidecar-cross-region", "")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, opts)
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	t.Log("\n" + summary(rep))
+	if !rep.Passed {
+		t.Errorf("sidecar-cross-region failed: %s", rep.FailedChecks())
+	}
+	sr := rep.Scenarios[0]
+	if !sr.Valid || len(sr.Faults) != 2 {
+		t.Errorf("valid %v (%s), %d faults", sr.Valid, sr.Invalid, len(sr.Faults))
+	}
+	for _, c := range sr.Checks {
+		if c.Name != CheckSidecarSingleExecution && c.Name != CheckSidecarIdenticalAnswers {
+			continue
+		}
+		t.Logf("%s: %s", c.Name, c.Details)
+		if c.Skipped || !c.Passed {
+			t.Errorf("%s: skipped %v, passed %v: %s", c.Name, c.Skipped, c.Passed, c.Details)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(opts.OutDir, sr.Name, "sidecar.json")); err != nil {
+		t.Errorf("sidecar history: %v", err)
+	}
+}
