@@ -63,8 +63,8 @@ type Options struct {
 	// one answers 401).
 	Tenant func(r *http.Request) (string, error)
 	// Client calls the upstream. Default: a client that never reuses a
-	// connection and never follows redirects. A custom client must do the
-	// same (see the package documentation).
+	// connection, never follows redirects and asks for unencoded answers.
+	// A custom client must do the same (see the package documentation).
 	Client *http.Client
 	// MaxRequestBody bounds a request's body (413 past it). Default
 	// idemhttp.DefaultMaxRequestBody.
@@ -82,7 +82,7 @@ type Options struct {
 }
 
 // StoredHeaders are the upstream answer's headers stored and replayed.
-var StoredHeaders = []string{"Content-Type", "Location"}
+var StoredHeaders = []string{"Content-Type", "Content-Encoding", "Location"}
 
 // Call kinds and results of idem_sidecar_upstream_calls_total.
 var (
@@ -128,6 +128,8 @@ func New(e *engine.Engine, opts Options) (*Proxy, error) {
 	if opts.Client == nil {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.DisableKeepAlives = true
+		// The answer is stored as received: ask for it unencoded.
+		tr.DisableCompression = true
 		opts.Client = &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	}
 	if opts.MaxRequestBody <= 0 {
@@ -447,6 +449,8 @@ func (p *Proxy) call(ctx context.Context, rt *route, kind string, o *original, a
 	stripHeaders(req.Header)
 	req.Header.Del("Authorization")
 	req.Header.Del("Cookie")
+	// The client's encoding preference would reach the stored bytes.
+	req.Header.Del("Accept-Encoding")
 	for name := range req.Header {
 		if strings.HasPrefix(name, "Idem-") {
 			req.Header.Del(name)

@@ -145,7 +145,7 @@ const transfer = `{"amount": "10.00", "to": "acc_2"}`
 func TestProxyExecutesOnceAndReplays(t *testing.T) {
 	f := newFixture(t, "")
 	first := f.post(t, "tok-a", "k1", "/transfers/acc_1?b=2&a=1", transfer,
-		"Connection", "X-Hop", "X-Hop", "1", "Idem-Tenant", "forged", "Idem-Forwarded-By", "x", "X-Kept", "yes")
+		"Connection", "X-Hop", "X-Hop", "1", "Idem-Tenant", "forged", "Idem-Forwarded-By", "x", "X-Kept", "yes", "Accept-Encoding", "gzip")
 	if first.status != http.StatusCreated || first.header.Get("Idempotent-Replayed") != "" || first.header.Get("X-Upstream") != "1" {
 		t.Fatalf("first = %+v", first)
 	}
@@ -157,7 +157,7 @@ func TestProxyExecutesOnceAndReplays(t *testing.T) {
 	if h.Get("Idem-Tenant") != "tenant-a" || h.Get("Idem-Fencing-Token") == "" || h.Get("Idem-Fencing-Token") == "0" {
 		t.Errorf("upstream Idem-Tenant %q, Idem-Fencing-Token %q", h.Get("Idem-Tenant"), h.Get("Idem-Fencing-Token"))
 	}
-	for _, name := range []string{"Authorization", "X-Hop", "Idem-Forwarded-By"} {
+	for _, name := range []string{"Authorization", "X-Hop", "Idem-Forwarded-By", "Accept-Encoding"} {
 		if v := h.Values(name); len(v) > 0 {
 			t.Errorf("upstream received %s: %q", name, v)
 		}
