@@ -45,6 +45,10 @@ func (s *Server) registerSidecar(mux *http.ServeMux) error {
 				return fmt.Errorf("region: proxied route %s %s overlaps the node's own %s", rt.Method, rt.Prefix, p)
 			}
 		}
+		if rt.Timeout >= s.cfg.WriteTimeout {
+			// The node would cut the answer before the upstream gave it.
+			return fmt.Errorf("region: proxied route %s %s: timeout %v is not below the write timeout %v", rt.Method, rt.Prefix, rt.Timeout, s.cfg.WriteTimeout)
+		}
 		if rt.Operation == payments.Operation || s.operations[rt.Operation] {
 			return fmt.Errorf("region: proxied route %s %s: operation %q is the node's own or the coordination API's", rt.Method, rt.Prefix, rt.Operation)
 		}

@@ -149,6 +149,7 @@ func TestSidecarRoutesMayNotShadowTheNode(t *testing.T) {
 		"POST /metrics/x=create_transfer@http://h",
 		"POST /transfers=" + payments.Operation + "@http://h",
 		"POST /transfers=op@http://h",
+		"POST /transfers=create_transfer@http://h;timeout=1m",
 	} {
 		routes, err := sidecar.ParseRoutes(s)
 		if err != nil {
