@@ -27,6 +27,7 @@ func TestMain(m *testing.M) { os.Exit(pgtest.MainLeakChecked(m)) }
 var tokens = map[string]string{"tok-a": "tenant-a", "tok-b": "tenant-b"}
 
 type fixture struct {
+	eng *engine.Engine
 	st  *store.Store
 	up  *upstream
 	url string
@@ -49,7 +50,8 @@ func newFixtureTo(t *testing.T, up *upstream, upstreamURL, options string) *fixt
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	p, err := sidecar.New(engine.New(st, engine.Options{}), sidecar.Options{
+	eng := engine.New(st, engine.Options{})
+	p, err := sidecar.New(eng, sidecar.Options{
 		Routes:     routes,
 		Registerer: reg,
 		Tenant: func(r *http.Request) (string, error) {
@@ -65,7 +67,7 @@ func newFixtureTo(t *testing.T, up *upstream, upstreamURL, options string) *fixt
 	}
 	hs := httptest.NewServer(p)
 	t.Cleanup(hs.Close)
-	return &fixture{st: st, up: up, url: hs.URL, reg: reg}
+	return &fixture{eng: eng, st: st, up: up, url: hs.URL, reg: reg}
 }
 
 type answer struct {
@@ -402,5 +404,29 @@ func TestLostAnswerResentToIdempotentUpstream(t *testing.T) {
 	}
 	if got := f.calls(t, "resend", "completed"); got != 1 {
 		t.Errorf("resend completed = %v", got)
+	}
+}
+
+// TestRecoveryPassSettlesByLookup: the recovery pass (no client retry)
+// settles a lost answer with the route's lookup; the retry then replays.
+func TestRecoveryPassSettlesByLookup(t *testing.T) {
+	f := newFixture(t, ";lookup={up}/transfers/by-key/{derivedKey}")
+	derived := sidecar.DerivedKey("tenant-a", "create_transfer", "kr", 0)
+	f.up.hangUp[derived] = true
+	if a := f.post(t, "tok-a", "kr", "/transfers", transfer); a.status != http.StatusAccepted {
+		t.Fatalf("lost: %+v", a)
+	}
+	got, err := f.eng.RecoverStale(context.Background(), 0)
+	if err != nil || got[engine.RecoveryCompleted] != 1 {
+		t.Fatalf("recovery pass: %v, %v", got, err)
+	}
+	if rec := f.record(t, "tenant-a", "kr"); rec.Status != idem.StatusCompleted {
+		t.Fatalf("record %s", rec.Status)
+	}
+	if a := f.post(t, "tok-a", "kr", "/transfers", transfer); a.status != 200 || a.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("retry: %+v", a)
+	}
+	if e, r := f.up.counts(); e[derived] != 1 || r[derived] != 1 {
+		t.Errorf("executions %v, received %v", e, r)
 	}
 }
