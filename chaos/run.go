@@ -303,7 +303,7 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 	defer stop()
 
 	info := c.Info()
-	env := &Env{Cluster: c, LeaseTTL: chaosLeaseTTL, nodes: nodes, log: opts.Logger}
+	env := &Env{Cluster: c, LeaseTTL: chaosLeaseTTL, nodes: nodes, log: opts.Logger, sidecar: up}
 	if info.ProviderURL != "" {
 		env.Provider = providerClient(info.ProviderURL, info.ProviderAdminKey, c.ClientTLS())
 	}

@@ -269,11 +269,16 @@ func Catalogue() []Scenario {
 		{
 			Name: "sidecar-cross-region",
 			Description: "idemd as a sidecar in front of a plain upstream (--proxy-routes with a lookup): each transfer's first attempt goes to " +
-				"every region at once and nodes crash meanwhile; the upstream executes each derived key once and every 2xx answer of a key is the same bytes",
+				"every region at once; the upstream loses answers after executing, then nodes crash; the upstream executes each derived key once " +
+				"and every 2xx answer of a key is the same bytes",
 			Sidecar:  true,
 			Workload: WorkloadConfig{Mix: map[Role]int{RoleNormal: 1}},
 			Faults: func(env *Env, r []string) []Step {
-				return []Step{{KillNode(r[0], 0), 2 * time.Second}, {KillNode(r[1], 1), 2 * time.Second}}
+				return []Step{
+					{SidecarLoseAnswers(env), 3 * time.Second},
+					{KillNode(r[0], 0), 2 * time.Second},
+					{KillNode(r[1], 1), 2 * time.Second},
+				}
 			},
 		},
 		{

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemcoord/idem/cluster"
 	"github.com/idemcoord/idem/sidecar"
 )
 
@@ -39,6 +40,9 @@ type sidecarUpstream struct {
 	n       int
 	byKey   map[string]int
 	answers map[string][]byte
+	// lose drops the connection after every third execution, before the
+	// answer (SidecarLoseAnswers).
+	lose bool
 }
 
 func startSidecarUpstream() (*sidecarUpstream, error) {
@@ -76,7 +80,14 @@ func (u *sidecarUpstream) execute(w http.ResponseWriter, r *http.Request) {
 	u.byKey[key]++
 	a, _ := json.Marshal(map[string]any{"transfer": fmt.Sprintf("tr_%d", u.n), "tenant": r.Header.Get("Idem-Tenant"), "request": json.RawMessage(body)})
 	u.answers[key] = a
+	lose := u.lose && u.n%3 == 0
 	u.mu.Unlock()
+	if lose {
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			_ = conn.Close()
+		}
+		return
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
 	_, _ = w.Write(a)
@@ -102,6 +113,34 @@ func (u *sidecarUpstream) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = u.srv.Shutdown(ctx)
+}
+
+// sidecarLoseAnswers makes the sidecar's upstream lose answers.
+type sidecarLoseAnswers struct{ env *Env }
+
+// SidecarLoseAnswers makes the sidecar scenario's upstream drop the
+// connection after every third execution, before answering: the node sees
+// a request written and no answer (202 PAYMENT_OUTCOME_UNKNOWN), and the
+// route's lookup must settle it without a second execution.
+func SidecarLoseAnswers(env *Env) Fault { return &sidecarLoseAnswers{env: env} }
+
+func (f *sidecarLoseAnswers) Name() string { return "sidecar-lose-answers" }
+func (f *sidecarLoseAnswers) Available(*cluster.Cluster) bool {
+	return f.env != nil && f.env.sidecar != nil
+}
+func (f *sidecarLoseAnswers) Inject(context.Context, *cluster.Cluster) error {
+	f.env.sidecar.setLose(true)
+	return nil
+}
+func (f *sidecarLoseAnswers) Heal(context.Context, *cluster.Cluster) error {
+	f.env.sidecar.setLose(false)
+	return nil
+}
+
+func (u *sidecarUpstream) setLose(on bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.lose = on
 }
 
 // SidecarAnswer is one answer a sidecar client got.
