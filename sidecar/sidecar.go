@@ -482,6 +482,9 @@ func (p *Proxy) call(ctx context.Context, rt *route, kind string, o *original, a
 	header := resp.Header.Clone()
 	stripHeaders(header)
 	header.Del("Content-Length")
+	// The contract's headers are the sidecar's to set.
+	header.Del(idemhttp.HeaderReplayed)
+	header.Del(idemhttp.HeaderWindow)
 	ans := upstreamAnswer{status: resp.StatusCode, header: header, body: body}
 	switch idemhttp.DefaultClass(resp.StatusCode) {
 	case idem.StatusCompleted:

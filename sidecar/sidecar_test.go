@@ -148,7 +148,8 @@ func TestProxyExecutesOnceAndReplays(t *testing.T) {
 	f := newFixture(t, "")
 	first := f.post(t, "tok-a", "k1", "/transfers/acc_1?b=2&a=1", transfer,
 		"Connection", "X-Hop", "X-Hop", "1", "Idem-Tenant", "forged", "Idem-Forwarded-By", "x", "X-Kept", "yes", "Accept-Encoding", "gzip")
-	if first.status != http.StatusCreated || first.header.Get("Idempotent-Replayed") != "" || first.header.Get("X-Upstream") != "1" {
+	if first.status != http.StatusCreated || first.header.Get("Idempotent-Replayed") != "" || first.header.Get("X-Upstream") != "1" ||
+		first.header.Get("Idempotency-Window") != "86400" {
 		t.Fatalf("first = %+v", first)
 	}
 	h := f.up.lastHeader()

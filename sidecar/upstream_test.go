@@ -101,6 +101,9 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Location", "/transfers/tr_"+fmt.Sprint(n))
 	w.Header().Set("X-Upstream", "1")
+	// Headers of the contract, which the sidecar must not pass on.
+	w.Header().Set("Idempotent-Replayed", "true")
+	w.Header().Set("Idempotency-Window", "1")
 	w.WriteHeader(http.StatusCreated)
 	_, _ = io.WriteString(w, a)
 }
