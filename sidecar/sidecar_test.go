@@ -431,3 +431,19 @@ func TestRecoveryPassSettlesByLookup(t *testing.T) {
 		t.Errorf("executions %v, received %v", e, r)
 	}
 }
+
+// TestOversizedBodyNeverReachesUpstream: a body over the limit is 413 and
+// stores nothing.
+func TestOversizedBodyNeverReachesUpstream(t *testing.T) {
+	f := newFixture(t, "")
+	big := `{"pad":"` + strings.Repeat("x", 1<<20) + `"}`
+	if a := f.post(t, "tok-a", "big", "/transfers", big); a.status != http.StatusRequestEntityTooLarge || a.code() != idem.ECodeBodyTooLarge {
+		t.Fatalf("answer %d %s", a.status, a.code())
+	}
+	if _, r := f.up.counts(); len(r) != 0 {
+		t.Errorf("upstream received %v", r)
+	}
+	if _, err := f.st.Get(context.Background(), idem.Scope{Tenant: "tenant-a", Operation: "create_transfer", Key: "big"}); err == nil {
+		t.Error("a record was stored")
+	}
+}
