@@ -31,6 +31,10 @@ const (
 	CheckNoInternalErrors   = "no-internal-errors"
 	CheckSweepReplays       = "replayable-after-heal"
 	CheckLinearizable       = "linearizable"
+	// CheckSidecarSingleExecution and CheckSidecarIdenticalAnswers look at
+	// the sidecar scenario's route (skipped elsewhere).
+	CheckSidecarSingleExecution  = "sidecar-single-execution"
+	CheckSidecarIdenticalAnswers = "sidecar-identical-answers"
 )
 
 // CheckInfo names and describes a check.
@@ -53,6 +57,8 @@ func Checks() []CheckInfo {
 		{CheckNoStuckRecords, "after the faults healed, no record stayed IN_PROGRESS or UNKNOWN_REQUIRES_RECOVERY, and every outbox, queue and email backlog drained, within the bound"},
 		{CheckNoInternalErrors, "no call was answered 500 INTERNAL"},
 		{CheckSweepReplays, "after the faults healed, every answered command resent once more got a replay of its answer"},
+		{CheckSidecarSingleExecution, "the upstream behind the sidecar route executed each derived key at most once, and exactly once for a command answered 2xx"},
+		{CheckSidecarIdenticalAnswers, "every 2xx answer of one sidecar command is byte-identical, the sweep's resend replays it, and no retry was refused as a different request"},
 		{CheckLinearizable, "per key, the history is linearizable against a register model (unbound → bound to one command → answered once; ambiguous calls may or may not take effect) — porcupine"},
 	}
 }
@@ -105,6 +111,9 @@ type checkInput struct {
 	faults         []FaultEvent
 	outDir         string
 	linTimeout     time.Duration
+	// sidecar is the sidecar route's traffic and upstream (nil: not a
+	// sidecar scenario).
+	sidecar *sidecarResult
 }
 
 // result collects a check's counter-examples.
@@ -170,6 +179,8 @@ func runChecks(in *checkInput) []CheckResult {
 		checkNoStuck(in),
 		checkNoInternal(in),
 		checkSweep(in),
+		checkSidecarSingleExecution(in),
+		checkSidecarIdenticalAnswers(in),
 		checkLinearizability(in),
 	}
 	return out

@@ -52,6 +52,8 @@ type Env struct {
 	LeaseTTL time.Duration
 	nodes    *nodeControl
 	log      *slog.Logger
+	// sidecar is the sidecar scenario's upstream (nil otherwise).
+	sidecar *sidecarUpstream
 	// failedOver is set once a region failover moved tenants: a key may
 	// then be executed again (with the same answer) by the new home.
 	mu         sync.Mutex

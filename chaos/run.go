@@ -269,6 +269,14 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 		RegionLeaseTTL: chaosLeaseTTL, Proxied: true, Tenants: tenants, ReplayWindow: s.ReplayWindow,
 		ExtraNodeArgs: args, Logger: opts.Logger, TLS: opts.TLS,
 	}
+	var up *sidecarUpstream
+	if s.Sidecar {
+		if up, err = startSidecarUpstream(); err != nil {
+			return sr, err
+		}
+		defer up.close()
+		cfg.ProxyRoutes = up.routes()
+	}
 	progress := newProgress(opts.Progress, opts.ProgressTTY, s.Name, opts.Duration)
 	defer progress.stop()
 	progress.setPhase("starting cluster")
@@ -295,7 +303,7 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 	defer stop()
 
 	info := c.Info()
-	env := &Env{Cluster: c, LeaseTTL: chaosLeaseTTL, nodes: nodes, log: opts.Logger}
+	env := &Env{Cluster: c, LeaseTTL: chaosLeaseTTL, nodes: nodes, log: opts.Logger, sidecar: up}
 	if info.ProviderURL != "" {
 		env.Provider = providerClient(info.ProviderURL, info.ProviderAdminKey, c.ClientTLS())
 	}
@@ -347,6 +355,11 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 	}()
 	var wg sync.WaitGroup
 	wg.Go(func() { w.run(trafficCtx, drainCtx) })
+	var sct *sidecarTraffic
+	if up != nil {
+		sct = newSidecarTraffic(up, runID(s, opts.Seed), opts.Seed, regions, targets, info.Tokens, c.ClientTLS())
+		wg.Go(func() { sct.run(trafficCtx, drainCtx, max(opts.Clients/2, 1)) })
+	}
 
 	// Warm-up: the traffic must reach the minimum rate before any fault.
 	warmup := min(max(opts.Duration/5, 2*time.Second), 8*time.Second)
@@ -391,6 +404,9 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 		progress.setPhase("replay sweep")
 		sctx, cancel := context.WithTimeout(qctx, 30*time.Second)
 		w.sweep(sctx)
+		if sct != nil {
+			sct.sweep(sctx)
+		}
 		cancel()
 	}
 	progress.setPhase("checking")
@@ -411,10 +427,17 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 		charges = &cc
 	}
 	ops := hist.Ops()
+	var scres *sidecarResult
+	if sct != nil {
+		scres = sct.result()
+		if err := writeJSON(filepath.Join(dir, "sidecar.json"), scres.keys); err != nil {
+			return sr, err
+		}
+	}
 	sr.Checks = runChecks(&checkInput{
 		ops: ops, st: st, homes: homes, charges: charges, quiesced: quiesced, quiesceTook: took,
 		stuckBound: opts.StuckBound, reexecute: env.FailedOver(), strictRegional: opts.StrictRegionalEffects, faults: sr.Faults, outDir: dir,
-		linTimeout: time.Minute,
+		linTimeout: time.Minute, sidecar: scres,
 	})
 	progress.stop()
 	sr.summarise(ops)

@@ -32,6 +32,11 @@ type Scenario struct {
 	Faults func(env *Env, regions []string) []Step
 	// Catches names the --break modes this scenario is built to catch.
 	Catches []string
+	// Sidecar runs an upstream service in the harness, puts every node in
+	// front of it (--proxy-routes, POST /transfers) and drives that route
+	// too, racing each command's first attempt over every region; the
+	// sidecar checks then look at it.
+	Sidecar bool
 }
 
 // Step is one fault of a scenario and how long it is held.
@@ -258,6 +263,21 @@ func Catalogue() []Scenario {
 				return []Step{
 					{ClockSkew(env, r[0], 0, 45*time.Second), 3 * time.Second},
 					{ClockSkew(env, r[1], 1, -45*time.Second), 3 * time.Second},
+				}
+			},
+		},
+		{
+			Name: "sidecar-cross-region",
+			Description: "idemd as a sidecar in front of a plain upstream (--proxy-routes with a lookup): each transfer's first attempt goes to " +
+				"every region at once; the upstream loses answers after executing, then nodes crash; the upstream executes each derived key once " +
+				"and every 2xx answer of a key is the same bytes",
+			Sidecar:  true,
+			Workload: WorkloadConfig{Mix: map[Role]int{RoleNormal: 1}},
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{
+					{SidecarLoseAnswers(env), 3 * time.Second},
+					{KillNode(r[0], 0), 2 * time.Second},
+					{KillNode(r[1], 1), 2 * time.Second},
 				}
 			},
 		},

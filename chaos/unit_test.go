@@ -328,3 +328,49 @@ func TestRegionalEffects(t *testing.T) {
 		t.Error("email, strict: passed")
 	}
 }
+
+// TestSidecarChecksCatch: the sidecar checks fail on a derived key executed
+// twice, a 2xx answer never executed, answers that differ, a sweep that is
+// not a replay and a retry refused as a different request; and pass on a
+// clean history.
+func TestSidecarChecksCatch(t *testing.T) {
+	ok := SidecarAnswer{Node: "eu-west-0", Status: 201, Body: `{"transfer":"tr_1"}`}
+	replay := ok
+	replay.Replayed, replay.Sweep = true, true
+	key := func(name string, answers ...SidecarAnswer) *sidecarKey {
+		return &sidecarKey{Tenant: "tenant-a", Key: name, Derived: "d-" + name, Answers: answers}
+	}
+	passed := func(res CheckResult) bool { return res.Passed && !res.Skipped }
+	clean := &sidecarResult{keys: []*sidecarKey{key("k", ok, SidecarAnswer{Status: 202}, ok, replay)}, executions: map[string]int{"d-k": 1}}
+	if r := checkSidecarSingleExecution(&checkInput{sidecar: clean}); !passed(r) {
+		t.Errorf("clean: %+v", r)
+	}
+	if r := checkSidecarIdenticalAnswers(&checkInput{sidecar: clean}); !passed(r) {
+		t.Errorf("clean: %+v", r)
+	}
+	for name, sc := range map[string]*sidecarResult{
+		"executed twice":  {keys: []*sidecarKey{key("k", ok)}, executions: map[string]int{"d-k": 2}},
+		"never executed":  {keys: []*sidecarKey{key("k", ok)}, executions: map[string]int{}},
+		"unknown derived": {keys: []*sidecarKey{key("k", ok)}, executions: map[string]int{"d-k": 1, "other": 1}},
+	} {
+		if r := checkSidecarSingleExecution(&checkInput{sidecar: sc}); r.Passed {
+			t.Errorf("%s passed single execution", name)
+		}
+	}
+	other := ok
+	other.Body = `{"transfer":"tr_2"}`
+	notReplay := ok
+	notReplay.Sweep = true
+	for name, k := range map[string]*sidecarKey{
+		"answers differ": key("k", ok, other),
+		"sweep executed": key("k", ok, notReplay),
+		"false reuse":    key("k", SidecarAnswer{Status: 409, Body: `{"errorCode":"IDEMPOTENCY_KEY_REUSED_WITH_DIFFERENT_REQUEST"}`}, ok),
+	} {
+		if r := checkSidecarIdenticalAnswers(&checkInput{sidecar: &sidecarResult{keys: []*sidecarKey{k}}}); r.Passed {
+			t.Errorf("%s passed identical answers", name)
+		}
+	}
+	if r := checkSidecarSingleExecution(&checkInput{}); !r.Skipped || !r.Passed {
+		t.Errorf("no sidecar: %+v", r)
+	}
+}

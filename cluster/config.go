@@ -138,6 +138,10 @@ type Config struct {
 	// Default 0: the node's default.
 	ReplayWindow time.Duration
 
+	// ProxyRoutes, if set, is passed to every node as --proxy-routes (the
+	// sidecar's routes; see package sidecar). Default: none.
+	ProxyRoutes string
+
 	// ExtraNodeArgs are appended to every idemd command line, so they
 	// override the cluster's own flags (for example --lock-timeout or
 	// --recovery-interval). Default: none.

@@ -50,6 +50,9 @@ func (c *Cluster) newNode(cfg *Config, rs *regionState, i int, env []string) (*P
 	if cfg.ReplayWindow > 0 {
 		args = append(args, "--replay-window", cfg.ReplayWindow.String())
 	}
+	if cfg.ProxyRoutes != "" {
+		args = append(args, "--proxy-routes", cfg.ProxyRoutes)
+	}
 	if etcd := c.EtcdMembers(); len(etcd) > 0 {
 		var endpoints []string
 		for _, m := range etcd {

@@ -89,6 +89,9 @@ type Config struct {
 	// OPERATION_UNKNOWN before anything is stored or counted. Default:
 	// none.
 	Operations []string
+	// Sidecar makes routes of an existing HTTP service idempotent (see
+	// SidecarConfig). Default: none.
+	Sidecar SidecarConfig
 
 	// ReadHeaderTimeout bounds reading a request's headers. Default
 	// DefaultReadHeaderTimeout (5s).
@@ -154,6 +157,7 @@ type Server struct {
 	obs              *observability
 	workers          workerGroup
 	stopWorkers      context.CancelFunc
+	sidecar          *sidecarState
 }
 
 // NewServer returns a Server over st serving ops, the node's own operations
@@ -258,6 +262,9 @@ func NewServer(cfg Config, st *store.Store, ops ...Operation) (*Server, error) {
 	}
 	mux.HandleFunc("GET /v1/idempotency/records/{operation}/{key}", s.authenticated(s.handleGetRecord))
 	s.registerCoordination(mux)
+	if err := s.registerSidecar(mux); err != nil {
+		return nil, err
+	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "region": cfg.Region})
@@ -326,6 +333,7 @@ func (s *Server) Close(ctx context.Context) error {
 	if s.stopWorkers != nil {
 		s.stopWorkers()
 	}
+	s.stopSidecar()
 	defer s.workers.Wait()
 	defer s.peers.closeIdle()
 	defer s.forwardTransport.CloseIdleConnections()

@@ -16,6 +16,7 @@ import (
 	"github.com/idemcoord/idem/cluster"
 	"github.com/idemcoord/idem/internal/cli"
 	"github.com/idemcoord/idem/internal/pgserver"
+	"github.com/idemcoord/idem/sidecar"
 )
 
 const (
@@ -53,6 +54,7 @@ func runUp(ctx context.Context, args []string, env *Env) error {
 	window := fs.Duration("replay-window", 0, "replay window of every node (default: idemd's default)")
 	withTLS := fs.Bool("tls", false, "TLS everywhere: a throwaway CA and certificates for every node, etcd member and the provider; etcd with client-certificate auth and peer mTLS; nodes forward over mutual TLS; https URLs and the CA's path (caFile) in cluster.json")
 	otlp := fs.String("otlp-endpoint", "", "OTLP gRPC collector every node exports its traces to (idemd --otlp-endpoint); empty: tracing off")
+	proxyRoutes := fs.String("proxy-routes", "", "sidecar routes every node makes idempotent and proxies to an upstream (idemd's --proxy-routes)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: idemctl up [flags]\n\nStarts PostgreSQL, etcd, the provider simulator and idemd nodes locally and runs until interrupted.\nBuild the binaries first, from the module root: %s\n\nflags:\n", cluster.BuildCommand)
 		fs.PrintDefaults()
@@ -84,6 +86,9 @@ func runUp(ctx context.Context, args []string, env *Env) error {
 	}
 	if *window < 0 {
 		return usageError{fmt.Errorf("--replay-window %v is negative", *window)}
+	}
+	if _, err := sidecar.ParseRoutes(*proxyRoutes); err != nil {
+		return usageError{fmt.Errorf("--proxy-routes: %w", err)}
 	}
 	if *idemd == "" {
 		p, err := cluster.FindBinary("idemd")
@@ -130,6 +135,7 @@ func runUp(ctx context.Context, args []string, env *Env) error {
 		StoreMode:      *storeMode,
 		DatabaseURL:    *dbURL,
 		ReplayWindow:   *window,
+		ProxyRoutes:    *proxyRoutes,
 		Logger:         logger,
 		TLS:            *withTLS,
 	})

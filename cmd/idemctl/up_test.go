@@ -45,6 +45,7 @@ func TestUp(t *testing.T) {
 			{"up", "--store-mode", "everywhere"},
 			{"up", "--provider=maybe"},
 			{"up", "--no-such-flag"},
+			{"up", "--proxy-routes", "POST /payments"},
 		} {
 			var stderr bytes.Buffer
 			env := &Env{Stdout: io.Discard, Stderr: &stderr, Getenv: func(string) string { return "" }}

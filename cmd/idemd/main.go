@@ -34,6 +34,7 @@ import (
 	"github.com/idemcoord/idem/provider"
 	"github.com/idemcoord/idem/region"
 	"github.com/idemcoord/idem/routing"
+	"github.com/idemcoord/idem/sidecar"
 	"github.com/idemcoord/idem/store"
 )
 
@@ -88,6 +89,8 @@ type Main struct {
 
 	// Operations are the coordination API's declared operations.
 	Operations []string
+	// ProxyRoutes are the sidecar's proxied routes (--proxy-routes).
+	ProxyRoutes []sidecar.Route
 	// HTTP bounds the node's HTTP server (timeouts, header size).
 	HTTP region.Config
 
@@ -175,6 +178,7 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	m.Etcd.Register(fs)
 	m.faults.register(fs, &m.Workers.DuplicateDelivery)
 	m.Ops.register(fs)
+	proxyRoutes := fs.String("proxy-routes", "", "sidecar routes made idempotent and proxied to an upstream service: comma-separated 'METHOD PATH_PREFIX=OPERATION@UPSTREAM_URL[;lookup=URL][;idempotent-upstream][;header=NAME][;timeout=DURATION]'")
 	operations := fs.String("operations", "", "comma-separated operations the coordination API serves (names of a-z, 0-9, '_', '.', '-'); others are refused with 404 OPERATION_UNKNOWN")
 	fs.DurationVar(&m.HTTP.ReadHeaderTimeout, "read-header-timeout", region.DefaultReadHeaderTimeout, "bound on reading a request's headers")
 	fs.DurationVar(&m.HTTP.ReadTimeout, "read-timeout", region.DefaultReadTimeout, "bound on reading a request's body (408 REQUEST_TIMEOUT past it)")
@@ -223,6 +227,9 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	var err error
 	if m.StoreMode, err = routing.ParseStoreMode(*storeMode); err != nil {
 		return err
+	}
+	if m.ProxyRoutes, err = sidecar.ParseRoutes(*proxyRoutes); err != nil {
+		return fmt.Errorf("--proxy-routes: %w", err)
 	}
 	if err := m.faults.parse(getenv); err != nil {
 		return err
@@ -409,7 +416,9 @@ func (m *Main) Run(ctx context.Context) error {
 			return err
 		}
 		cfg.Locker = m.membership
+		rcfg.Sidecar.Locker = m.membership
 	}
+	rcfg.Sidecar.Routes = m.ProxyRoutes
 	pay := payments.NewService(st, cfg)
 	rcfg.Router = router
 	rcfg.Operations = m.Operations
@@ -429,6 +438,7 @@ func (m *Main) Run(ctx context.Context) error {
 		return err
 	}
 	srv.StartWorkers(context.WithoutCancel(ctx), m.Workers)
+	srv.StartSidecarRecovery(context.WithoutCancel(ctx), m.Workers.RecoveryInterval)
 	m.logger.Info("idemd serving", "region", m.Region, "node", m.NodeID, "url", srv.URL(),
 		"store_mode", m.StoreMode, "etcd", len(m.EtcdEndpoints) > 0, "replay_window", m.ReplayWindow)
 	return nil

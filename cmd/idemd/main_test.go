@@ -337,3 +337,19 @@ func TestParseFlagsFromEnvironment(t *testing.T) {
 		t.Error("a missing database URL was accepted")
 	}
 }
+
+// TestProxyRoutesFlag: --proxy-routes is read from IDEM_PROXY_ROUTES too,
+// and a malformed route stops the node before it starts.
+func TestProxyRoutesFlag(t *testing.T) {
+	env := map[string]string{"IDEM_DATABASE_URL": "postgres://x", "IDEM_PROXY_ROUTES": "POST /transfers=create_transfer@http://127.0.0.1:9000;idempotent-upstream"}
+	m := NewMain()
+	if err := m.ParseFlags(nil, func(k string) string { return env[k] }); err != nil {
+		t.Fatal(err)
+	}
+	if len(m.ProxyRoutes) != 1 || m.ProxyRoutes[0].Operation != "create_transfer" || !m.ProxyRoutes[0].IdempotentUpstream {
+		t.Errorf("routes %+v", m.ProxyRoutes)
+	}
+	if err := NewMain().ParseFlags([]string{"--database-url", "x", "--proxy-routes", "POST /transfers=create_transfer"}, func(string) string { return "" }); err == nil {
+		t.Error("a route without an upstream was accepted")
+	}
+}

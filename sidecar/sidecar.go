@@ -1,0 +1,524 @@
+package sidecar
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/engine"
+	"github.com/idemcoord/idem/idemhttp"
+)
+
+// Headers the upstream receives.
+const (
+	HeaderTenant       = "Idem-Tenant"
+	HeaderFencingToken = "Idem-Fencing-Token"
+)
+
+// DerivedKey is the Idempotency-Key the upstream receives: the lowercase hex
+// SHA-256 of "idem-sidecar-v1" followed by the tenant, the operation and the
+// client's key, each prefixed by its length as 8 big-endian bytes, and the
+// record's generation as 8 big-endian bytes. The length prefixes make the
+// encoding injective, so two tenants (or operations, keys, generations) never
+// share a derived key; it depends on nothing regional, so every region
+// derives the same one. A key reused after its replay window (a new
+// generation) is a new operation and gets a new derived key.
+func DerivedKey(tenant, operation, key string, generation int) string {
+	h := sha256.New()
+	h.Write([]byte("idem-sidecar-v1"))
+	var n [8]byte
+	for _, s := range []string{tenant, operation, key} {
+		binary.BigEndian.PutUint64(n[:], uint64(len(s)))
+		h.Write(n[:])
+		h.Write([]byte(s))
+	}
+	binary.BigEndian.PutUint64(n[:], uint64(generation))
+	h.Write(n[:])
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Options configure a Proxy.
+type Options struct {
+	// Routes are the routes to serve (required).
+	Routes []Route
+	// Tenant returns the tenant of an authenticated request. Default: the
+	// tenant put in the request's context by WithTenant (a request without
+	// one answers 401).
+	Tenant func(r *http.Request) (string, error)
+	// Client calls the upstream. Default: a client that never reuses a
+	// connection, never follows redirects and asks for unencoded answers.
+	// A custom client must do the same (see the package documentation).
+	Client *http.Client
+	// MaxRequestBody bounds a request's body (413 past it). Default
+	// idemhttp.DefaultMaxRequestBody.
+	MaxRequestBody int64
+	// MaxResponseBody bounds the upstream answer stored for replay.
+	// Default idemhttp.DefaultMaxResponseBody.
+	MaxResponseBody int
+	// MaxWait caps Prefer: wait=N. Default engine.DefaultMaxWait.
+	MaxWait time.Duration
+	// Logger receives upstream failures. Default: discard.
+	Logger *slog.Logger
+	// Registerer, when set, receives idem_sidecar_upstream_calls_total and
+	// idemhttp_requests_total.
+	Registerer prometheus.Registerer
+}
+
+// StoredHeaders are the upstream answer's headers stored and replayed.
+var StoredHeaders = []string{"Content-Type", "Content-Encoding", "Location"}
+
+// Call kinds and results of idem_sidecar_upstream_calls_total.
+var (
+	callKinds   = []string{"execute", "lookup", "resend"}
+	callResults = []string{"completed", "failed_replayable", "failed_retryable", "not_sent", "unknown"}
+)
+
+// Proxy serves the routes of a sidecar. Create it with New.
+type Proxy struct {
+	opts   Options
+	routes []*route
+	calls  *prometheus.CounterVec
+}
+
+type route struct {
+	Route
+	handler http.Handler
+}
+
+type tenantKey struct{}
+
+// WithTenant returns ctx carrying the authenticated tenant, for the default
+// Options.Tenant.
+func WithTenant(ctx context.Context, tenant string) context.Context {
+	return context.WithValue(ctx, tenantKey{}, tenant)
+}
+
+func tenantFromContext(r *http.Request) (string, error) {
+	if t, _ := r.Context().Value(tenantKey{}).(string); t != "" {
+		return t, nil
+	}
+	return "", errors.New("sidecar: no tenant in the request's context")
+}
+
+// New registers every route's operation with e and returns the Proxy.
+func New(e *engine.Engine, opts Options) (*Proxy, error) {
+	if len(opts.Routes) == 0 {
+		return nil, errors.New("sidecar: no routes")
+	}
+	if opts.Tenant == nil {
+		opts.Tenant = tenantFromContext
+	}
+	if opts.Client == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.DisableKeepAlives = true
+		// The answer is stored as received: ask for it unencoded.
+		tr.DisableCompression = true
+		opts.Client = &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	}
+	if opts.MaxRequestBody <= 0 {
+		opts.MaxRequestBody = idemhttp.DefaultMaxRequestBody
+	}
+	if opts.MaxResponseBody <= 0 {
+		opts.MaxResponseBody = idemhttp.DefaultMaxResponseBody
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	p := &Proxy{opts: opts}
+	p.calls = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "idem_sidecar_upstream_calls_total",
+		Help: "Calls of sidecar upstreams, by operation, kind (execute, lookup, resend) and result; result=\"unknown\" is an outcome an operator may have to settle.",
+	}, []string{"operation", "call", "result"})
+	if opts.Registerer != nil {
+		if err := opts.Registerer.Register(p.calls); err != nil {
+			return nil, fmt.Errorf("sidecar: register metrics: %w", err)
+		}
+	}
+	for _, rt := range opts.Routes {
+		for _, k := range callKinds {
+			for _, res := range callResults {
+				p.calls.WithLabelValues(rt.Operation, k, res)
+			}
+		}
+		r := &route{Route: rt}
+		var recover engine.ExecuteFunc
+		if rt.Lookup != "" || rt.IdempotentUpstream {
+			recover = func(ctx context.Context, a *engine.Attempt) (engine.Result, error) { return p.recover(ctx, r, a) }
+		}
+		mw, err := idemhttp.Middleware(e, idemhttp.Options{
+			Operation:       rt.Operation,
+			Tenant:          opts.Tenant,
+			Fingerprint:     fingerprintOf(rt.Headers),
+			StoredHeaders:   StoredHeaders,
+			LockTimeout:     rt.Timeout + lockMargin,
+			MaxWait:         opts.MaxWait,
+			MaxRequestBody:  opts.MaxRequestBody,
+			MaxResponseBody: opts.MaxResponseBody,
+			Recover:         recover,
+			Logger:          opts.Logger,
+			Registerer:      opts.Registerer,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("sidecar: route %s %s: %w", rt.Method, rt.Prefix, err)
+		}
+		r.handler = p.keepRequest(mw(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) { p.execute(w, req, r) })))
+		p.routes = append(p.routes, r)
+	}
+	return p, nil
+}
+
+// lockMargin is how much longer than an upstream call an owner holds its
+// record, so that it records the call's end before a retry may take over.
+const lockMargin = 5 * time.Second
+
+// Routes returns the proxy's routes.
+func (p *Proxy) Routes() []Route {
+	out := make([]Route, len(p.routes))
+	for i, r := range p.routes {
+		out[i] = r.Route
+	}
+	return out
+}
+
+// Handler returns the handler of the route of operation, or nil.
+func (p *Proxy) Handler(operation string) http.Handler {
+	for _, r := range p.routes {
+		if r.Operation == operation {
+			return r.handler
+		}
+	}
+	return nil
+}
+
+// ServeHTTP serves the route a request matches, or 404.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	for _, rt := range p.routes {
+		if rt.Matches(r.Method, r.URL.Path) {
+			rt.handler.ServeHTTP(w, r)
+			return
+		}
+	}
+	writeError(w, http.StatusNotFound, idem.ECodeNotFound, "No such endpoint.")
+}
+
+// original is the client's request as received, kept for a re-send.
+type original struct {
+	method string
+	url    *url.URL
+	header http.Header
+	body   []byte
+}
+
+type originalKey struct{}
+
+// keepRequest reads the body (bounded; the middleware refuses a larger one)
+// and keeps the request in the context, where Recover finds it when a
+// client's retry triggers recovery.
+func (p *Proxy) keepRequest(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body []byte
+		if r.Body != nil {
+			b, err := io.ReadAll(io.LimitReader(r.Body, p.opts.MaxRequestBody+1))
+			body = b
+			var rest io.Reader = bytes.NewReader(b)
+			if err != nil {
+				rest = io.MultiReader(rest, errReader{err})
+			}
+			r.Body = io.NopCloser(rest)
+		}
+		if int64(len(body)) <= p.opts.MaxRequestBody {
+			o := &original{method: r.Method, url: r.URL, header: r.Header.Clone(), body: body}
+			r = r.WithContext(context.WithValue(r.Context(), originalKey{}, o))
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }
+
+// fingerprintOf: the method, the path, the query (decoded, sorted), the
+// semantic headers and the body.
+func fingerprintOf(headers []string) idemhttp.FingerprintFunc {
+	base := idemhttp.DefaultFingerprint(append([]string{"Api-Version"}, headers...)...)
+	return func(r *http.Request, body []byte) (map[string]any, error) {
+		fields, err := base(r, body)
+		if err != nil {
+			return nil, err
+		}
+		q, err := url.ParseQuery(r.URL.RawQuery)
+		if err != nil {
+			return nil, idem.Errorf(idem.ECodeRequestMalformed, "The query string is malformed.")
+		}
+		query := map[string]any{}
+		for k, vs := range q {
+			list := make([]any, len(vs))
+			for i, v := range vs {
+				list[i] = v
+			}
+			query[k] = list
+		}
+		// The mux pattern says which of a route's two patterns matched;
+		// the path says it all.
+		delete(fields, "route")
+		delete(fields, "pathParams")
+		fields["path"] = r.URL.EscapedPath()
+		fields["query"] = query
+		return fields, nil
+	}
+}
+
+// upstreamAnswer is how one upstream call ended.
+type upstreamAnswer struct {
+	status int
+	header http.Header
+	body   []byte
+	// result is the metric's result.
+	result string
+	// class overrides idemhttp.DefaultClass ("" keeps it).
+	class idem.Status
+}
+
+// execute proxies a fresh request (the middleware's handler).
+func (p *Proxy) execute(w http.ResponseWriter, r *http.Request, rt *route) {
+	a := idemhttp.AttemptFrom(r.Context())
+	o, _ := r.Context().Value(originalKey{}).(*original)
+	if a == nil || o == nil {
+		idemhttp.Classify(w, idem.StatusFailedRetryable)
+		writeError(w, http.StatusInternalServerError, idem.ECodeInternal, "Internal error.")
+		return
+	}
+	// The body the middleware read is the one kept.
+	ans := p.call(r.Context(), rt, "execute", o, a)
+	if ans.class != "" {
+		idemhttp.Classify(w, ans.class)
+	}
+	for k, v := range ans.header {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(ans.status)
+	_, _ = w.Write(ans.body)
+}
+
+// recover settles a record left after the request may have reached the
+// upstream: by the route's lookup, or by re-sending the client's request
+// to an upstream idempotent on the derived key.
+func (p *Proxy) recover(ctx context.Context, rt *route, a *engine.Attempt) (engine.Result, error) {
+	if rt.Lookup != "" {
+		res, settled := p.lookup(ctx, rt, a)
+		if settled {
+			return res, nil
+		}
+	}
+	o, _ := ctx.Value(originalKey{}).(*original)
+	if rt.IdempotentUpstream && o != nil {
+		ans := p.call(ctx, rt, "resend", o, a)
+		class := ans.class
+		if class == "" {
+			class = idemhttp.DefaultClass(ans.status)
+		}
+		return p.result(ans, class), nil
+	}
+	return unknownResult(), nil
+}
+
+func unknownResult() engine.Result {
+	return engine.Result{Status: idem.StatusUnknown, ErrorCode: idem.ECodeOutcomeUnknown}
+}
+
+// result is a stored answer of ans.
+func (p *Proxy) result(ans upstreamAnswer, class idem.Status) engine.Result {
+	if class == idem.StatusUnknown || len(ans.body) > p.opts.MaxResponseBody {
+		return unknownResult()
+	}
+	headers := map[string]string{}
+	for _, name := range StoredHeaders {
+		if v := ans.header.Get(name); v != "" {
+			headers[name] = v
+		}
+	}
+	res := engine.Result{Response: idem.Response{Status: ans.status, Headers: headers, Body: ans.body}, Status: class}
+	if class != idem.StatusCompleted {
+		res.ErrorCode = "HTTP_" + strconv.Itoa(ans.status)
+	}
+	return res
+}
+
+// lookup asks the route's lookup URL about the derived key: 2xx settles the
+// record COMPLETED with that answer, 404 says nothing happened (the record
+// is released for the next retry), anything else leaves it unknown.
+func (p *Proxy) lookup(ctx context.Context, rt *route, a *engine.Attempt) (engine.Result, bool) {
+	rec := a.Record
+	derived := DerivedKey(rec.Tenant, rec.Operation, rec.Key, rec.Generation)
+	ctx, cancel := context.WithTimeout(ctx, rt.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.ReplaceAll(rt.Lookup, "{derivedKey}", derived), nil)
+	if err != nil {
+		p.count(rt, "lookup", "unknown")
+		return engine.Result{}, false
+	}
+	req.Header.Set(idemhttp.HeaderKey, derived)
+	req.Header.Set(HeaderTenant, rec.Tenant)
+	resp, err := p.opts.Client.Do(req)
+	if err != nil {
+		p.count(rt, "lookup", "not_sent")
+		p.opts.Logger.WarnContext(ctx, "sidecar lookup failed", "operation", rt.Operation, "err", err)
+		return engine.Result{}, false
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, int64(p.opts.MaxResponseBody)+1))
+	switch {
+	case err != nil:
+		p.count(rt, "lookup", "unknown")
+		return engine.Result{}, false
+	case resp.StatusCode == http.StatusNotFound:
+		p.count(rt, "lookup", "failed_retryable")
+		return engine.Result{Status: idem.StatusFailedRetryable, ErrorCode: idem.ECodeUnavailable}, true
+	case resp.StatusCode >= 200 && resp.StatusCode < 300 && len(body) <= p.opts.MaxResponseBody:
+		p.count(rt, "lookup", "completed")
+		return p.result(upstreamAnswer{status: resp.StatusCode, header: resp.Header, body: body}, idem.StatusCompleted), true
+	}
+	p.count(rt, "lookup", "unknown")
+	return engine.Result{}, false
+}
+
+func (p *Proxy) count(rt *route, call, result string) {
+	p.calls.WithLabelValues(rt.Operation, call, result).Inc()
+}
+
+// hopByHop are the headers of one connection (RFC 9110 7.6.1).
+var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+// stripHeaders removes the hop-by-hop headers of h, including those its
+// Connection header names.
+func stripHeaders(h http.Header) {
+	for _, v := range h.Values("Connection") {
+		for _, name := range strings.Split(v, ",") {
+			h.Del(strings.TrimSpace(name))
+		}
+	}
+	for _, name := range hopByHop {
+		h.Del(name)
+	}
+}
+
+// call sends o to the upstream under a.
+func (p *Proxy) call(ctx context.Context, rt *route, kind string, o *original, a *engine.Attempt) upstreamAnswer {
+	rec := a.Record
+	derived := DerivedKey(rec.Tenant, rec.Operation, rec.Key, rec.Generation)
+	u := *rt.Upstream
+	u.Path = strings.TrimSuffix(rt.Upstream.Path, "/") + o.url.Path
+	u.RawPath = strings.TrimSuffix(rt.Upstream.EscapedPath(), "/") + o.url.EscapedPath()
+	u.RawQuery = o.url.RawQuery
+	var written atomic.Bool
+	trace := &httptrace.ClientTrace{
+		// Once the headers are out, the upstream may act on the request.
+		WroteHeaders: func() { written.Store(true) },
+		WroteRequest: func(httptrace.WroteRequestInfo) { written.Store(true) },
+	}
+	cctx, cancel := context.WithTimeout(httptrace.WithClientTrace(ctx, trace), rt.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(cctx, o.method, u.String(), bytes.NewReader(o.body))
+	if err != nil {
+		p.count(rt, kind, "not_sent")
+		p.opts.Logger.ErrorContext(ctx, "sidecar request not built", "operation", rt.Operation, "err", err)
+		return errorAnswer(http.StatusServiceUnavailable, idem.StatusFailedRetryable, "not_sent", idem.ECodeUnavailable,
+			"The upstream could not be called; retry with the same key.")
+	}
+	// Never rewound and resent by the transport.
+	req.GetBody = nil
+	req.Header = o.header.Clone()
+	stripHeaders(req.Header)
+	req.Header.Del("Authorization")
+	req.Header.Del("Cookie")
+	// The client's encoding preference would reach the stored bytes.
+	req.Header.Del("Accept-Encoding")
+	for name := range req.Header {
+		if strings.HasPrefix(name, "Idem-") {
+			req.Header.Del(name)
+		}
+	}
+	req.Header.Set(idemhttp.HeaderKey, derived)
+	req.Header.Set(HeaderTenant, rec.Tenant)
+	req.Header.Set(HeaderFencingToken, strconv.FormatInt(a.Lease.Token, 10))
+	if err := a.Check(); err != nil {
+		p.count(rt, kind, "not_sent")
+		return errorAnswer(http.StatusConflict, idem.StatusFailedRetryable, "not_sent", idem.ECodeInProgress,
+			"A request with this idempotency key is still in progress; retry later.")
+	}
+	resp, err := p.opts.Client.Do(req)
+	if err != nil {
+		if !written.Load() {
+			p.count(rt, kind, "not_sent")
+			p.opts.Logger.WarnContext(ctx, "sidecar upstream unreachable", "operation", rt.Operation, "err", err)
+			return errorAnswer(http.StatusServiceUnavailable, idem.StatusFailedRetryable, "not_sent", idem.ECodeUnavailable,
+				"The upstream could not be reached; retry with the same key.")
+		}
+		return p.lost(ctx, rt, kind, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, int64(p.opts.MaxResponseBody)+1))
+	if err != nil {
+		return p.lost(ctx, rt, kind, err)
+	}
+	header := resp.Header.Clone()
+	stripHeaders(header)
+	header.Del("Content-Length")
+	// The contract's headers are the sidecar's to set.
+	header.Del(idemhttp.HeaderReplayed)
+	header.Del(idemhttp.HeaderWindow)
+	ans := upstreamAnswer{status: resp.StatusCode, header: header, body: body}
+	switch idemhttp.DefaultClass(resp.StatusCode) {
+	case idem.StatusCompleted:
+		ans.result = "completed"
+	case idem.StatusFailedReplayable:
+		ans.result = "failed_replayable"
+	default:
+		ans.result = "failed_retryable"
+	}
+	p.count(rt, kind, ans.result)
+	return ans
+}
+
+// lost is an answer lost after the request may have reached the upstream.
+func (p *Proxy) lost(ctx context.Context, rt *route, kind string, err error) upstreamAnswer {
+	p.count(rt, kind, "unknown")
+	p.opts.Logger.WarnContext(ctx, "sidecar upstream answer lost after the request was written; outcome unknown",
+		"operation", rt.Operation, "err", err)
+	return errorAnswer(http.StatusAccepted, idem.StatusUnknown, "unknown", idem.ECodeOutcomeUnknown,
+		"The outcome of the request with this idempotency key is not known yet; retry with the same key later.")
+}
+
+func errorAnswer(status int, class idem.Status, result, code, msg string) upstreamAnswer {
+	b, _ := json.Marshal(map[string]string{"errorCode": code, "message": msg})
+	h := http.Header{"Content-Type": {"application/json"}}
+	if status == http.StatusAccepted || status == http.StatusServiceUnavailable || status == http.StatusConflict {
+		h.Set("Retry-After", "1")
+	}
+	return upstreamAnswer{status: status, header: h, body: b, result: result, class: class}
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	b, _ := json.Marshal(map[string]string{"errorCode": code, "message": msg})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
