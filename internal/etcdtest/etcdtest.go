@@ -118,6 +118,10 @@ func Start(tb testing.TB, opts ...Option) *Server {
 	cfg.InitialClusterToken = "etcdtest"
 	// Tests are not durable; skipping fsync keeps them fast on slow disks.
 	cfg.UnsafeNoFsync = true
+	// Tests that enable auth hash throwaway passwords: etcd's default bcrypt
+	// cost takes seconds per authentication on a loaded machine, long
+	// enough for a client's dial timeout to pass. 4 is bcrypt's minimum.
+	cfg.BcryptCost = 4
 	// A lone member needs no failure detection: short ticks make it elect
 	// itself within ~100ms and lower etcd's minimum lease TTL to 1 second
 	// (etcd raises a granted TTL to 1.5 election timeouts, rounded up).
