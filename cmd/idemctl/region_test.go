@@ -10,6 +10,7 @@ import (
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/internal/etcdtest"
 	"github.com/idemcoord/idem/internal/pgserver"
+	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/routing"
 	"github.com/idemcoord/idem/store"
 )
@@ -138,7 +139,7 @@ func regionStore(t *testing.T, name string) (*store.Store, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(st.Close)
-	if err := st.Migrate(ctx); err != nil {
+	if err := payments.Migrate(ctx, st); err != nil {
 		t.Fatal(err)
 	}
 	return st, url
