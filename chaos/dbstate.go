@@ -131,6 +131,14 @@ func (st *dbState) read(ctx context.Context, name, url, prefix string) error {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	// One read-only snapshot for every query: the counts agree with each
+	// other, and a read-only REPEATABLE READ transaction never fails with a
+	// serialization error (the store's default is SERIALIZABLE, where even a
+	// reader can be chosen as the victim while nodes still write). Closing
+	// the connection ends it.
+	if _, err := conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"); err != nil {
+		return err
+	}
 	like := escapeLike(prefix) + "%"
 	rows, err := conn.Query(ctx, `SELECT tenant_id, idempotency_key, status, checkpoint, generation, COALESCE(resource_id, ''), updated_at
 		FROM idempotency_records WHERE idempotency_key LIKE $1`, like)
