@@ -7,12 +7,13 @@ import (
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/fingerprint"
+	"github.com/idemcoord/idem/internal/storetest"
 )
 
 // An operation registered once by name; every request names it with the
 // tenant, the client's key and the command's fingerprint.
 func Example() {
-	st, drop := exampleStore() // *store.Store on PostgreSQL; a coordclient.Client works the same
+	st, drop := storetest.ForExample() // *store.Store on PostgreSQL; a coordclient.Client works the same
 	defer drop()
 	ctx := context.Background()
 

@@ -8,13 +8,14 @@ import (
 
 	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/idemhttp"
+	"github.com/idemcoord/idem/internal/storetest"
 )
 
 // A service's own operation, create_transfer, made idempotent: the handler
 // knows nothing of keys; the second request with the same key gets the first
 // answer, byte for byte, and the transfer is made once.
 func Example() {
-	st, drop := exampleStore() // *store.Store on PostgreSQL
+	st, drop := storetest.ForExample() // *store.Store on PostgreSQL
 	defer drop()
 
 	eng := engine.New(st, engine.Options{})

@@ -1,16 +1,24 @@
-package idemhttp_test
+package storetest
 
 import (
 	"fmt"
 	"testing"
 
-	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/store"
 )
 
-// exampleTB lets an Example use the test helpers that give a store on a
-// throwaway database of the server TestMain started. Only the methods those
-// helpers call are implemented; failures panic, which fails the Example.
+// ForExample returns a migrated store on a throwaway database of the
+// server TestMain started, and the function that drops it, for Example
+// functions, which have no testing.TB. A failure panics, which fails the
+// Example.
+func ForExample() (*store.Store, func()) {
+	tb := &exampleTB{}
+	st, _ := New(tb)
+	return st, tb.close
+}
+
+// exampleTB implements the methods New and the helpers it calls use;
+// failures panic.
 type exampleTB struct {
 	testing.TB
 	cleanups []func()
@@ -28,11 +36,4 @@ func (e *exampleTB) close() {
 	for i := len(e.cleanups) - 1; i >= 0; i-- {
 		e.cleanups[i]()
 	}
-}
-
-// exampleStore returns a migrated store and the function that drops it.
-func exampleStore() (*store.Store, func()) {
-	tb := &exampleTB{}
-	st, _ := storetest.New(tb)
-	return st, tb.close
 }
