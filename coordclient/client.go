@@ -1,7 +1,7 @@
 // Package coordclient is the Go client of a regional node's coordination API
 // (POST /v1/coordination/{operation}/{key}/begin, .../checkpoint, .../complete,
 // .../fail and GET /v1/coordination/{operation}/{key}; see
-// docs/coordination-openapi.yaml).
+// docs/openapi.yaml).
 //
 // *Client satisfies idem.Coordinator, so a Go service can switch between the
 // in-process engine (*store.Store) and a remote node without other changes.
@@ -63,7 +63,7 @@ type Client struct {
 
 var _ idem.Coordinator = (*Client)(nil)
 
-// --- wire types (docs/coordination-openapi.yaml) ---
+// --- wire types (docs/openapi.yaml) ---
 
 type wireResponse struct {
 	Status        int               `json:"status"`

@@ -18,7 +18,7 @@ import (
 //	POST /v1/coordination/{operation}/{key}/fail        -> 204
 //	GET  /v1/coordination/{operation}/{key}             -> 200 {"record","response"}
 //
-// docs/coordination-openapi.yaml describes the bodies.
+// docs/openapi.yaml describes the bodies.
 
 // Limits of the coordination API.
 const (
