@@ -22,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/coordapi"
 	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/internal/telemetry"
 	"github.com/idemcoord/idem/internal/tlsutil"
@@ -423,33 +424,10 @@ func preferWait(h http.Header) time.Duration {
 	return 0
 }
 
-// recordView is the inspection view of a record. It never includes the
-// stored response body (sensitive data).
-type recordView struct {
-	Operation             string     `json:"operation"`
-	Key                   string     `json:"key"`
-	Status                string     `json:"status"`
-	Checkpoint            string     `json:"checkpoint"`
-	RequestHash           string     `json:"requestHash"`
-	HashVersion           int        `json:"hashVersion"`
-	Owner                 string     `json:"owner"`
-	FencingToken          int64      `json:"fencingToken"`
-	LockedUntil           *time.Time `json:"lockedUntil,omitempty"`
-	Attempts              int        `json:"attempts"`
-	Generation            int        `json:"generation"`
-	ResponseStatus        int        `json:"responseStatus,omitempty"`
-	ResponseSchemaVersion string     `json:"responseSchemaVersion,omitempty"`
-	ResourceType          string     `json:"resourceType,omitempty"`
-	ResourceID            string     `json:"resourceId,omitempty"`
-	ErrorCode             string     `json:"errorCode,omitempty"`
-	HomeRegion            string     `json:"homeRegion"`
-	CreatedAt             time.Time  `json:"createdAt"`
-	UpdatedAt             time.Time  `json:"updatedAt"`
-	ExpiresAt             time.Time  `json:"expiresAt"`
-}
-
-func viewOf(rec *idem.Record) recordView {
-	v := recordView{
+// viewOf is the inspection view of rec (coordapi.Record): never the stored
+// response body (sensitive data).
+func viewOf(rec *idem.Record) *coordapi.Record {
+	v := &coordapi.Record{
 		Operation: rec.Operation, Key: rec.Key, Status: string(rec.Status), Checkpoint: string(rec.Checkpoint),
 		RequestHash: rec.RequestHash, HashVersion: rec.HashVersion, Owner: rec.Owner, FencingToken: rec.FencingToken,
 		LockedUntil: rec.LockedUntil, Attempts: rec.Attempts, Generation: rec.Generation,
