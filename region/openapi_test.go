@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/sidecar"
 )
 
 // openAPIDoc is the part of docs/openapi.yaml the tests check.
@@ -129,5 +130,24 @@ func TestOpenAPIErrorCodesMatchStatusTable(t *testing.T) {
 		if !slices.Contains(enum, code) {
 			t.Errorf("the status table's %s is missing from docs/openapi.yaml's ErrorCode enum", code)
 		}
+	}
+}
+
+// TestRoutesListProxiedRoutes: Routes includes the sidecar's routes, which
+// are configuration and documented by x-idem-sidecar instead of paths; they
+// are the only routes the check would find undocumented.
+func TestRoutesListProxiedRoutes(t *testing.T) {
+	routes, err := sidecar.ParseRoutes("POST /transfers=create_transfer@http://127.0.0.1:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := storetest.New(t)
+	srv, err := NewServer(Config{Region: "test", Sidecar: SidecarConfig{Routes: routes}}, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	undocumented, _ := routeDiff(srv.Routes(), readOpenAPI(t).documentedRoutes())
+	if want := routes[0].Patterns(); !slices.Equal(undocumented, want) || len(want) == 0 {
+		t.Errorf("undocumented routes = %v, want the proxied route's patterns %v", undocumented, want)
 	}
 }
