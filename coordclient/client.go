@@ -1,7 +1,7 @@
 // Package coordclient is the Go client of a regional node's coordination API
 // (POST /v1/coordination/{operation}/{key}/begin, .../checkpoint, .../complete,
 // .../fail and GET /v1/coordination/{operation}/{key}; see
-// docs/coordination-openapi.yaml).
+// docs/openapi.yaml; the bodies are package coordapi's).
 //
 // *Client satisfies idem.Coordinator, so a Go service can switch between the
 // in-process engine (*store.Store) and a remote node without other changes.
@@ -43,6 +43,7 @@ import (
 	"time"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/coordapi"
 )
 
 // maxAnswerBytes bounds what the client reads from one answer.
@@ -62,82 +63,6 @@ type Client struct {
 }
 
 var _ idem.Coordinator = (*Client)(nil)
-
-// --- wire types (docs/coordination-openapi.yaml) ---
-
-type wireResponse struct {
-	Status        int               `json:"status"`
-	Headers       map[string]string `json:"headers,omitempty"`
-	Body          []byte            `json:"body"`
-	SchemaVersion string            `json:"schemaVersion,omitempty"`
-}
-
-type wireRecord struct {
-	Operation             string     `json:"operation"`
-	Key                   string     `json:"key"`
-	Status                string     `json:"status"`
-	Checkpoint            string     `json:"checkpoint"`
-	RequestHash           string     `json:"requestHash"`
-	HashVersion           int        `json:"hashVersion"`
-	Owner                 string     `json:"owner"`
-	FencingToken          int64      `json:"fencingToken"`
-	LockedUntil           *time.Time `json:"lockedUntil"`
-	Attempts              int        `json:"attempts"`
-	Generation            int        `json:"generation"`
-	ResponseStatus        int        `json:"responseStatus"`
-	ResponseSchemaVersion string     `json:"responseSchemaVersion"`
-	ResourceType          string     `json:"resourceType"`
-	ResourceID            string     `json:"resourceId"`
-	ErrorCode             string     `json:"errorCode"`
-	HomeRegion            string     `json:"homeRegion"`
-	CreatedAt             time.Time  `json:"createdAt"`
-	UpdatedAt             time.Time  `json:"updatedAt"`
-	ExpiresAt             time.Time  `json:"expiresAt"`
-}
-
-type beginBody struct {
-	RequestHash        string `json:"requestHash"`
-	LockTimeoutSeconds int64  `json:"lockTimeoutSeconds"`
-	WindowSeconds      int64  `json:"windowSeconds"`
-	Owner              string `json:"owner,omitempty"`
-}
-
-type beginAnswer struct {
-	Outcome      string        `json:"outcome"`
-	FencingToken int64         `json:"fencingToken"`
-	Record       *wireRecord   `json:"record"`
-	Response     *wireResponse `json:"response"`
-	ExpiredRetry bool          `json:"expiredRetry"`
-}
-
-type recordAnswer struct {
-	Record   *wireRecord   `json:"record"`
-	Response *wireResponse `json:"response"`
-}
-
-type checkpointBody struct {
-	FencingToken int64  `json:"fencingToken"`
-	Checkpoint   string `json:"checkpoint"`
-}
-
-type completeBody struct {
-	FencingToken int64        `json:"fencingToken"`
-	Response     wireResponse `json:"response"`
-	ResourceType string       `json:"resourceType,omitempty"`
-	ResourceID   string       `json:"resourceId,omitempty"`
-}
-
-type failBody struct {
-	FencingToken int64         `json:"fencingToken"`
-	Status       string        `json:"status"`
-	ErrorCode    string        `json:"errorCode,omitempty"`
-	Response     *wireResponse `json:"response,omitempty"`
-}
-
-type errorAnswer struct {
-	ErrorCode string `json:"errorCode"`
-	Message   string `json:"message"`
-}
 
 var outcomes = map[string]idem.Outcome{
 	idem.OutcomeExecute.String():    idem.OutcomeExecute,
@@ -159,13 +84,16 @@ func (c *Client) Begin(ctx context.Context, req idem.BeginRequest) (idem.Decisio
 	if len(req.RequestHashes) == 0 || req.RequestHashes[0] == "" {
 		return idem.Decision{}, idem.Errorf(idem.ECodeValidationFailed, "A request hash is required.")
 	}
-	var ans beginAnswer
-	err := c.call(ctx, http.MethodPost, req.Scope, "/begin", beginBody{
-		RequestHash:        req.RequestHashes[0],
-		LockTimeoutSeconds: ceilSeconds(req.LockFor),
-		WindowSeconds:      ceilSeconds(req.Window),
-		Owner:              req.Owner,
-	}, &ans)
+	var ans coordapi.BeginAnswer
+	in := coordapi.BeginRequest{
+		RequestHash:        &req.RequestHashes[0],
+		LockTimeoutSeconds: ptr(ceilSeconds(req.LockFor)),
+		WindowSeconds:      ptr(ceilSeconds(req.Window)),
+	}
+	if req.Owner != "" {
+		in.Owner = &req.Owner
+	}
+	err := c.call(ctx, http.MethodPost, req.Scope, "/begin", in, &ans)
 	if err != nil {
 		return idem.Decision{}, err
 	}
@@ -187,7 +115,7 @@ func (c *Client) Checkpoint(ctx context.Context, lease idem.Lease, cp idem.Check
 	if err := checkScope(lease.Scope); err != nil {
 		return err
 	}
-	return c.call(ctx, http.MethodPost, lease.Scope, "/checkpoint", checkpointBody{FencingToken: lease.Token, Checkpoint: string(cp)}, nil)
+	return c.call(ctx, http.MethodPost, lease.Scope, "/checkpoint", coordapi.CheckpointRequest{FencingToken: &lease.Token, Checkpoint: ptr(string(cp))}, nil)
 }
 
 // Complete implements idem.Coordinator.
@@ -195,8 +123,8 @@ func (c *Client) Complete(ctx context.Context, lease idem.Lease, done idem.Compl
 	if err := checkScope(lease.Scope); err != nil {
 		return err
 	}
-	return c.call(ctx, http.MethodPost, lease.Scope, "/complete", completeBody{
-		FencingToken: lease.Token, Response: *wireOf(&done.Response),
+	return c.call(ctx, http.MethodPost, lease.Scope, "/complete", coordapi.CompleteRequest{
+		FencingToken: &lease.Token, Response: wireOf(&done.Response),
 		ResourceType: done.ResourceType, ResourceID: done.ResourceID,
 	}, nil)
 }
@@ -206,8 +134,8 @@ func (c *Client) Fail(ctx context.Context, lease idem.Lease, f idem.Failure) err
 	if err := checkScope(lease.Scope); err != nil {
 		return err
 	}
-	return c.call(ctx, http.MethodPost, lease.Scope, "/fail", failBody{
-		FencingToken: lease.Token, Status: string(f.Status), ErrorCode: f.ErrorCode, Response: wireOf(f.Response),
+	return c.call(ctx, http.MethodPost, lease.Scope, "/fail", coordapi.FailRequest{
+		FencingToken: &lease.Token, Status: ptr(string(f.Status)), ErrorCode: f.ErrorCode, Response: wireOf(f.Response),
 	}, nil)
 }
 
@@ -217,7 +145,7 @@ func (c *Client) Get(ctx context.Context, scope idem.Scope) (*idem.Record, error
 	if err := checkScope(scope); err != nil {
 		return nil, err
 	}
-	var ans recordAnswer
+	var ans coordapi.RecordAnswer
 	if err := c.call(ctx, http.MethodGet, scope, "", nil, &ans); err != nil {
 		return nil, err
 	}
@@ -295,7 +223,7 @@ func (c *Client) call(ctx context.Context, method string, scope idem.Scope, suff
 		return nil
 	}
 	cause := fmt.Errorf("coordclient: %s %s: HTTP %d", method, req.URL.Path, resp.StatusCode)
-	var e errorAnswer
+	var e coordapi.Error
 	if json.Unmarshal(raw, &e) == nil && e.ErrorCode != "" {
 		return &idem.Error{Code: e.ErrorCode, Message: e.Message, Err: cause}
 	}
@@ -323,7 +251,9 @@ func ceilSeconds(d time.Duration) int64 {
 	return int64((d + time.Second - 1) / time.Second)
 }
 
-func wireOf(r *idem.Response) *wireResponse {
+func ptr[T any](v T) *T { return &v }
+
+func wireOf(r *idem.Response) *coordapi.ResponseInput {
 	if r == nil {
 		return nil
 	}
@@ -331,10 +261,10 @@ func wireOf(r *idem.Response) *wireResponse {
 	if body == nil {
 		body = []byte{}
 	}
-	return &wireResponse{Status: r.Status, Headers: r.Headers, Body: body, SchemaVersion: r.SchemaVersion}
+	return &coordapi.ResponseInput{Status: &r.Status, Headers: r.Headers, Body: body, SchemaVersion: r.SchemaVersion}
 }
 
-func recordOf(tenant string, w *wireRecord, resp *wireResponse) *idem.Record {
+func recordOf(tenant string, w *coordapi.Record, resp *coordapi.Response) *idem.Record {
 	r := &idem.Record{
 		Scope:       idem.Scope{Tenant: tenant, Operation: w.Operation, Key: w.Key},
 		RequestHash: w.RequestHash, HashVersion: w.HashVersion,

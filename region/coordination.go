@@ -18,7 +18,7 @@ import (
 //	POST /v1/coordination/{operation}/{key}/fail        -> 204
 //	GET  /v1/coordination/{operation}/{key}             -> 200 {"record","response"}
 //
-// docs/coordination-openapi.yaml describes the bodies.
+// docs/openapi.yaml describes the bodies.
 
 // Limits of the coordination API.
 const (
@@ -41,7 +41,7 @@ const (
 
 const coordPrefix = "/v1/coordination/{operation}/{key}"
 
-func (s *Server) registerCoordination(mux *http.ServeMux) {
+func (s *Server) registerCoordination(mux *routeMux) {
 	mux.HandleFunc("POST "+coordPrefix+"/begin", s.authenticated(s.handleCoordBegin))
 	mux.HandleFunc("POST "+coordPrefix+"/checkpoint", s.authenticated(s.handleCoordCheckpoint))
 	mux.HandleFunc("POST "+coordPrefix+"/complete", s.authenticated(s.handleCoordComplete))

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/coordapi"
 	"github.com/idemcoord/idem/fingerprint"
 )
 
@@ -21,7 +22,7 @@ func (s *Server) handleCoordBegin(w http.ResponseWriter, r *http.Request, tenant
 		s.coordFail(w, r, err)
 		return
 	}
-	out := beginOutput{Outcome: d.Outcome.String(), FencingToken: d.Lease.Token, ExpiredRetry: d.ExpiredRetry}
+	out := coordapi.BeginAnswer{Outcome: d.Outcome.String(), FencingToken: d.Lease.Token, ExpiredRetry: d.ExpiredRetry, Record: &coordapi.Record{}}
 	if d.Record != nil {
 		out.Record = viewOf(d.Record)
 		if d.Outcome == idem.OutcomeReplay {
@@ -36,7 +37,7 @@ func (s *Server) handleCoordBegin(w http.ResponseWriter, r *http.Request, tenant
 }
 
 func (s *Server) coordBegin(w http.ResponseWriter, r *http.Request, scope idem.Scope) (idem.Decision, error) {
-	var in beginInput
+	var in coordapi.BeginRequest
 	if err := s.decodeCoordBody(w, r, &in); err != nil {
 		return idem.Decision{}, err
 	}
@@ -90,7 +91,7 @@ func (s *Server) coordBegin(w http.ResponseWriter, r *http.Request, scope idem.S
 }
 
 func (s *Server) handleCoordCheckpoint(w http.ResponseWriter, r *http.Request, tenant string) {
-	var in checkpointInput
+	var in coordapi.CheckpointRequest
 	lease, err := s.coordLease(w, r, tenant, &in, func() *int64 { return in.FencingToken })
 	if err == nil {
 		switch {
@@ -106,7 +107,7 @@ func (s *Server) handleCoordCheckpoint(w http.ResponseWriter, r *http.Request, t
 }
 
 func (s *Server) handleCoordComplete(w http.ResponseWriter, r *http.Request, tenant string) {
-	var in completeInput
+	var in coordapi.CompleteRequest
 	lease, err := s.coordLease(w, r, tenant, &in, func() *int64 { return in.FencingToken })
 	if err == nil {
 		var resp *idem.Response
@@ -128,7 +129,7 @@ func (s *Server) handleCoordComplete(w http.ResponseWriter, r *http.Request, ten
 }
 
 func (s *Server) handleCoordFail(w http.ResponseWriter, r *http.Request, tenant string) {
-	var in failInput
+	var in coordapi.FailRequest
 	lease, err := s.coordLease(w, r, tenant, &in, func() *int64 { return in.FencingToken })
 	var f idem.Failure
 	if err == nil {
@@ -169,7 +170,7 @@ func (s *Server) handleCoordGet(w http.ResponseWriter, r *http.Request, tenant s
 		return
 	}
 	w.Header().Set("Cache-Control", "no-store")
-	writeJSON(w, http.StatusOK, recordOutput{Record: viewOf(rec), Response: coordResponseOf(rec.Response)})
+	writeJSON(w, http.StatusOK, coordapi.RecordAnswer{Record: viewOf(rec), Response: coordResponseOf(rec.Response)})
 }
 
 func (s *Server) coordFail(w http.ResponseWriter, r *http.Request, err error) {

@@ -11,6 +11,7 @@ import (
 	"github.com/go-json-experiment/json/jsontext"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/coordapi"
 	"github.com/idemcoord/idem/fingerprint"
 	"github.com/idemcoord/idem/internal/ident"
 )
@@ -111,7 +112,7 @@ func parseRequestHash(h string) (int, bool) {
 	return n, true
 }
 
-func responseFrom(in *responseInput) (*idem.Response, error) {
+func responseFrom(in *coordapi.ResponseInput) (*idem.Response, error) {
 	if in.Status == nil || *in.Status < 100 || *in.Status > 599 {
 		return nil, idem.Errorf(idem.ECodeValidationFailed, "Field \"response.status\" must be an HTTP status code (100-599).")
 	}

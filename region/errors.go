@@ -7,6 +7,7 @@ import (
 	"net/http"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/coordapi"
 	"github.com/idemcoord/idem/payments"
 )
 
@@ -56,11 +57,6 @@ func StatusOf(code string) int {
 	return http.StatusInternalServerError
 }
 
-type errorBody struct {
-	ErrorCode string `json:"errorCode"`
-	Message   string `json:"message"`
-}
-
 // writeError answers err as {"errorCode","message"} with its status. Internal
 // details are logged, never sent.
 func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err error) {
@@ -82,7 +78,7 @@ func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 	case idem.ECodeInProgress, idem.ECodeStoreUnavailable, idem.ECodeUnavailable, idem.ECodeNotHome, payments.ECodeProviderUnavailable, idem.ECodeReconciliationPending:
 		w.Header().Set("Retry-After", "1")
 	}
-	writeJSON(w, status, errorBody{ErrorCode: code, Message: idem.ErrorMessage(err)})
+	writeJSON(w, status, coordapi.Error{ErrorCode: code, Message: idem.ErrorMessage(err)})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/coordapi"
 	"github.com/idemcoord/idem/fingerprint"
 	"github.com/idemcoord/idem/internal/strictjson"
 	"github.com/idemcoord/idem/payments"
@@ -35,7 +36,7 @@ func FuzzCoordinationBodies(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		var b beginInput
+		var b coordapi.BeginRequest
 		if err := strictjson.ClientError(strictjson.DecodeObject(body, &b)); err != nil {
 			clientError(t, "begin body", err)
 		} else if len(b.Command) > 0 {
@@ -68,7 +69,7 @@ func FuzzCoordinationBodies(f *testing.F) {
 				}
 			}
 		}
-		var c completeInput
+		var c coordapi.CompleteRequest
 		if err := strictjson.ClientError(strictjson.DecodeObject(body, &c)); err != nil {
 			clientError(t, "complete body", err)
 		} else if c.Response != nil {
@@ -76,11 +77,11 @@ func FuzzCoordinationBodies(f *testing.F) {
 				clientError(t, "response", err)
 			}
 		}
-		var fl failInput
+		var fl coordapi.FailRequest
 		if err := strictjson.ClientError(strictjson.DecodeObject(body, &fl)); err != nil {
 			clientError(t, "fail body", err)
 		}
-		var cp checkpointInput
+		var cp coordapi.CheckpointRequest
 		if err := strictjson.ClientError(strictjson.DecodeObject(body, &cp)); err != nil {
 			clientError(t, "checkpoint body", err)
 		}

@@ -22,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/coordapi"
 	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/internal/telemetry"
 	"github.com/idemcoord/idem/internal/tlsutil"
@@ -137,6 +138,8 @@ type Server struct {
 	metrics *metrics
 	logger  *slog.Logger
 	handler http.Handler
+	// routes are the endpoints' patterns, see Routes.
+	routes []string
 	// operations are the coordination operations served (Config.Operations).
 	operations map[string]bool
 	// own are the node's own operations (NewServer's list), by name.
@@ -247,7 +250,7 @@ func NewServer(cfg Config, st *store.Store, ops ...Operation) (*Server, error) {
 	for token, tenant := range cfg.Tokens {
 		s.tokens = append(s.tokens, tokenDigest{sum: sha256.Sum256([]byte(token)), tenant: tenant})
 	}
-	mux := http.NewServeMux()
+	mux := &routeMux{ServeMux: http.NewServeMux()}
 	var paths []string
 	for _, op := range ops {
 		if op.Routes == nil {
@@ -278,9 +281,33 @@ func NewServer(cfg Config, st *store.Store, ops ...Operation) (*Server, error) {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.logger, idem.Errorf(idem.ECodeNotFound, "No such endpoint."))
 	})
+	s.routes = mux.patterns
 	s.handler = s.observed(s.deadlines(s.instrument(mux)))
 	return s, nil
 }
+
+// routeMux is the node's mux, keeping the patterns of its endpoints (those
+// naming a method; the method-less ones only answer 405 or 404).
+type routeMux struct {
+	*http.ServeMux
+	patterns []string
+}
+
+func (m *routeMux) Handle(pattern string, h http.Handler) {
+	if strings.Contains(pattern, " ") {
+		m.patterns = append(m.patterns, pattern)
+	}
+	m.ServeMux.Handle(pattern, h)
+}
+
+func (m *routeMux) HandleFunc(pattern string, h func(http.ResponseWriter, *http.Request)) {
+	m.Handle(pattern, http.HandlerFunc(h))
+}
+
+// Routes lists the patterns ("METHOD /path") of the endpoints the node
+// serves, proxied routes included, in the order they were registered.
+// docs/openapi.yaml documents each of them (a test checks it).
+func (s *Server) Routes() []string { return slices.Clone(s.routes) }
 
 // Handler returns the node's HTTP handler.
 func (s *Server) Handler() http.Handler { return s.handler }
@@ -423,33 +450,10 @@ func preferWait(h http.Header) time.Duration {
 	return 0
 }
 
-// recordView is the inspection view of a record. It never includes the
-// stored response body (sensitive data).
-type recordView struct {
-	Operation             string     `json:"operation"`
-	Key                   string     `json:"key"`
-	Status                string     `json:"status"`
-	Checkpoint            string     `json:"checkpoint"`
-	RequestHash           string     `json:"requestHash"`
-	HashVersion           int        `json:"hashVersion"`
-	Owner                 string     `json:"owner"`
-	FencingToken          int64      `json:"fencingToken"`
-	LockedUntil           *time.Time `json:"lockedUntil,omitempty"`
-	Attempts              int        `json:"attempts"`
-	Generation            int        `json:"generation"`
-	ResponseStatus        int        `json:"responseStatus,omitempty"`
-	ResponseSchemaVersion string     `json:"responseSchemaVersion,omitempty"`
-	ResourceType          string     `json:"resourceType,omitempty"`
-	ResourceID            string     `json:"resourceId,omitempty"`
-	ErrorCode             string     `json:"errorCode,omitempty"`
-	HomeRegion            string     `json:"homeRegion"`
-	CreatedAt             time.Time  `json:"createdAt"`
-	UpdatedAt             time.Time  `json:"updatedAt"`
-	ExpiresAt             time.Time  `json:"expiresAt"`
-}
-
-func viewOf(rec *idem.Record) recordView {
-	v := recordView{
+// viewOf is the inspection view of rec (coordapi.Record): never the stored
+// response body (sensitive data).
+func viewOf(rec *idem.Record) *coordapi.Record {
+	v := &coordapi.Record{
 		Operation: rec.Operation, Key: rec.Key, Status: string(rec.Status), Checkpoint: string(rec.Checkpoint),
 		RequestHash: rec.RequestHash, HashVersion: rec.HashVersion, Owner: rec.Owner, FencingToken: rec.FencingToken,
 		LockedUntil: rec.LockedUntil, Attempts: rec.Attempts, Generation: rec.Generation,

@@ -34,7 +34,7 @@ type sidecarState struct {
 
 // registerSidecar mounts the sidecar routes behind authenticated (so they
 // are forwarded to the tenant's home region).
-func (s *Server) registerSidecar(mux *http.ServeMux) error {
+func (s *Server) registerSidecar(mux *routeMux) error {
 	cfg := s.cfg.Sidecar
 	if len(cfg.Routes) == 0 {
 		return nil
