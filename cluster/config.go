@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -134,6 +135,13 @@ type Config struct {
 	// digits, accepted by every node. Default: DefaultTenants().
 	Tenants []string
 
+	// UnplacedTenants get a development token too, but no placement of
+	// their own: with etcd, each is homed by the default rule
+	// (routing.DefaultHome over Regions, which Start stores as the default
+	// region list), so its first request writes nothing to etcd. Default:
+	// none.
+	UnplacedTenants []string
+
 	// ReplayWindow is passed to every node as --replay-window.
 	// Default 0: the node's default.
 	ReplayWindow time.Duration
@@ -217,7 +225,7 @@ func (cfg *Config) setDefaults() error {
 		cfg.Tenants = DefaultTenants()
 	}
 	seen := map[string]bool{}
-	for _, t := range cfg.Tenants {
+	for _, t := range slices.Concat(cfg.Tenants, cfg.UnplacedTenants) {
 		if t == "" || strings.ContainsAny(t, ",= \t\n") || seen[t] {
 			return fmt.Errorf("cluster: invalid or duplicate tenant %q", t)
 		}
