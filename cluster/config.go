@@ -81,7 +81,8 @@ type Config struct {
 	// EtcdMembers is how many etcd members (real etcd processes, forming
 	// one cluster) to run. With etcd, nodes join their region in etcd
 	// (--etcd-endpoints, --node-id <region>-<i>, --region-lease-ttl) and
-	// route each tenant to its home region; Start places the tenants
+	// route each tenant to its home region; Start stores Regions as the
+	// default region list (routing.SetDefaultRegions) and places the tenants
 	// round-robin over the regions (the first tenant in the first region,
 	// ...). Default 0: no etcd, every region serves every tenant on its
 	// own.
