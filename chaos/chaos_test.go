@@ -261,35 +261,3 @@ func TestSidecarCrossRegion(t *testing.T) {
 		t.Errorf("answers by status %v: want lost answers (202) settled by lookup (200) besides 201", statuses)
 	}
 }
-
-// TestRegionFailoverScale fails over a region that homes 10,000 idle
-// tenants besides the workload's: every check passes, and the failover's
-// note says it wrote one etcd revision.
-func TestRegionFailoverScale(t *testing.T) {
-	t.Parallel()
-	opts := runOpts(t, "region-failover-scale", "")
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	rep, err := Run(ctx, opts)
-	if err != nil {
-		t.Fatalf("run: %v", err)
-	}
-	t.Log("\n" + summary(rep))
-	if !rep.Passed {
-		t.Errorf("region-failover-scale failed: %s", rep.FailedChecks())
-	}
-	sr := rep.Scenarios[0]
-	if !sr.Valid || sr.IdleTenants != 10000 || len(sr.Faults) != 1 {
-		t.Fatalf("valid %v (%s), %d idle tenants, %d faults", sr.Valid, sr.Invalid, sr.IdleTenants, len(sr.Faults))
-	}
-	var moved string
-	for _, n := range sr.Faults[0].Notes {
-		if strings.HasPrefix(n, "moved ") {
-			moved = n
-		}
-	}
-	t.Logf("failover: %s", moved)
-	if !strings.Contains(moved, "wrote 1 etcd revision(s), 1 key(s)") || !strings.Contains(moved, "10002 tenant(s) have a placement of their own") {
-		t.Errorf("failover note %q: want one revision and one key written, with 10,000 idle tenants and the workload's 2 placed", moved)
-	}
-}
