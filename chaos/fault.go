@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idemcoord/idem/cluster"
 	"github.com/idemcoord/idem/provider"
@@ -525,12 +528,21 @@ func (f *regionFailover) Inject(ctx context.Context, c *cluster.Cluster) error {
 		}
 	}
 	f.note("%s had no live node %v after the partition", f.from, time.Since(began).Round(100*time.Millisecond))
+	before, err := c.EtcdClient().Get(ctx, routing.PlacementPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return fmt.Errorf("chaos: placements before the failover: %w", err)
+	}
 	moved, err := routing.MoveRegion(ctx, c.EtcdClient(), f.from, f.to, time.Now())
 	if err != nil {
 		return err
 	}
 	f.moved = &moved
-	f.note("moved %s's tenants to %s (epoch %d, one write)", f.from, f.to, moved.Epoch)
+	revs, keys, err := placementWrites(ctx, c.EtcdClient(), before.Header.Revision)
+	if err != nil {
+		return err
+	}
+	f.note("moved %s's tenants to %s (epoch %d): the failover wrote %d etcd revision(s), %d key(s), under %s and %s; %d tenant(s) have a placement of their own",
+		f.from, f.to, moved.Epoch, revs, keys, "/idem/placement/", routing.FailoverPrefix, before.Count)
 	f.env.setFailedOver()
 	return nil
 }
@@ -594,6 +606,54 @@ func (f *regionFailover) Heal(ctx context.Context, c *cluster.Cluster) error {
 		return fmt.Errorf("chaos: handover of %s: %w", f.from, err)
 	}
 	return nil
+}
+
+// placementWrites counts the distinct revisions, and the keys, written
+// after revision after under the placement and tenant failover prefixes:
+// what a failover wrote besides locks and registrations.
+func placementWrites(ctx context.Context, cli *clientv3.Client, after int64) (revs, keys int, err error) {
+	seen := map[int64]bool{}
+	for _, prefix := range []string{"/idem/placement/", routing.FailoverPrefix} {
+		resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithMinModRev(after+1), clientv3.WithKeysOnly())
+		if err != nil {
+			return 0, 0, fmt.Errorf("chaos: writes of the failover: %w", err)
+		}
+		for _, kv := range resp.Kvs {
+			seen[kv.ModRevision] = true
+			keys++
+		}
+	}
+	return len(seen), keys, nil
+}
+
+// placeIdleTenants gives n idle tenants ("idle-<i>") a placement of their
+// own in region, txnOps puts per etcd transaction.
+func placeIdleTenants(ctx context.Context, cli *clientv3.Client, region string, n int) error {
+	val, err := json.Marshal(map[string]string{"region": region})
+	if err != nil {
+		return err
+	}
+	const txnOps = 128 // etcd's default --max-txn-ops
+	var ops []clientv3.Op
+	flush := func() error {
+		if len(ops) == 0 {
+			return nil
+		}
+		if _, err := cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+			return fmt.Errorf("chaos: place idle tenants: %w", err)
+		}
+		ops = ops[:0]
+		return nil
+	}
+	for i := range n {
+		ops = append(ops, clientv3.OpPut(fmt.Sprintf("%sidle-%06d", routing.PlacementPrefix, i), string(val)))
+		if len(ops) == txnOps {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	return flush()
 }
 
 // --- a stale owner (fencing) ---

@@ -54,18 +54,21 @@ type ScenarioReport struct {
 	Error string `json:"error,omitempty"`
 	// StartRetries lists the failed attempts to start the cluster before
 	// the one that worked.
-	StartRetries []string       `json:"startRetries,omitempty"`
-	Ops          int            `json:"ops"`
-	Keys         int            `json:"keys"`
-	Outcomes     map[string]int `json:"outcomes,omitempty"`
-	Faults       []FaultEvent   `json:"faults"`
-	Checks       []CheckResult  `json:"checks"`
-	Passed       bool           `json:"passed"`
-	Failed       []string       `json:"failedChecks,omitempty"`
-	Series       []Bucket       `json:"series,omitempty"`
-	History      string         `json:"history,omitempty"`
-	Logs         string         `json:"logs,omitempty"`
-	Artifacts    []string       `json:"artifacts,omitempty"`
+	StartRetries []string `json:"startRetries,omitempty"`
+	// IdleTenants is how many idle tenants were placed before the traffic
+	// (Scenario.IdleTenants).
+	IdleTenants int            `json:"idleTenants,omitempty"`
+	Ops         int            `json:"ops"`
+	Keys        int            `json:"keys"`
+	Outcomes    map[string]int `json:"outcomes,omitempty"`
+	Faults      []FaultEvent   `json:"faults"`
+	Checks      []CheckResult  `json:"checks"`
+	Passed      bool           `json:"passed"`
+	Failed      []string       `json:"failedChecks,omitempty"`
+	Series      []Bucket       `json:"series,omitempty"`
+	History     string         `json:"history,omitempty"`
+	Logs        string         `json:"logs,omitempty"`
+	Artifacts   []string       `json:"artifacts,omitempty"`
 }
 
 // FaultEvent is one fault in a scenario's timeline; times are seconds from

@@ -307,6 +307,16 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 	if info.ProviderURL != "" {
 		env.Provider = providerClient(info.ProviderURL, info.ProviderAdminKey, c.ClientTLS())
 	}
+	if s.IdleTenants > 0 {
+		progress.setPhase("placing idle tenants")
+		if c.EtcdClient() == nil {
+			return sr, fmt.Errorf("chaos: %s needs etcd for its idle tenants", s.Name)
+		}
+		if err := placeIdleTenants(ctx, c.EtcdClient(), regions[0], s.IdleTenants); err != nil {
+			return sr, err
+		}
+		sr.IdleTenants = s.IdleTenants
+	}
 	targets := map[string][]target{}
 	for _, r := range info.Regions {
 		for i, u := range r.Nodes {

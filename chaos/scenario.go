@@ -37,6 +37,10 @@ type Scenario struct {
 	// too, racing each command's first attempt over every region; the
 	// sidecar checks then look at it.
 	Sidecar bool
+	// IdleTenants is how many idle tenants (no traffic) get a placement of
+	// their own in regions[0] before the traffic starts, written in batched
+	// etcd transactions: a control plane at scale. Default none.
+	IdleTenants int
 }
 
 // Step is one fault of a scenario and how long it is held.
@@ -192,6 +196,16 @@ func Catalogue() []Scenario {
 			Description: "a region is partitioned, its lease lapses, its tenants move to a survivor (routing.MoveRegion); retries reach " +
 				"the new home, which asks the provider before charging; clients without keys resubmit within 4s; after the heal the old region's records are handed over",
 			Workload: WorkloadConfig{Mix: map[Role]int{RoleNormal: 2, RoleNoKey: 2}, Replays: 0.3, NoKeyDelay: 4 * time.Second},
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{{RegionFailover(env, r[0], r[1]), 2 * time.Second}}
+			},
+		},
+		{
+			Name: "region-failover-scale",
+			Description: "region-failover with 10,000 idle tenants homed in the failing region besides the workload's: the failover " +
+				"is still one etcd write (routing.MoveRegion), and every check of region-failover holds",
+			Workload:    WorkloadConfig{Mix: map[Role]int{RoleNormal: 2, RoleNoKey: 2}, Replays: 0.3, NoKeyDelay: 4 * time.Second},
+			IdleTenants: 10000,
 			Faults: func(env *Env, r []string) []Step {
 				return []Step{{RegionFailover(env, r[0], r[1]), 2 * time.Second}}
 			},

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -91,7 +92,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		return nil, err
 	}
 	var err error
-	if c.tokens, err = newTokens(cfg.Tenants); err != nil {
+	if c.tokens, err = newTokens(slices.Concat(cfg.Tenants, cfg.UnplacedTenants)); err != nil {
 		return nil, err
 	}
 	if c.secrets, err = writeSecrets(c.stateDir, c.tokens, cfg.Provider); err != nil {

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -80,7 +81,8 @@ type Config struct {
 	// EtcdMembers is how many etcd members (real etcd processes, forming
 	// one cluster) to run. With etcd, nodes join their region in etcd
 	// (--etcd-endpoints, --node-id <region>-<i>, --region-lease-ttl) and
-	// route each tenant to its home region; Start places the tenants
+	// route each tenant to its home region; Start stores Regions as the
+	// default region list (routing.SetDefaultRegions) and places the tenants
 	// round-robin over the regions (the first tenant in the first region,
 	// ...). Default 0: no etcd, every region serves every tenant on its
 	// own.
@@ -133,6 +135,13 @@ type Config struct {
 	// Tenants get one development token each, "dev_" and 32 random hex
 	// digits, accepted by every node. Default: DefaultTenants().
 	Tenants []string
+
+	// UnplacedTenants get a development token too, but no placement of
+	// their own: with etcd, each is homed by the default rule
+	// (routing.DefaultHome over Regions, which Start stores as the default
+	// region list), so its first request writes nothing to etcd. Default:
+	// none.
+	UnplacedTenants []string
 
 	// ReplayWindow is passed to every node as --replay-window.
 	// Default 0: the node's default.
@@ -217,7 +226,7 @@ func (cfg *Config) setDefaults() error {
 		cfg.Tenants = DefaultTenants()
 	}
 	seen := map[string]bool{}
-	for _, t := range cfg.Tenants {
+	for _, t := range slices.Concat(cfg.Tenants, cfg.UnplacedTenants) {
 		if t == "" || strings.ContainsAny(t, ",= \t\n") || seen[t] {
 			return fmt.Errorf("cluster: invalid or duplicate tenant %q", t)
 		}

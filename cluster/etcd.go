@@ -330,9 +330,14 @@ func (c *Cluster) EtcdLeader(ctx context.Context) (*Process, error) {
 	return p, nil
 }
 
-// writePlacements makes tenant i's home region i modulo the number of
-// regions and returns tenant -> region.
+// writePlacements stores the cluster's regions as the default region list
+// (so a tenant never placed is homed by routing.DefaultHome, without a
+// placement write on its first request), makes tenant i's home region i
+// modulo the number of regions and returns tenant -> region.
 func (c *Cluster) writePlacements(ctx context.Context, tenants, regions []string) (map[string]string, error) {
+	if _, err := routing.SetDefaultRegions(ctx, c.etcdClient, regions); err != nil {
+		return nil, fmt.Errorf("cluster: default regions: %w", err)
+	}
 	out := make(map[string]string, len(tenants))
 	for i, t := range tenants {
 		r := regions[i%len(regions)]

@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemcoord/idem/cluster"
 	"github.com/idemcoord/idem/provider"
+	"github.com/idemcoord/idem/routing"
 )
 
 // TestMultiRegion runs two regions with their own databases, three etcd
@@ -27,10 +28,11 @@ import (
 func TestMultiRegion(t *testing.T) {
 	dir := stateDir(t)
 	c := startCluster(t, cluster.Config{
-		StateDir:    dir,
-		Regions:     []string{"eu-west", "us-east"},
-		EtcdMembers: 3,
-		Provider:    true,
+		StateDir:        dir,
+		Regions:         []string{"eu-west", "us-east"},
+		EtcdMembers:     3,
+		Provider:        true,
+		UnplacedTenants: []string{"tenant-c"},
 	})
 	info := c.Info()
 
@@ -121,6 +123,36 @@ func TestMultiRegion(t *testing.T) {
 	}
 	if n := countRows(ctx, t, away.DatabaseURL, `SELECT count(*) FROM payments WHERE tenant_id = 'tenant-b'`); n != 1 {
 		t.Errorf("us-east has %d payment(s) of tenant-b, want 1", n)
+	}
+
+	// Start stores the regions as the default list: tenant-c, never
+	// placed, is served at its default home, and its first request writes
+	// no placement to etcd.
+	if got, err := routing.GetDefaultRegions(ctx, c.EtcdClient()); err != nil || !reflect.DeepEqual(got, []string{"eu-west", "us-east"}) {
+		t.Errorf("default regions %q (%v), want the cluster's regions", got, err)
+	}
+	if _, ok := info.Placements["tenant-c"]; ok || info.Tokens["tenant-c"] == "" {
+		t.Errorf("tenant-c: placement %q, token %q; want a token and no placement", info.Placements["tenant-c"], info.Tokens["tenant-c"])
+	}
+	for i, r := range info.Regions {
+		if res := postPayment(t, r.URL, info.Tokens["tenant-c"], fmt.Sprintf("dflt-%d", i), fmt.Sprintf("invoice-dflt-%d", i)); res.status != http.StatusCreated {
+			t.Errorf("POST for the unplaced tenant-c to %s: %d %s", r.Name, res.status, res.body)
+		}
+	}
+	if resp, err := c.EtcdClient().Get(ctx, routing.PlacementPrefix+"tenant-c"); err != nil {
+		t.Errorf("placement key of tenant-c: %v", err)
+	} else if len(resp.Kvs) != 0 {
+		t.Errorf("placement key of tenant-c after its requests: %s (revision %d), want none", resp.Kvs[0].Value, resp.Kvs[0].ModRevision)
+	}
+	defaultHome := routing.DefaultHome("tenant-c", []string{"eu-west", "us-east"})
+	for _, r := range info.Regions {
+		want := 0
+		if r.Name == defaultHome {
+			want = 2
+		}
+		if n := countRows(ctx, t, r.DatabaseURL, `SELECT count(*) FROM payments WHERE tenant_id = 'tenant-c'`); n != want {
+			t.Errorf("region %s has %d payment(s) of tenant-c, want %d (default home %s)", r.Name, n, want, defaultHome)
+		}
 	}
 
 	// Without TLS the nodes authenticate forwarding with a private secret.
