@@ -18,6 +18,7 @@ import (
 	"github.com/idemcoord/idem/fencing"
 	"github.com/idemcoord/idem/fingerprint"
 	"github.com/idemcoord/idem/internal/etcdtest"
+	"github.com/idemcoord/idem/internal/fakeclock"
 	"github.com/idemcoord/idem/internal/pgtest"
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/payments"
@@ -218,46 +219,11 @@ func testConcurrent(t *testing.T, c coordinator) {
 	}
 }
 
-// stepClock is a clock whose Sleep reports that a request waits and then
-// returns only when the test lets it.
-type stepClock struct {
-	sleeping chan struct{}
-	tick     chan struct{}
-	mu       sync.Mutex
-	now      time.Time
-}
-
-func newStepClock() *stepClock {
-	return &stepClock{sleeping: make(chan struct{}, 1), tick: make(chan struct{}), now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
-}
-
-func (c *stepClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *stepClock) Sleep(ctx context.Context, d time.Duration) error {
-	select {
-	case c.sleeping <- struct{}{}:
-	default:
-	}
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-c.tick:
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-	return nil
-}
-
 func testWait(t *testing.T, c coordinator) {
 	coord, _ := c.open(t)
 	var op counting
 	entered, release := make(chan struct{}), make(chan struct{})
-	clock := newStepClock()
+	clock := fakeclock.NewStep(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 	e := newEngine(t, coord, engine.Options{Clock: clock}, engine.Operation{Execute: func(ctx context.Context, a *engine.Attempt) (engine.Result, error) {
 		close(entered)
 		<-release
@@ -287,10 +253,10 @@ func testWait(t *testing.T, c coordinator) {
 		ans, err := e.Do(ctx, req)
 		waiter <- result{ans, err}
 	}()
-	<-clock.sleeping // the waiter saw the key in progress and waits
+	<-clock.Sleeping // the waiter saw the key in progress and waits
 	close(release)
 	r1 := <-first
-	close(clock.tick)
+	close(clock.Tick)
 	r2 := <-waiter
 	if r1.err != nil || r2.err != nil || !r2.ans.Replayed || string(r2.ans.Response.Body) != string(r1.ans.Response.Body) {
 		t.Fatalf("first = %+v %v; waiter = %+v %v; want the waiter to replay the first answer", r1.ans, r1.err, r2.ans, r2.err)

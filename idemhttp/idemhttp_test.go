@@ -22,6 +22,7 @@ import (
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/idemhttp"
+	"github.com/idemcoord/idem/internal/fakeclock"
 	"github.com/idemcoord/idem/internal/pgtest"
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/store"
@@ -245,41 +246,10 @@ func TestConcurrentIdenticalRequests(t *testing.T) {
 	}
 }
 
-// stepClock's Sleep reports that a request waits, and returns when the
-// test lets it.
-type stepClock struct {
-	sleeping chan struct{}
-	tick     chan struct{}
-	mu       sync.Mutex
-	now      time.Time
-}
-
-func (c *stepClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *stepClock) Sleep(ctx context.Context, d time.Duration) error {
-	select {
-	case c.sleeping <- struct{}{}:
-	default:
-	}
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-c.tick:
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-	return nil
-}
-
 func TestInProgressAndPreferWait(t *testing.T) {
 	var n atomic.Int32
 	entered, release := make(chan struct{}), make(chan struct{})
-	clock := &stepClock{sleeping: make(chan struct{}, 1), tick: make(chan struct{}), now: time.Unix(0, 0)}
+	clock := fakeclock.NewStep(time.Unix(0, 0))
 	f := newFixture(t, func(w http.ResponseWriter, r *http.Request) {
 		close(entered)
 		<-release
@@ -294,10 +264,10 @@ func TestInProgressAndPreferWait(t *testing.T) {
 	}
 	waiter := make(chan answer, 1)
 	go func() { waiter <- f.post(t, "tok-a", "k-w", `{"amount":"1"}`, "Prefer", "wait=30") }()
-	<-clock.sleeping
+	<-clock.Sleeping
 	close(release)
 	a1 := <-first
-	close(clock.tick)
+	close(clock.Tick)
 	a2 := <-waiter
 	if a1.status != 201 || a2.status != 201 || a2.body != a1.body || a2.header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("first = %+v, waiter = %+v; want the waiter to get the first answer", a1, a2)
