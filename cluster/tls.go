@@ -85,20 +85,8 @@ func writePeerSecret(stateDir string) (string, error) {
 		return "", fmt.Errorf("cluster: peer secret: %w", err)
 	}
 	path := filepath.Join(stateDir, PeerSecretFile)
-	f, err := os.CreateTemp(stateDir, "."+PeerSecretFile+".tmp-*")
-	if err != nil {
-		return "", fmt.Errorf("cluster: peer secret: %w", err)
-	}
-	_, err = f.WriteString(hex.EncodeToString(b[:]) + "\n")
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), path)
-	}
-	if err != nil {
-		_ = os.Remove(f.Name())
-		return "", fmt.Errorf("cluster: peer secret: %w", err)
+	if err := writeFileAtomic(path, []byte(hex.EncodeToString(b[:])+"\n")); err != nil {
+		return "", err
 	}
 	return path, nil
 }
