@@ -184,6 +184,24 @@ func Decide(rec *Record, requestHashes []string, now time.Time) Outcome {
 	return OutcomeConflict
 }
 
+// MaxOperationLen is the longest operation name.
+const MaxOperationLen = 64
+
+// ValidOperation reports whether op is a well-formed operation name: 1 to
+// MaxOperationLen characters of a-z, 0-9, '_', '.' and '-'.
+func ValidOperation(op string) bool {
+	if len(op) == 0 || len(op) > MaxOperationLen {
+		return false
+	}
+	for i := 0; i < len(op); i++ {
+		c := op[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
 // ValidKey reports whether key is a well-formed idempotency key: 1 to 255
 // visible ASCII characters (0x21-0x7E).
 func ValidKey(key string) bool {

@@ -22,7 +22,6 @@ import (
 
 // Limits of the coordination API.
 const (
-	maxOperationLen     = 64
 	maxOwnerLen         = 128 // characters
 	maxRequestHashLen   = 256
 	maxCheckpointLen    = 64

@@ -25,8 +25,8 @@ func (s *Server) coordScope(r *http.Request, tenant string) (idem.Scope, error) 
 	if !idem.ValidKey(key) {
 		return idem.Scope{}, idem.Errorf(idem.ECodeKeyInvalid, "An idempotency key is 1 to 255 visible ASCII characters.")
 	}
-	if !validOperation(op) {
-		return idem.Scope{}, idem.Errorf(idem.ECodeValidationFailed, "An operation name is 1 to %d characters of a-z, 0-9, '_', '.' and '-'.", maxOperationLen)
+	if !idem.ValidOperation(op) {
+		return idem.Scope{}, idem.Errorf(idem.ECodeValidationFailed, "An operation name is 1 to %d characters of a-z, 0-9, '_', '.' and '-'.", idem.MaxOperationLen)
 	}
 	if _, mine := s.own[op]; mine {
 		// The node's own operations keep their records to themselves: their
@@ -37,19 +37,6 @@ func (s *Server) coordScope(r *http.Request, tenant string) (idem.Scope, error) 
 		return idem.Scope{}, idem.Errorf(idem.ECodeOperationUnknown, "This node does not serve that operation.")
 	}
 	return idem.Scope{Tenant: tenant, Operation: op, Key: key}, nil
-}
-
-func validOperation(op string) bool {
-	if len(op) == 0 || len(op) > maxOperationLen {
-		return false
-	}
-	for i := 0; i < len(op); i++ {
-		c := op[i]
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == '-') {
-			return false
-		}
-	}
-	return true
 }
 
 // coordLease validates the scope, decodes the body into in and rebuilds the

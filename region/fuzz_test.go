@@ -146,7 +146,7 @@ func FuzzPathParameters(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		for name, ok := range map[string]bool{"operation": validOperation(s), "key": idem.ValidKey(s), "payment id": validPaymentID(s)} {
+		for name, ok := range map[string]bool{"operation": idem.ValidOperation(s), "key": idem.ValidKey(s), "payment id": validPaymentID(s)} {
 			if ok && (s == "" || len(s) > 255 || !visibleASCII(s)) {
 				t.Fatalf("%s %q accepted", name, s)
 			}

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/internal/telemetry"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/store"
@@ -117,7 +118,7 @@ func (s *Server) noteRequest(r *http.Request, tenant string) {
 	if r.Pattern == "POST /payments" {
 		op, key = payments.Operation, r.Header.Get("Idempotency-Key")
 	}
-	if validOperation(op) {
+	if idem.ValidOperation(op) {
 		f.Operation = op
 	}
 	if key != "" {

@@ -206,8 +206,8 @@ func NewServer(cfg Config, st *store.Store, ops ...Operation) (*Server, error) {
 	var ownNames []string
 	window := engine.DefaultWindow
 	for _, op := range ops {
-		if !validOperation(op.Name) {
-			return nil, fmt.Errorf("region: the node's operation %q: want 1 to %d characters of a-z, 0-9, '_', '.' and '-'", op.Name, maxOperationLen)
+		if !idem.ValidOperation(op.Name) {
+			return nil, fmt.Errorf("region: the node's operation %q: want 1 to %d characters of a-z, 0-9, '_', '.' and '-'", op.Name, idem.MaxOperationLen)
 		}
 		if _, dup := own[op.Name]; dup {
 			return nil, fmt.Errorf("region: the node's operation %q is listed twice", op.Name)
@@ -228,8 +228,8 @@ func NewServer(cfg Config, st *store.Store, ops ...Operation) (*Server, error) {
 	}
 	coordOps := map[string]bool{}
 	for _, op := range cfg.Operations {
-		if _, mine := own[op]; !validOperation(op) || mine {
-			return nil, fmt.Errorf("region: operation %q: want 1 to %d characters of a-z, 0-9, '_', '.' and '-', and not one of the node's own (%s)", op, maxOperationLen, strings.Join(ownNames, ", "))
+		if _, mine := own[op]; !idem.ValidOperation(op) || mine {
+			return nil, fmt.Errorf("region: operation %q: want 1 to %d characters of a-z, 0-9, '_', '.' and '-', and not one of the node's own (%s)", op, idem.MaxOperationLen, strings.Join(ownNames, ", "))
 		}
 		coordOps[op] = true
 	}
@@ -474,8 +474,8 @@ func (s *Server) handleGetRecord(w http.ResponseWriter, r *http.Request, tenant 
 	case !idem.ValidKey(key):
 		writeError(w, r, s.logger, idem.Errorf(idem.ECodeKeyInvalid, "An idempotency key is 1 to 255 visible ASCII characters."))
 		return
-	case !validOperation(op):
-		writeError(w, r, s.logger, idem.Errorf(idem.ECodeValidationFailed, "An operation name is 1 to %d characters of a-z, 0-9, '_', '.' and '-'.", maxOperationLen))
+	case !idem.ValidOperation(op):
+		writeError(w, r, s.logger, idem.Errorf(idem.ECodeValidationFailed, "An operation name is 1 to %d characters of a-z, 0-9, '_', '.' and '-'.", idem.MaxOperationLen))
 		return
 	}
 	rec, err := s.store.Get(r.Context(), idem.Scope{Tenant: tenant, Operation: op, Key: key})

@@ -7,6 +7,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/idemcoord/idem"
 )
 
 // Route is one route made idempotent: requests of Method whose path is
@@ -43,9 +45,6 @@ type Route struct {
 
 // DefaultTimeout is a Route's default Timeout.
 const DefaultTimeout = 30 * time.Second
-
-// maxOperationLen is the longest operation name (the coordination API's).
-const maxOperationLen = 64
 
 // ParseRoutes parses the --proxy-routes syntax: comma-separated routes
 //
@@ -106,7 +105,7 @@ func parseRoute(s string) (Route, error) {
 	}
 	rt.Operation = strings.TrimSpace(op)
 	if !ValidOperation(rt.Operation) {
-		return rt, fmt.Errorf("operation %q: want 1 to %d characters of a-z, 0-9, '_', '.' and '-'", rt.Operation, maxOperationLen)
+		return rt, fmt.Errorf("operation %q: want 1 to %d characters of a-z, 0-9, '_', '.' and '-'", rt.Operation, idem.MaxOperationLen)
 	}
 	u, err := parseUpstream(strings.TrimSpace(upstream))
 	if err == nil && (u.RawQuery != "" || u.ForceQuery) {
@@ -168,20 +167,9 @@ func parseUpstream(s string) (*url.URL, error) {
 	return u, nil
 }
 
-// ValidOperation reports whether op is 1 to 64 characters of a-z, 0-9, '_',
-// '.' and '-'.
-func ValidOperation(op string) bool {
-	if len(op) == 0 || len(op) > maxOperationLen {
-		return false
-	}
-	for i := 0; i < len(op); i++ {
-		c := op[i]
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == '-') {
-			return false
-		}
-	}
-	return true
-}
+// ValidOperation reports whether op is a well-formed operation name
+// (idem.ValidOperation).
+func ValidOperation(op string) bool { return idem.ValidOperation(op) }
 
 // validPrefix: "/" followed by non-empty segments of [A-Za-z0-9-._~], none
 // "." or "..", no trailing slash.
