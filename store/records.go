@@ -131,9 +131,26 @@ func (s *Store) ReadSettled(ctx context.Context, req idem.BeginRequest) (d idem.
 	}
 	d, ok, err = ReadSettledTx(ctx, s.pool, req)
 	if err != nil {
+		if fallThrough(err) {
+			return idem.Decision{}, false, nil
+		}
 		return idem.Decision{}, false, fmt.Errorf("store: read settled record: %w", unavailableOr(err))
 	}
 	return d, ok, nil
+}
+
+// fallThrough reports whether a failed fast-path read should leave the
+// decision to the claim instead of failing the request: the read is only a
+// shortcut, and a serialization failure or deadlock (the read runs at the
+// store's SERIALIZABLE default, where even a reader can be chosen as the
+// victim) says nothing about the key. The claim's transaction retries such
+// failures itself.
+func fallThrough(err error) bool {
+	switch sqlState(err) {
+	case codeSerializationFailure, codeDeadlock:
+		return true
+	}
+	return false
 }
 
 // ReadSettledTx is ReadSettled through q, whatever the store's options.
