@@ -103,7 +103,7 @@ func (s *Store) Ping(ctx context.Context) error {
 // and crdb ignores the COMMIT error because on CockroachDB RELEASE has already
 // committed, while on PostgreSQL COMMIT is where SSI may still abort. ExecTx
 // therefore keeps the commit error and starts a fresh transaction (with a
-// jittered pause) whenever the failure is retryable, up to Options.TxAttempts.
+// jittered, growing pause) whenever the failure is retryable, up to Options.TxAttempts.
 //
 // fn may run several times and must have no effect outside the database.
 // Errors from fn are returned unchanged when not retryable; connection
@@ -123,11 +123,10 @@ func (s *Store) ExecTx(ctx context.Context, fn func(pgx.Tx) error) (err error) {
 		if !retryable(err) || attempt >= s.txAttempts {
 			break
 		}
-		pause := time.Duration(rand.Int64N(int64(time.Millisecond) * int64(min(attempt, 10))))
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("store: transaction: %w", ctx.Err())
-		case <-time.After(pause):
+		case <-time.After(retryPause(attempt)):
 		}
 	}
 	if isUnavailable(err) {
@@ -178,6 +177,16 @@ func sqlState(err error) string {
 		return pgErr.Code
 	}
 	return ""
+}
+
+// retryPause is the wait before attempt+1: full jitter over an exponential
+// ceiling (1 ms, 2 ms, 4 ms, ... capped at 100 ms). Transactions that keep
+// colliding (publishers scanning a range that writers insert into) spread out
+// instead of colliding again on the same short beat, and 30 attempts span
+// seconds rather than a few hundred milliseconds.
+func retryPause(attempt int) time.Duration {
+	ceiling := min(time.Millisecond<<min(attempt-1, 7), 100*time.Millisecond)
+	return time.Duration(rand.Int64N(int64(ceiling)) + 1)
 }
 
 // retryable reports whether the whole transaction may be run again: a
