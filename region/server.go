@@ -486,12 +486,21 @@ func (s *Server) handleGetRecord(w http.ResponseWriter, r *http.Request, tenant 
 	writeJSON(w, http.StatusOK, viewOf(rec))
 }
 
+// handleReady is the readiness probe: 200 when the store answers and, with
+// routing, the node's region holds its lease and its map has caught up
+// (routing.Router.Ready); otherwise 503 with the error's code.
 func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	if err := s.store.Ping(ctx); err != nil {
 		writeError(w, r, s.logger, err)
 		return
+	}
+	if s.cfg.Router != nil {
+		if err := s.cfg.Router.Ready(); err != nil {
+			writeError(w, r, s.logger, err)
+			return
+		}
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready", "region": s.cfg.Region})
 }

@@ -103,6 +103,26 @@ func (r *Router) Region() string { return r.cfg.Region }
 // Mode returns the store mode.
 func (r *Router) Mode() StoreMode { return r.cfg.Mode }
 
+// Ready reports whether this node can serve its region's tenants now: its
+// region holds its lease and the node's map has caught up with its latest
+// registration (a placement may have moved while it was away). A node in
+// global mode that serves every tenant where it stands is always ready. The
+// error is an *idem.Error with code TENANT_NOT_SERVED_HERE; /readyz answers
+// with it, so a load balancer stops sending traffic to a node that would
+// only refuse or wait.
+func (r *Router) Ready() error {
+	if r.cfg.Mode == Global && !r.cfg.RouteToHome {
+		return nil
+	}
+	if r.lease == nil || !r.lease.Valid() {
+		return idem.Errorf(idem.ECodeNotHome, "Region %s does not hold its lease; it is not serving its tenants now.", r.cfg.Region)
+	}
+	if r.m.Revision() < r.lease.ServingFrom() {
+		return idem.Errorf(idem.ECodeNotHome, "Region %s is catching up with the control plane; retry later.", r.cfg.Region)
+	}
+	return nil
+}
+
 // Route decides where tenant's request is served, from the map alone when
 // it knows the tenant's effective placement. A tenant without a placement
 // of its own has its default home (DefaultHome over the stored default

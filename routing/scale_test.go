@@ -239,14 +239,32 @@ func TestStaleMapCannotServeAMovedTenant(t *testing.T) {
 	if p, _ := stale.Placement("eu-0000007"); p.Region != "eu-west" {
 		t.Fatalf("the stale map already knows: %+v", p)
 	}
-	rt, err := routing.NewRouter(cli, stale, back, routing.RouterConfig{Region: "eu-west"}).Route(ctx, "eu-0000007")
+	staleRouter := routing.NewRouter(cli, stale, back, routing.RouterConfig{Region: "eu-west"})
+	rt, err := staleRouter.Route(ctx, "eu-0000007")
 	if idem.ErrorCode(err) != idem.ECodeNotHome {
 		t.Errorf("stale node routed a moved tenant: %+v, %v; want %s", rt, err, idem.ECodeNotHome)
 	}
+	if err := staleRouter.Ready(); idem.ErrorCode(err) != idem.ECodeNotHome {
+		t.Errorf("stale node Ready() = %v; want %s", err, idem.ECodeNotHome)
+	}
 	current := newMap(t, cli)
-	rt, err = routing.NewRouter(cli, current, back, routing.RouterConfig{Region: "eu-west"}).Route(ctx, "eu-0000007")
+	currentRouter := routing.NewRouter(cli, current, back, routing.RouterConfig{Region: "eu-west"})
+	rt, err = currentRouter.Route(ctx, "eu-0000007")
 	if err != nil || rt.ForwardTo != "http://us-1.invalid" || rt.Placement.Epoch != mv.Epoch {
 		t.Errorf("current node = %+v, %v; want forward to us-1 at epoch %d", rt, err, mv.Epoch)
+	}
+	if err := current.WaitRevision(ctx, back.ServingFrom()); err != nil {
+		t.Fatal(err)
+	}
+	if err := currentRouter.Ready(); err != nil {
+		t.Errorf("current node Ready() = %v; want ready", err)
+	}
+	// A node whose region has lost its lease is not ready, whatever its map.
+	if err := back.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := currentRouter.Ready(); idem.ErrorCode(err) != idem.ECodeNotHome {
+		t.Errorf("node without its lease: Ready() = %v; want %s", err, idem.ECodeNotHome)
 	}
 }
 
