@@ -114,6 +114,9 @@ type checkInput struct {
 	// sidecar is the sidecar route's traffic and upstream (nil: not a
 	// sidecar scenario).
 	sidecar *sidecarResult
+	// sweepHealth is why the cluster was not healthy before the replay
+	// sweep ("" when it was).
+	sweepHealth string
 }
 
 // result collects a check's counter-examples.
@@ -568,6 +571,9 @@ func checkNoInternal(in *checkInput) CheckResult {
 
 func checkSweep(in *checkInput) CheckResult {
 	r := newResult(CheckSweepReplays)
+	if in.sweepHealth != "" {
+		r.fail(CounterExample{Summary: "the cluster did not become healthy before the sweep: " + in.sweepHealth})
+	}
 	n := 0
 	for _, o := range in.ops {
 		if !o.Sweep {

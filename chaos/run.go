@@ -410,7 +410,15 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 	if err != nil {
 		return sr, err
 	}
+	sweepHealth := ""
 	if s.ReplayWindow == 0 || s.ReplayWindow > time.Minute {
+		// "After the faults healed": every node ready, so its region holds
+		// its lease and its map has caught up with the last move. A sweep
+		// sent earlier would measure the heal, not the replays.
+		progress.setPhase("health before the replay sweep")
+		if err := waitHealthy(qctx, c, 30*time.Second); err != nil {
+			sweepHealth = err.Error()
+		}
 		progress.setPhase("replay sweep")
 		sctx, cancel := context.WithTimeout(qctx, 30*time.Second)
 		w.sweep(sctx)
@@ -447,7 +455,7 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 	sr.Checks = runChecks(&checkInput{
 		ops: ops, st: st, homes: homes, charges: charges, quiesced: quiesced, quiesceTook: took,
 		stuckBound: opts.StuckBound, reexecute: env.FailedOver(), strictRegional: opts.StrictRegionalEffects, faults: sr.Faults, outDir: dir,
-		linTimeout: time.Minute, sidecar: scres,
+		linTimeout: time.Minute, sidecar: scres, sweepHealth: sweepHealth,
 	})
 	progress.stop()
 	sr.summarise(ops)
