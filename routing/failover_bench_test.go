@@ -24,7 +24,10 @@ import (
 // watch events each node received. move=region is MoveRegion (one key);
 // move=per-tenant is the previous design (one transaction per tenant after
 // an unpaginated read of every placement), kept here for comparison.
-// link=wan puts 30 ms each way between every client and etcd (toxiproxy).
+// link=wan puts 30 ms each way between every client and etcd (toxiproxy);
+// link=quorum runs three etcd members, one per region, with 30 ms each way
+// on every peer link, the operator and us-east's nodes next to us-east's
+// member.
 //
 //	go test ./routing -run '^$' -bench RegionFailover -benchtime 1x
 func BenchmarkRegionFailover(b *testing.B) {
@@ -40,26 +43,36 @@ func BenchmarkRegionFailover(b *testing.B) {
 			runs = append(runs, run{"loopback", n, "per-tenant"})
 		}
 	}
-	for _, n := range []int{1_000, 10_000, 100_000} {
-		runs = append(runs, run{"wan", n, "region"})
-		if n <= 1_000 {
-			runs = append(runs, run{"wan", n, "per-tenant"})
+	for _, link := range []string{"wan", "quorum"} {
+		for _, n := range []int{1_000, 10_000, 100_000} {
+			runs = append(runs, run{link, n, "region"})
+			if n <= 1_000 {
+				runs = append(runs, run{link, n, "per-tenant"})
+			}
 		}
 	}
 	for _, r := range runs {
 		b.Run(fmt.Sprintf("link=%s/tenants=%d/move=%s", r.link, r.tenants, r.move), func(b *testing.B) {
-			benchFailover(b, r.link == "wan", r.tenants, r.move == "per-tenant")
+			benchFailover(b, r.link, r.tenants, r.move == "per-tenant")
 		})
 	}
 }
 
-func benchFailover(b *testing.B, wan bool, n int, perTenant bool) {
+func benchFailover(b *testing.B, link string, n int, perTenant bool) {
 	ctx := context.Background()
-	srv := etcdtest.Start(b)
-	local := srv.Client(b) // the loader and the watch that counts: no latency
-	cfg := srv.Config()
-	if wan {
-		cfg.Endpoints = []string{wanProxy(b, srv.Endpoints[0])}
+	var local *clientv3.Client // the loader and the watch that counts
+	var cfg clientv3.Config    // the operator's and us-east's nodes'
+	switch link {
+	case "quorum":
+		// eu-west's member, us-east's member, 30 ms each way between them.
+		q := startWANQuorum(b, 30*time.Millisecond)
+		local, cfg = etcdtest.NewClient(b, q.config(0)), q.config(1)
+	default:
+		srv := etcdtest.Start(b)
+		local, cfg = srv.Client(b), srv.Config()
+		if link == "wan" {
+			cfg.Endpoints = []string{wanProxy(b, srv.Endpoints[0])}
+		}
 	}
 	operator := etcdtest.NewClient(b, cfg)
 	tenants := placeTenants(b, local, "eu", "eu-west", n)
