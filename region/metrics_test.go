@@ -8,6 +8,8 @@ import (
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/internal/storetest"
+	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/region"
 )
 
 // series scrapes /metrics and returns its sample lines, by metric line.
@@ -118,5 +120,23 @@ func TestMetricsExistAtZero(t *testing.T) {
 		} else if !strings.Contains(body, s+" 0\n") {
 			t.Errorf("fresh node's %s is not 0", s)
 		}
+	}
+}
+
+// TestMetricsToken: with MetricsToken set, /metrics answers only the bearer
+// of that token; a tenant's token or none gets 401 UNAUTHENTICATED with no
+// series in the body.
+func TestMetricsToken(t *testing.T) {
+	st, _ := storetest.New(t)
+	n := startNode(t, st, payments.NewService(st, payments.Config{Region: "test"}), region.Config{MetricsToken: "scrape-secret"})
+	for _, tc := range []struct{ name, token string }{{"no token", ""}, {"a tenant's token", "tok-a"}, {"a wrong token", "scrape-secret2"}} {
+		a := n.do(http.MethodGet, "/metrics", tc.token, nil, "")
+		if a.status != http.StatusUnauthorized || a.code() != idem.ECodeUnauthenticated || strings.Contains(string(a.body), "idempotency_") {
+			t.Errorf("%s: GET /metrics = %d %s %.80q; want 401 %s", tc.name, a.status, a.code(), a.body, idem.ECodeUnauthenticated)
+		}
+	}
+	a := n.do(http.MethodGet, "/metrics", "scrape-secret", nil, "")
+	if a.status != http.StatusOK || !strings.Contains(string(a.body), "idempotency_requests_total") {
+		t.Errorf("GET /metrics with the token = %d %.80q; want 200 with the series", a.status, a.body)
 	}
 }

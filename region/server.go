@@ -59,6 +59,10 @@ type Config struct {
 	// and serves /metrics; it must not hold them already. Default: a new
 	// registry.
 	Registry *prometheus.Registry
+	// MetricsToken, if set, is the bearer token GET /metrics requires
+	// (Prometheus: authorization.credentials_file); any other request gets
+	// 401 UNAUTHENTICATED. Default: /metrics is open.
+	MetricsToken string
 	// Router decides which tenants this node serves and forwards the rest
 	// to their home region. Nil serves every tenant here (single region).
 	Router *routing.Router
@@ -268,7 +272,7 @@ func NewServer(cfg Config, st *store.Store, ops ...Operation) (*Server, error) {
 	if err := s.registerSidecar(mux); err != nil {
 		return nil, err
 	}
-	mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", s.metricsAuth(promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{})))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "region": cfg.Region})
 	})
@@ -395,6 +399,25 @@ func (s *Server) tenantOf(token string) string {
 		}
 	}
 	return tenant
+}
+
+// metricsAuth guards /metrics with Config.MetricsToken, compared in
+// constant time over digests as tenant tokens are.
+func (s *Server) metricsAuth(h http.Handler) http.Handler {
+	if s.cfg.MetricsToken == "" {
+		return h
+	}
+	want := sha256.Sum256([]byte(s.cfg.MetricsToken))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		token, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		got := sha256.Sum256([]byte(token))
+		if subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="idem-metrics"`)
+			writeError(w, r, s.logger, idem.Errorf(idem.ECodeUnauthenticated, "A valid bearer token is required."))
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // authenticated resolves the bearer token to a tenant, or answers 401 before

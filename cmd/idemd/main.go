@@ -96,7 +96,9 @@ type Main struct {
 
 	ProviderURL string
 	// ProviderAPIKey is sent to the provider as a bearer token.
-	ProviderAPIKey  string
+	ProviderAPIKey string
+	// MetricsToken, if set, is the bearer token /metrics requires.
+	MetricsToken    string
 	ProviderTimeout time.Duration
 	ResponseSchema  string
 	ReplayRule      string
@@ -151,6 +153,7 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	fs.DurationVar(&m.ReplayWindow, "replay-window", payments.DefaultWindow, "how long a key's record answers retries")
 	fs.DurationVar(&m.LockFor, "lock-timeout", payments.DefaultLockFor, "how long an owner holds a key before a retry may take it over")
 	fs.StringVar(&m.ProviderURL, "provider-url", "", "base URL of the payment provider; empty: payments complete locally in one transaction")
+	metricsTokenFile := fs.String("metrics-token-file", "", "file holding the bearer token GET /metrics requires (Prometheus: authorization.credentials_file); or IDEM_METRICS_TOKEN; empty: /metrics is open")
 	providerKeyFile := fs.String("provider-api-key-file", "", "file holding the provider's API key, sent as a bearer token; or IDEM_PROVIDER_API_KEY")
 	fs.DurationVar(&m.ProviderTimeout, "provider-timeout", 0, "bound on one provider call (default: lock-timeout/3)")
 	fs.StringVar(&m.ResponseSchema, "response-schema", payments.DefaultSchemaVersion, "response schema new payments are answered in: v2 or v3")
@@ -255,6 +258,9 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 		m.logger.Warn("no --auth-tokens-file (or IDEM_AUTH_TOKENS): every authenticated endpoint will answer 401")
 	}
 	if m.ProviderAPIKey, err = m.loadKey("--provider-api-key-file", *providerKeyFile, "IDEM_PROVIDER_API_KEY", getenv("IDEM_PROVIDER_API_KEY")); err != nil {
+		return err
+	}
+	if m.MetricsToken, err = m.loadKey("--metrics-token-file", *metricsTokenFile, "IDEM_METRICS_TOKEN", getenv("IDEM_METRICS_TOKEN")); err != nil {
 		return err
 	}
 	if (m.TLSCert == "") != (m.TLSKey == "") {
@@ -401,7 +407,7 @@ func (m *Main) Run(ctx context.Context) error {
 		cfg.Provider = pc
 	}
 	rcfg := region.Config{Listener: ln, Region: m.Region, NodeID: m.NodeID, Tokens: m.AuthTokens, Logger: m.logger,
-		Registry: m.ops.registry}
+		Registry: m.ops.registry, MetricsToken: m.MetricsToken}
 	if m.ops.tracer != nil {
 		rcfg.TracerProvider = m.ops.tracer
 	}

@@ -84,6 +84,14 @@ func TestSecretsNeverFlags(t *testing.T) {
 	if m, _, err = parseWith(t, nil, map[string]string{"IDEM_PROVIDER_API_KEY": "pk_env"}); err != nil || m.ProviderAPIKey != "pk_env" {
 		t.Errorf("IDEM_PROVIDER_API_KEY: %q, %v", m.ProviderAPIKey, err)
 	}
+	// The /metrics token: from a file or IDEM_METRICS_TOKEN.
+	mt := write("metrics-token", "scrape-0123456789\n", 0o600)
+	if m, _, err = parseWith(t, []string{"--metrics-token-file", mt}, nil); err != nil || m.MetricsToken != "scrape-0123456789" {
+		t.Errorf("--metrics-token-file: %q, %v", m.MetricsToken, err)
+	}
+	if m, _, err = parseWith(t, nil, map[string]string{"IDEM_METRICS_TOKEN": "scrape-env"}); err != nil || m.MetricsToken != "scrape-env" {
+		t.Errorf("IDEM_METRICS_TOKEN: %q, %v", m.MetricsToken, err)
+	}
 	empty := write("empty-key", "\n", 0o600)
 	if _, _, err := parseWith(t, []string{"--provider-api-key-file", empty}, nil); err == nil {
 		t.Error("an empty provider key file was accepted")
