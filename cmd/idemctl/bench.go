@@ -27,7 +27,7 @@ func runBench(ctx context.Context, args []string, env *Env) error {
 	maxConns := fs.Int("max-conns", 0, "connection pool size of each store; default: concurrency + 4")
 	duration := fs.Duration("duration", 3*time.Second, "length of each phase")
 	rounds := fs.Int("rounds", 3, "how many times baseline and idempotent phases alternate")
-	suite := fs.String("suite", bench.SuiteStore, "what to measure: store, replay, http or all (comma-separated list allowed)")
+	suite := fs.String("suite", bench.SuiteStore, "what to measure: "+strings.Join(bench.Suites, ", ")+" or all (comma-separated list allowed)")
 	replayKeys := fs.Int("replay-keys", 1000, "completed keys the replay suite retries in turn")
 	out := fs.String("out", "", "also write the report as JSON to this file")
 	asJSON := fs.Bool("json", false, "print the report as JSON instead of a table")
@@ -41,7 +41,7 @@ func runBench(ctx context.Context, args []string, env *Env) error {
 	suites := strings.Split(*suite, ",")
 	for _, name := range suites {
 		if name != "all" && !slices.Contains(bench.Suites, name) {
-			return usageError{fmt.Errorf("bench: unknown suite %q (want store, replay, http or all)", name)}
+			return usageError{fmt.Errorf("bench: unknown suite %q (want %s or all)", name, strings.Join(bench.Suites, ", "))}
 		}
 	}
 	if *url == "" {

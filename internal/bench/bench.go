@@ -1,6 +1,6 @@
 // Package bench measures the cost of the idempotency layer, in one process and
 // one run, alternating phases so that every kind of operation sees the same
-// machine. Three suites:
+// machine. The suites:
 //
 //   - store: the create_payment write through payments.Service against the
 //     same business write (payment row and outbox event, same SQL otherwise)
@@ -9,7 +9,14 @@
 //     with and without the replay fast path (store.Options.NoReplayRead);
 //   - http: POST /payments end to end over HTTP through the node's handler
 //     (region.Server) against a handler without the layer that does the same
-//     authentication, body read, strict decode, business write and render.
+//     authentication, body read, strict decode, business write and render;
+//   - sidecar: POST /transfers through a node's sidecar route (--proxy-routes)
+//     in front of a service doing that business write, against the same
+//     request sent to the service directly;
+//   - forward: POST /payments of a tenant homed in another region, forwarded
+//     by the node across a WAN link (toxiproxy, 40 ms each way; the regions
+//     share an embedded etcd), against the same request served at home, with
+//     the connections the forwarding opened across the link.
 package bench
 
 import (
@@ -29,13 +36,15 @@ import (
 
 // Suite names.
 const (
-	SuiteStore  = "store"
-	SuiteReplay = "replay"
-	SuiteHTTP   = "http"
+	SuiteStore   = "store"
+	SuiteReplay  = "replay"
+	SuiteHTTP    = "http"
+	SuiteSidecar = "sidecar"
+	SuiteForward = "forward"
 )
 
 // Suites lists every suite in the order "all" runs them.
-var Suites = []string{SuiteStore, SuiteReplay, SuiteHTTP}
+var Suites = []string{SuiteStore, SuiteReplay, SuiteHTTP, SuiteSidecar, SuiteForward}
 
 // Config configures a run.
 type Config struct {
@@ -116,6 +125,11 @@ type SuiteReport struct {
 	Records  int `json:"records"`
 	// Seeded is how many completed keys the suite wrote before measuring.
 	Seeded int `json:"seeded"`
+	// ForwardDials (forward suite) is how many connections the forwarding
+	// node opened across the WAN link in the whole run; RTTMs is the link's
+	// round trip.
+	ForwardDials int     `json:"forwardDials,omitempty"`
+	RTTMs        float64 `json:"rttMs,omitempty"`
 }
 
 // Result returns the suite's result named name (zero if absent).
@@ -177,6 +191,10 @@ func Run(ctx context.Context, st *store.Store, cfg Config, suites ...string) (Re
 			s, err = runReplay(ctx, st, cfg)
 		case SuiteHTTP:
 			s, err = runHTTP(ctx, st, cfg)
+		case SuiteSidecar:
+			s, err = runSidecar(ctx, st, cfg)
+		case SuiteForward:
+			s, err = runForward(ctx, st, cfg)
 		default:
 			return Report{}, fmt.Errorf("bench: unknown suite %q (want %s or all)", name, strings.Join(Suites, ", "))
 		}
@@ -375,6 +393,11 @@ func (r Report) Markdown() string {
 		b.WriteString("\n")
 		for _, x := range s.Ratios {
 			fmt.Fprintf(&b, "ratio %s: **%.3f**\n", x.Name, x.Value)
+		}
+		if s.Suite == SuiteForward {
+			home, fwd := s.Result(OpServedAtHome), s.Result(OpForwarded)
+			fmt.Fprintf(&b, "forwarded p50 beyond home p50 + one %.0f ms RTT: **%.2f ms**; connections opened across the link: **%d** for %d forwarded requests\n",
+				s.RTTMs, fwd.P50Ms-home.P50Ms-s.RTTMs, s.ForwardDials, fwd.Ops+fwd.Errors)
 		}
 	}
 	return b.String()

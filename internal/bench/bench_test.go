@@ -67,6 +67,12 @@ func TestRunCountsWhatItWrote(t *testing.T) {
 		{suite: bench.SuiteHTTP,
 			wantPay:  ops(rep.Suite(bench.SuiteHTTP), bench.OpHTTPBaseline, bench.OpHTTPIdempotent),
 			wantRecs: ops(rep.Suite(bench.SuiteHTTP), bench.OpHTTPIdempotent)},
+		{suite: bench.SuiteForward,
+			wantPay:  ops(rep.Suite(bench.SuiteForward), bench.OpServedAtHome, bench.OpForwarded),
+			wantRecs: ops(rep.Suite(bench.SuiteForward), bench.OpServedAtHome, bench.OpForwarded)},
+		{suite: bench.SuiteSidecar,
+			wantPay:  ops(rep.Suite(bench.SuiteSidecar), bench.OpUpstreamDirect, bench.OpSidecar),
+			wantRecs: ops(rep.Suite(bench.SuiteSidecar), bench.OpSidecar)},
 	} {
 		s := rep.Suite(tc.suite)
 		if s.Payments != tc.wantPay || s.Records != tc.wantRecs {
@@ -78,14 +84,38 @@ func TestRunCountsWhatItWrote(t *testing.T) {
 		t.Errorf("replay suite without replays: %+v", r)
 	}
 	md := rep.Markdown()
-	for _, want := range []string{"ratio idempotent/baseline", "ratio replay/write", "ratio http idempotent/http baseline"} {
+	for _, want := range []string{"ratio idempotent/baseline", "ratio replay/write", "ratio http idempotent/http baseline", "ratio through the sidecar/upstream direct", "connections opened across the link"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)
 		}
 	}
 	total := storetest.Count(t, st, `SELECT count(*) FROM payments`)
-	if sum := rep.Suite(bench.SuiteStore).Payments + rep.Suite(bench.SuiteReplay).Payments + rep.Suite(bench.SuiteHTTP).Payments; total != sum {
+	sum := 0
+	for _, s := range rep.Suites {
+		sum += s.Payments
+	}
+	if total != sum {
 		t.Errorf("%d payments in the store, suites account for %d", total, sum)
+	}
+}
+
+// TestForwardReusesConnections: forwarding across the WAN link opens at most
+// one connection per concurrent request, not one per request.
+func TestForwardReusesConnections(t *testing.T) {
+	st, _ := storetest.New(t)
+	const workers = 2
+	rep, err := bench.Run(context.Background(), st, bench.Config{Concurrency: workers, PhaseDuration: time.Second, Rounds: 2}, bench.SuiteForward)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := rep.Suite(bench.SuiteForward)
+	n := f.Result(bench.OpForwarded).Ops
+	t.Logf("%d connections across the link for %d forwarded requests", f.ForwardDials, n)
+	if n <= 4*workers {
+		t.Fatalf("only %d forwarded requests: too few to tell reuse from a dial per request", n)
+	}
+	if f.ForwardDials < 1 || f.ForwardDials > workers+1 {
+		t.Errorf("%d connections across the link for %d forwarded requests from %d workers; want 1..%d", f.ForwardDials, n, workers, workers+1)
 	}
 }
 

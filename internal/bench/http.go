@@ -9,11 +9,9 @@ import (
 	"fmt"
 	"io"
 	"mime"
-	"net"
 	"net/http"
 	"strings"
 	"sync/atomic"
-	"time"
 
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/region"
@@ -125,24 +123,17 @@ func runHTTP(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, err
 	}
 	defer func() { _ = node.Close(context.WithoutCancel(ctx)) }()
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	baseURL, stopBase, err := serve(&baselineHandler{st: st, token: sha256.Sum256([]byte(benchToken)), tenant: w.tenant, run: w.run})
 	if err != nil {
-		return SuiteReport{}, fmt.Errorf("listen: %w", err)
+		return SuiteReport{}, err
 	}
-	base := &http.Server{Handler: &baselineHandler{st: st, token: sha256.Sum256([]byte(benchToken)), tenant: w.tenant, run: w.run},
-		ReadHeaderTimeout: region.DefaultReadHeaderTimeout, WriteTimeout: region.DefaultWriteTimeout, IdleTimeout: region.DefaultIdleTimeout}
-	done := make(chan error, 1)
-	go func() { done <- base.Serve(ln) }()
-	defer func() {
-		_ = base.Shutdown(context.WithoutCancel(ctx))
-		<-done
-	}()
+	defer stopBase(context.WithoutCancel(ctx))
 
-	tr := &http.Transport{MaxIdleConns: 4 * cfg.Concurrency, MaxIdleConnsPerHost: 2 * cfg.Concurrency, IdleConnTimeout: time.Minute}
+	tr := benchTransport(cfg)
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr}
 	results, err := alternate(ctx, cfg, SuiteHTTP, []op{
-		{OpHTTPBaseline, poster(client, "http://"+ln.Addr().String(), w, "b")},
+		{OpHTTPBaseline, poster(client, baseURL, w, "b")},
 		{OpHTTPIdempotent, poster(client, node.URL(), w, "i")},
 	})
 	if err != nil {

@@ -1,0 +1,154 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/region"
+	"github.com/idemcoord/idem/sidecar"
+	"github.com/idemcoord/idem/store"
+)
+
+// Operation names of the sidecar suite.
+const (
+	OpUpstreamDirect = "upstream direct"
+	OpSidecar        = "through the sidecar"
+)
+
+// upstreamHandler is the service a sidecar fronts, written as a good
+// service would be without the layer: it trusts its caller (the sidecar or
+// a client on a private network), reads the bounded body, does the business
+// write (payment row and outbox event, one SERIALIZABLE transaction) and
+// renders the v2 payment.
+type upstreamHandler struct {
+	st     *store.Store
+	tenant string
+	run    string
+	seq    atomic.Int64
+}
+
+func (h *upstreamHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost || r.URL.Path != "/transfers" {
+		http.Error(w, `{"errorCode":"NOT_FOUND"}`, http.StatusNotFound)
+		return
+	}
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, region.DefaultMaxBodyBytes))
+	if err != nil {
+		http.Error(w, `{"errorCode":"VALIDATION_FAILED"}`, http.StatusBadRequest)
+		return
+	}
+	p, err := baselineWrite(r.Context(), h.st, h.tenant, fmt.Sprintf("pay_up_%s_%d", h.run, h.seq.Add(1)), b)
+	if err != nil {
+		http.Error(w, `{"errorCode":"VALIDATION_FAILED"}`, http.StatusBadRequest)
+		return
+	}
+	out, err := json.Marshal(v2Payment{PaymentID: p.ID, Status: p.Status, AccountID: p.AccountID,
+		Amount: payments.FormatMinor(p.AmountMinor, p.Currency), Currency: p.Currency,
+		MerchantReference: p.MerchantReference, Channel: p.Channel})
+	if err != nil {
+		http.Error(w, `{"errorCode":"INTERNAL"}`, http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	_, _ = w.Write(out)
+}
+
+// transferPoster sends POST /transfers with fresh keys and bodies to base;
+// token, when set, is sent as the bearer token.
+func transferPoster(client *http.Client, base, token string, w *writer, prefix string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		n := w.seq.Add(1)
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/transfers", bytes.NewReader(body(w.run+prefix, n)))
+		if err != nil {
+			return err
+		}
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", fmt.Sprintf("key-%s-%s-%d", w.run, prefix, n))
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		if err == nil && (resp.StatusCode != http.StatusCreated || resp.Header.Get("Idempotent-Replayed") != "") {
+			err = fmt.Errorf("%w: POST /transfers %d", errUnexpected, resp.StatusCode)
+		}
+		return err
+	}
+}
+
+// serve serves h on a fresh loopback listener until the returned stop is
+// called.
+func serve(h http.Handler) (string, func(context.Context), error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, fmt.Errorf("listen: %w", err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: region.DefaultReadHeaderTimeout, WriteTimeout: region.DefaultWriteTimeout,
+		IdleTimeout: region.DefaultIdleTimeout}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	return "http://" + ln.Addr().String(), func(ctx context.Context) {
+		_ = srv.Shutdown(ctx)
+		<-done
+	}, nil
+}
+
+// benchTransport is the clients' pooled transport.
+func benchTransport(cfg Config) *http.Transport {
+	return &http.Transport{MaxIdleConns: 4 * cfg.Concurrency, MaxIdleConnsPerHost: 2 * cfg.Concurrency, IdleConnTimeout: time.Minute}
+}
+
+// runSidecar measures POST /transfers through a node's sidecar route
+// (claim, proxy, store the answer) against the same request sent to the
+// upstream directly.
+func runSidecar(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, error) {
+	w := newWriter(SuiteSidecar)
+	upURL, stopUp, err := serve(&upstreamHandler{st: st, tenant: w.tenant, run: w.run})
+	if err != nil {
+		return SuiteReport{}, err
+	}
+	defer stopUp(context.WithoutCancel(ctx))
+	// As idemd --proxy-routes would, with the parser's defaults.
+	routes, err := sidecar.ParseRoutes("POST /transfers=create_transfer@" + upURL)
+	if err != nil {
+		return SuiteReport{}, err
+	}
+	node, err := region.NewServer(region.Config{Addr: "127.0.0.1:0", Region: "bench", Tokens: map[string]string{benchToken: w.tenant},
+		Sidecar: region.SidecarConfig{Routes: routes}},
+		st, region.Payments(payments.NewService(st, payments.Config{Region: "bench"})))
+	if err != nil {
+		return SuiteReport{}, err
+	}
+	if err := node.Open(); err != nil {
+		return SuiteReport{}, err
+	}
+	defer func() { _ = node.Close(context.WithoutCancel(ctx)) }()
+
+	tr := benchTransport(cfg)
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
+	results, err := alternate(ctx, cfg, SuiteSidecar, []op{
+		{OpUpstreamDirect, transferPoster(client, upURL, "", w, "d")},
+		{OpSidecar, transferPoster(client, node.URL(), benchToken, w, "s")},
+	})
+	if err != nil {
+		return SuiteReport{}, err
+	}
+	rep := SuiteReport{Suite: SuiteSidecar, Concurrency: cfg.Concurrency, Results: results,
+		Ratios: []Ratio{ratio(results, OpSidecar, OpUpstreamDirect)}}
+	rep.Payments, rep.Records, err = countRows(ctx, st, w.tenant)
+	return rep, err
+}
