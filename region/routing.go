@@ -196,6 +196,21 @@ func (s *Server) routed(h tenantHandler, hops int) tenantHandler {
 	}
 }
 
+// peerIdleConns is how many idle connections a node keeps to each peer: a
+// region forwards many concurrent requests to few nodes, and net/http's
+// default of 2 per host closed the rest after each answer, so across a WAN
+// most forwarded requests paid a new TCP (and TLS) handshake.
+const peerIdleConns = 64
+
+// newPeerTransport is the transport of forwarded requests: net/http's
+// defaults with peerIdleConns idle connections per peer.
+func newPeerTransport() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConnsPerHost = peerIdleConns
+	t.MaxIdleConns = 4 * peerIdleConns
+	return t
+}
+
 // peerTransports holds one transport per peer identity, so that a pooled
 // connection is only ever reused for the peer it was verified as.
 type peerTransports struct {
@@ -241,7 +256,7 @@ func (s *Server) transportTo(target *url.URL, peer routing.Peer) (http.RoundTrip
 	if s.peers.m == nil {
 		s.peers.m = map[routing.Peer]*http.Transport{}
 	}
-	t := http.DefaultTransport.(*http.Transport).Clone()
+	t := newPeerTransport()
 	t.TLSClientConfig = peerClientConfig(s.cfg.PeerCAs, s.cfg.PeerCert, peer)
 	s.peers.m[peer] = t
 	return t, false, nil

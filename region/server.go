@@ -250,7 +250,7 @@ func NewServer(cfg Config, st *store.Store, ops ...Operation) (*Server, error) {
 		return nil, fmt.Errorf("region: register metrics: %w", err)
 	}
 	s := &Server{cfg: cfg, store: st, engine: cfg.Engine, metrics: m, workerMetrics: wm, obs: obs, logger: cfg.Logger, operations: coordOps, own: own, window: window,
-		forwardTransport: http.DefaultTransport.(*http.Transport).Clone()}
+		forwardTransport: newPeerTransport()}
 	for token, tenant := range cfg.Tokens {
 		s.tokens = append(s.tokens, tokenDigest{sum: sha256.Sum256([]byte(token)), tenant: tenant})
 	}
