@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -29,6 +30,8 @@ func runBench(ctx context.Context, args []string, env *Env) error {
 	rounds := fs.Int("rounds", 3, "how many times baseline and idempotent phases alternate")
 	suite := fs.String("suite", bench.SuiteStore, "what to measure: "+strings.Join(bench.Suites, ", ")+" or all (comma-separated list allowed)")
 	replayKeys := fs.Int("replay-keys", 1000, "completed keys the replay suite retries in turn")
+	scaleRows := fs.String("scale-rows", "10000,1000000", "records table sizes the scale suite claims at, ascending, comma-separated (e.g. 10000,1000000,10000000)")
+	cleanupExpired := fs.Int("cleanup-expired", 20000, "expired records the scale suite loads before each phase with cleanup running")
 	out := fs.String("out", "", "also write the report as JSON to this file")
 	asJSON := fs.Bool("json", false, "print the report as JSON instead of a table")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (clients and the layer) to this file")
@@ -37,6 +40,14 @@ func runBench(ctx context.Context, args []string, env *Env) error {
 	}
 	if err := cli.ApplyEnv(fs, env.Getenv); err != nil {
 		return usageError{err}
+	}
+	var rows []int
+	for _, f := range strings.Split(*scaleRows, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || len(rows) > 0 && n < rows[len(rows)-1] {
+			return usageError{fmt.Errorf("bench: --scale-rows %q: want ascending positive counts", *scaleRows)}
+		}
+		rows = append(rows, n)
 	}
 	suites := strings.Split(*suite, ",")
 	for _, name := range suites {
@@ -85,7 +96,7 @@ func runBench(ctx context.Context, args []string, env *Env) error {
 	}
 	fmt.Fprintf(env.Stderr, "GOMAXPROCS %d, CPUs %d\n", runtime.GOMAXPROCS(0), runtime.NumCPU())
 	rep, err := bench.Run(ctx, st, bench.Config{Concurrency: *concurrency, PhaseDuration: *duration, Rounds: *rounds,
-		ReplayKeys: *replayKeys, ClaimFirst: claimFirst, Progress: env.Stderr}, suites...)
+		ReplayKeys: *replayKeys, ScaleRows: rows, CleanupExpired: *cleanupExpired, ClaimFirst: claimFirst, Progress: env.Stderr}, suites...)
 	if err != nil {
 		return err
 	}

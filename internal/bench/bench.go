@@ -16,7 +16,11 @@
 //   - forward: POST /payments of a tenant homed in another region, forwarded
 //     by the node across a WAN link (toxiproxy, 40 ms each way; the regions
 //     share an embedded etcd), against the same request served at home, with
-//     the connections the forwarding opened across the link.
+//     the connections the forwarding opened across the link;
+//   - scale: the insert-first claim of fresh keys as the records table grows
+//     (bulk-loaded with COPY to each of Config.ScaleRows), and beside a
+//     cleanup deleting expired records, with the table's sizes and the
+//     cleanup's deletion rate.
 package bench
 
 import (
@@ -41,10 +45,11 @@ const (
 	SuiteHTTP    = "http"
 	SuiteSidecar = "sidecar"
 	SuiteForward = "forward"
+	SuiteScale   = "scale"
 )
 
 // Suites lists every suite in the order "all" runs them.
-var Suites = []string{SuiteStore, SuiteReplay, SuiteHTTP, SuiteSidecar, SuiteForward}
+var Suites = []string{SuiteStore, SuiteReplay, SuiteHTTP, SuiteSidecar, SuiteForward, SuiteScale}
 
 // Config configures a run.
 type Config struct {
@@ -57,6 +62,12 @@ type Config struct {
 	// ReplayKeys is how many completed keys replays cycle through.
 	// Default 1000.
 	ReplayKeys int
+	// ScaleRows are the records table sizes the scale suite measures the
+	// claim at, ascending. Default 10^4 and 10^6.
+	ScaleRows []int
+	// CleanupExpired is how many expired records the scale suite loads
+	// before each phase with cleanup running. Default 100,000.
+	CleanupExpired int
 	// ClaimFirst, if set, is a store on the same database opened with
 	// store.Options.NoReplayRead: the store and replay suites then also
 	// measure the layer without the replay fast path, side by side.
@@ -80,6 +91,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ReplayKeys <= 0 {
 		c.ReplayKeys = 1000
+	}
+	if len(c.ScaleRows) == 0 {
+		c.ScaleRows = []int{10_000, 1_000_000}
+	}
+	if c.CleanupExpired <= 0 {
+		c.CleanupExpired = defaultCleanupExpired
 	}
 	return c
 }
@@ -130,6 +147,14 @@ type SuiteReport struct {
 	// round trip.
 	ForwardDials int     `json:"forwardDials,omitempty"`
 	RTTMs        float64 `json:"rttMs,omitempty"`
+	// Sizes (scale suite) is the records table at each measured size;
+	// Pruned and Deleted count what cleanup did beside the claims (bodies
+	// dropped, then records deleted), CleanedPerSecond both together per
+	// second while it had work.
+	Sizes            []TableSize `json:"sizes,omitempty"`
+	Pruned           int         `json:"pruned,omitempty"`
+	Deleted          int         `json:"deleted,omitempty"`
+	CleanedPerSecond float64     `json:"cleanedPerSecond,omitempty"`
 }
 
 // Result returns the suite's result named name (zero if absent).
@@ -195,6 +220,8 @@ func Run(ctx context.Context, st *store.Store, cfg Config, suites ...string) (Re
 			s, err = runSidecar(ctx, st, cfg)
 		case SuiteForward:
 			s, err = runForward(ctx, st, cfg)
+		case SuiteScale:
+			s, err = runScale(ctx, st, cfg)
 		default:
 			return Report{}, fmt.Errorf("bench: unknown suite %q (want %s or all)", name, strings.Join(Suites, ", "))
 		}
@@ -393,6 +420,12 @@ func (r Report) Markdown() string {
 		b.WriteString("\n")
 		for _, x := range s.Ratios {
 			fmt.Fprintf(&b, "ratio %s: **%.3f**\n", x.Name, x.Value)
+		}
+		for _, z := range s.Sizes {
+			fmt.Fprintf(&b, "records table at %d rows: %.0f MiB table, %.0f MiB indexes\n", z.Rows, float64(z.TableBytes)/(1<<20), float64(z.IndexBytes)/(1<<20))
+		}
+		if s.Pruned+s.Deleted > 0 {
+			fmt.Fprintf(&b, "cleanup beside the claims: %d bodies pruned, %d records deleted, %.0f rows/s while it had work\n", s.Pruned, s.Deleted, s.CleanedPerSecond)
 		}
 		if s.Suite == SuiteForward {
 			home, fwd := s.Result(OpServedAtHome), s.Result(OpForwarded)

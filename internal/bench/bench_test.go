@@ -27,7 +27,7 @@ func TestRunCountsWhatItWrote(t *testing.T) {
 	}
 	defer claimFirst.Close()
 	rep, err := bench.Run(ctx, st, bench.Config{Concurrency: 2, PhaseDuration: 200 * time.Millisecond, Rounds: 1, ReplayKeys: 20,
-		ClaimFirst: claimFirst}, "all")
+		ClaimFirst: claimFirst, ScaleRows: []int{1000, 5000}, CleanupExpired: 3000}, "all")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,6 +73,8 @@ func TestRunCountsWhatItWrote(t *testing.T) {
 		{suite: bench.SuiteSidecar,
 			wantPay:  ops(rep.Suite(bench.SuiteSidecar), bench.OpUpstreamDirect, bench.OpSidecar),
 			wantRecs: ops(rep.Suite(bench.SuiteSidecar), bench.OpSidecar)},
+		{suite: bench.SuiteScale, wantPay: 0,
+			wantRecs: rep.Suite(bench.SuiteScale).Seeded - rep.Suite(bench.SuiteScale).Deleted + allOps(rep.Suite(bench.SuiteScale))},
 	} {
 		s := rep.Suite(tc.suite)
 		if s.Payments != tc.wantPay || s.Records != tc.wantRecs {
@@ -82,6 +84,9 @@ func TestRunCountsWhatItWrote(t *testing.T) {
 	}
 	if r := rep.Suite(bench.SuiteReplay); r.Result(bench.OpReplay).Ops == 0 || r.Result(bench.OpReplayClaimFirst).Ops == 0 {
 		t.Errorf("replay suite without replays: %+v", r)
+	}
+	if sc := rep.Suite(bench.SuiteScale); len(sc.Sizes) != 2 || sc.Sizes[0].Rows < 1000 || sc.Sizes[1].Rows < 5000 || sc.Pruned == 0 {
+		t.Errorf("scale: sizes %+v, %d pruned; want the table at 1000 and 5000 loaded rows and some expired records pruned", sc.Sizes, sc.Pruned)
 	}
 	md := rep.Markdown()
 	for _, want := range []string{"ratio idempotent/baseline", "ratio replay/write", "ratio http idempotent/http baseline", "ratio through the sidecar/upstream direct", "connections opened across the link"} {
@@ -103,7 +108,7 @@ func TestRunCountsWhatItWrote(t *testing.T) {
 // one connection per concurrent request, not one per request.
 func TestForwardReusesConnections(t *testing.T) {
 	st, _ := storetest.New(t)
-	const workers = 2
+	const workers = 6
 	rep, err := bench.Run(context.Background(), st, bench.Config{Concurrency: workers, PhaseDuration: time.Second, Rounds: 2}, bench.SuiteForward)
 	if err != nil {
 		t.Fatal(err)
@@ -117,6 +122,14 @@ func TestForwardReusesConnections(t *testing.T) {
 	if f.ForwardDials < 1 || f.ForwardDials > workers+1 {
 		t.Errorf("%d connections across the link for %d forwarded requests from %d workers; want 1..%d", f.ForwardDials, n, workers, workers+1)
 	}
+}
+
+func allOps(s bench.SuiteReport) int {
+	n := 0
+	for _, r := range s.Results {
+		n += r.Ops
+	}
+	return n
 }
 
 func TestUnknownSuite(t *testing.T) {

@@ -1,0 +1,231 @@
+package bench
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/fingerprint"
+	"github.com/idemcoord/idem/store"
+)
+
+// Operation name prefixes of the scale suite.
+const (
+	OpClaimAt             = "claim at "
+	OpClaimNoCleanup      = "claim, no cleanup"
+	OpClaimDuringCleanup  = "claim during cleanup"
+	scaleTenants          = 1000
+	scaleCopyBatch        = 50_000
+	defaultCleanupExpired = 20_000
+)
+
+// TableSize is the records table's size at one step of the scale suite.
+type TableSize struct {
+	Rows       int64 `json:"rows"`
+	TableBytes int64 `json:"tableBytes"`
+	IndexBytes int64 `json:"indexBytes"`
+}
+
+// scaleBody is the stored answer of every bulk-loaded record: the size of a
+// payment's v2 body.
+var scaleBody = []byte(`{"paymentId":"pay_0123456789abcdef0123","status":"PENDING","accountId":"acc_1","amount":"10.00","currency":"EUR","merchantReference":"inv-0123456789","channel":"web"}`)
+
+// scaleKey is the n-th bulk-loaded key: a UUID-like hex string, so loaded
+// keys spread over the primary key's B-tree as clients' keys do.
+func scaleKey(run string, n int64) string {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], uint64(n))
+	sum := sha256.Sum256(append([]byte(run), b[:]...))
+	return hex.EncodeToString(sum[:16])
+}
+
+// loadRecords bulk-loads records (COPY) of tenants prefix-t0..t999 with keys
+// scaleKey(run, from..to-1). expired records are settled and past their
+// window, so cleanup may prune and delete them; the others are COMPLETED
+// with a day of window left.
+func loadRecords(ctx context.Context, st *store.Store, prefix, run string, from, to int64, expired bool) error {
+	hash := fingerprint.Version
+	for lo := from; lo < to; lo += scaleCopyBatch {
+		hi := min(lo+scaleCopyBatch, to)
+		n := lo
+		now := time.Now()
+		expires, created := now.Add(24*time.Hour), now
+		if expired {
+			expires, created = now.Add(-time.Hour), now.Add(-25*time.Hour)
+		}
+		_, err := st.Pool().CopyFrom(ctx, pgx.Identifier{"idempotency_records"},
+			[]string{"tenant_id", "operation_name", "idempotency_key", "request_hash", "hash_version", "status", "checkpoint",
+				"response_status", "response_headers", "response_body", "created_at", "updated_at", "expires_at"},
+			pgx.CopyFromFunc(func() ([]any, error) {
+				if n >= hi {
+					return nil, nil
+				}
+				key := scaleKey(run, n)
+				row := []any{fmt.Sprintf("%s-t%d", prefix, n%scaleTenants), "create_payment", key, "v2:" + key, hash,
+					string(idem.StatusCompleted), string(idem.CheckpointCompleted), 201, []byte(`{"Content-Type":["application/json"]}`),
+					scaleBody, created, created, expires}
+				n++
+				return row, nil
+			}))
+		if err != nil {
+			return fmt.Errorf("load records: %w", err)
+		}
+	}
+	return nil
+}
+
+// tableSize reads the records table's row estimate-free count and sizes.
+func tableSize(ctx context.Context, st *store.Store) (TableSize, error) {
+	var s TableSize
+	err := st.Pool().QueryRow(ctx, `SELECT (SELECT count(*) FROM idempotency_records),
+		pg_table_size('idempotency_records'), pg_indexes_size('idempotency_records')`).Scan(&s.Rows, &s.TableBytes, &s.IndexBytes)
+	if err != nil {
+		return s, fmt.Errorf("table size: %w", err)
+	}
+	return s, nil
+}
+
+// claimer claims fresh keys (Coordinator.Begin, the insert-first claim) in
+// the loaded tenants.
+func claimer(st *store.Store, prefix, run string) func(context.Context) error {
+	var seq atomic.Int64
+	return func(ctx context.Context) error {
+		n := seq.Add(1)
+		key := scaleKey(run+"-claim", n)
+		d, err := st.Begin(ctx, idem.BeginRequest{
+			Scope:         idem.Scope{Tenant: fmt.Sprintf("%s-t%d", prefix, n%scaleTenants), Operation: "create_payment", Key: key},
+			RequestHashes: []string{"v2:" + key}, HashVersion: fingerprint.Version, Owner: "bench", HomeRegion: "bench",
+			LockFor: time.Minute, Window: 24 * time.Hour,
+		})
+		if err == nil && d.Outcome != idem.OutcomeExecute {
+			err = fmt.Errorf("%w: claim of a fresh key: %v", errUnexpected, d.Outcome)
+		}
+		return err
+	}
+}
+
+// runScale measures the insert-first claim of fresh keys as the records
+// table grows to each of cfg.ScaleRows (bulk-loaded, untimed), then, at the
+// largest size, the claim with and without cleanup running beside it
+// (cfg.CleanupExpired expired records loaded before each cleanup phase),
+// and the cleanup's deletion rate.
+func runScale(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, error) {
+	w := newWriter(SuiteScale)
+	prefix := w.tenant
+	rep := SuiteReport{Suite: SuiteScale, Concurrency: cfg.Concurrency}
+	var loaded int64
+	for _, rows := range cfg.ScaleRows {
+		if int64(rows) > loaded {
+			if cfg.Progress != nil {
+				fmt.Fprintf(cfg.Progress, "scale: loading records %d..%d\n", loaded, rows)
+			}
+			if err := loadRecords(ctx, st, prefix, w.run, loaded, int64(rows), false); err != nil {
+				return rep, err
+			}
+			loaded = int64(rows)
+			if _, err := st.Pool().Exec(ctx, `VACUUM ANALYZE idempotency_records`); err != nil {
+				return rep, fmt.Errorf("vacuum: %w", err)
+			}
+		}
+		size, err := tableSize(ctx, st)
+		if err != nil {
+			return rep, err
+		}
+		rep.Sizes = append(rep.Sizes, size)
+		res, err := alternate(ctx, cfg, SuiteScale, []op{{OpClaimAt + rowsLabel(rows), claimer(st, prefix, fmt.Sprint(w.run, "-", rows))}})
+		if err != nil {
+			return rep, err
+		}
+		rep.Results = append(rep.Results, res...)
+	}
+	if len(cfg.ScaleRows) > 1 {
+		first, last := rep.Results[0], rep.Results[len(cfg.ScaleRows)-1]
+		rep.Ratios = append(rep.Ratios,
+			Ratio{Name: "p50 " + last.Name + " / p50 " + first.Name, Value: latencyRatio(last.P50, first.P50)},
+			Ratio{Name: "p99 " + last.Name + " / p99 " + first.Name, Value: latencyRatio(last.P99, first.P99)})
+	}
+
+	// Cleanup beside the claims, at the largest size.
+	var plain, cleaning phaseStats
+	var pruned, deleted atomic.Int64
+	var cleanTime time.Duration
+	claim := claimer(st, prefix, w.run+"-cleanup")
+	for round := 1; round <= cfg.Rounds; round++ {
+		s, err := phase(ctx, cfg, claim)
+		if err != nil {
+			return rep, err
+		}
+		plain.add(s)
+		progress(cfg.Progress, SuiteScale, round, OpClaimNoCleanup, s)
+		base := int64(round) * 1_000_000_000
+		if err := loadRecords(ctx, st, prefix+"-expired", w.run, base, base+int64(cfg.CleanupExpired), true); err != nil {
+			return rep, err
+		}
+		// idemd's cleanup worker with its default batches and pauses, its
+		// retentions at zero so that every loaded record is pruned, then
+		// deleted.
+		cctx, stop := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		start := time.Now()
+		var took atomic.Int64
+		wg.Go(func() {
+			defer func() { took.Store(int64(time.Since(start))) }()
+			for cctx.Err() == nil {
+				res, err := st.Cleanup(cctx, store.CleanupConfig{BatchSize: 500, Pause: 50 * time.Millisecond})
+				pruned.Add(int64(res.BodiesPruned))
+				deleted.Add(int64(res.RecordsDeleted))
+				if err != nil || res.RecordsDeleted == 0 && res.BodiesPruned == 0 {
+					return
+				}
+			}
+		})
+		s, err = phase(ctx, cfg, claim)
+		stop()
+		wg.Wait()
+		if err != nil {
+			return rep, err
+		}
+		cleanTime += time.Duration(took.Load())
+		cleaning.add(s)
+		progress(cfg.Progress, SuiteScale, round, OpClaimDuringCleanup, s)
+	}
+	np, nc := plain.result(OpClaimNoCleanup), cleaning.result(OpClaimDuringCleanup)
+	rep.Results = append(rep.Results, np, nc)
+	rep.Ratios = append(rep.Ratios, Ratio{Name: "p99 " + nc.Name + " / p99 " + np.Name, Value: latencyRatio(nc.P99, np.P99)})
+	rep.Pruned, rep.Deleted = int(pruned.Load()), int(deleted.Load())
+	if cleanTime > 0 {
+		rep.CleanedPerSecond = float64(rep.Pruned+rep.Deleted) / cleanTime.Seconds()
+	}
+	var err error
+	rep.Payments, rep.Records, err = countRows(ctx, st, prefix)
+	rep.Seeded = int(loaded) + cfg.Rounds*cfg.CleanupExpired
+	return rep, err
+}
+
+func latencyRatio(a, b time.Duration) float64 {
+	if b <= 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+// rowsLabel writes 10000 as 10^4 and other counts as they are.
+func rowsLabel(n int) string {
+	e, m := 0, n
+	for m >= 10 && m%10 == 0 {
+		m /= 10
+		e++
+	}
+	if m == 1 && e > 0 {
+		return fmt.Sprintf("10^%d rows", e)
+	}
+	return fmt.Sprintf("%d rows", n)
+}
