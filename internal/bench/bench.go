@@ -65,9 +65,14 @@ type Config struct {
 	// ScaleRows are the records table sizes the scale suite measures the
 	// claim at, ascending. Default 10^4 and 10^6.
 	ScaleRows []int
-	// CleanupExpired is how many expired records the scale suite loads
-	// before each phase with cleanup running. Default 100,000.
+	// CleanupExpired is how many records whose body cleanup drops, and as
+	// many whose metadata it deletes, the scale suite loads before each
+	// phase with cleanup running. Default 20,000.
 	CleanupExpired int
+	// ExpiredMetadata is how many records of expired metadata (the week
+	// idemd keeps by default) sit in the table while cleanup runs.
+	// Default 1,000,000; negative: none.
+	ExpiredMetadata int
 	// ClaimFirst, if set, is a store on the same database opened with
 	// store.Options.NoReplayRead: the store and replay suites then also
 	// measure the layer without the replay fast path, side by side.
@@ -98,6 +103,10 @@ func (c Config) withDefaults() Config {
 	if c.CleanupExpired <= 0 {
 		c.CleanupExpired = defaultCleanupExpired
 	}
+	if c.ExpiredMetadata == 0 {
+		c.ExpiredMetadata = 1_000_000
+	}
+	c.ExpiredMetadata = max(c.ExpiredMetadata, 0)
 	return c
 }
 

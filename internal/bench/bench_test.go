@@ -27,7 +27,7 @@ func TestRunCountsWhatItWrote(t *testing.T) {
 	}
 	defer claimFirst.Close()
 	rep, err := bench.Run(ctx, st, bench.Config{Concurrency: 2, PhaseDuration: 200 * time.Millisecond, Rounds: 1, ReplayKeys: 20,
-		ClaimFirst: claimFirst, ScaleRows: []int{1000, 5000}, CleanupExpired: 3000}, "all")
+		ClaimFirst: claimFirst, ScaleRows: []int{1000, 5000}, CleanupExpired: 3000, ExpiredMetadata: 4000}, "all")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,8 +85,8 @@ func TestRunCountsWhatItWrote(t *testing.T) {
 	if r := rep.Suite(bench.SuiteReplay); r.Result(bench.OpReplay).Ops == 0 || r.Result(bench.OpReplayClaimFirst).Ops == 0 {
 		t.Errorf("replay suite without replays: %+v", r)
 	}
-	if sc := rep.Suite(bench.SuiteScale); len(sc.Sizes) != 2 || sc.Sizes[0].Rows < 1000 || sc.Sizes[1].Rows < 5000 || sc.Pruned == 0 {
-		t.Errorf("scale: sizes %+v, %d pruned; want the table at 1000 and 5000 loaded rows and some expired records pruned", sc.Sizes, sc.Pruned)
+	if sc := rep.Suite(bench.SuiteScale); len(sc.Sizes) != 3 || sc.Sizes[0].Rows < 1000 || sc.Sizes[1].Rows < 5000 || sc.Pruned == 0 {
+		t.Errorf("scale: sizes %+v, %d pruned; want the table at 1000, 5000 and 9000 loaded rows and some expired records pruned", sc.Sizes, sc.Pruned)
 	}
 	md := rep.Markdown()
 	for _, want := range []string{"ratio idempotent/baseline", "ratio replay/write", "ratio http idempotent/http baseline", "ratio through the sidecar/upstream direct", "connections opened across the link"} {

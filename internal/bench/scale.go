@@ -47,20 +47,30 @@ func scaleKey(run string, n int64) string {
 	return hex.EncodeToString(sum[:16])
 }
 
-// loadRecords bulk-loads records (COPY) of tenants prefix-t0..t999 with keys
-// scaleKey(run, from..to-1). expired records are settled and past their
-// window, so cleanup may prune and delete them; the others are COMPLETED
-// with a day of window left.
-func loadRecords(ctx context.Context, st *store.Store, prefix, run string, from, to int64, expired bool) error {
-	hash := fingerprint.Version
+// recordKind is what a bulk-loaded record looks like to cleanup.
+type recordKind int
+
+const (
+	// live: COMPLETED with a day of its window left.
+	live recordKind = iota
+	// prunable: COMPLETED, its window ended an hour ago and created 25
+	// hours ago (past the default body retention): cleanup drops its body.
+	prunable
+	// kept: EXPIRED (body already dropped), its window ended between an
+	// hour and six days ago: metadata cleanup keeps for a week.
+	kept
+	// deletable: EXPIRED, its window ended eight days ago: cleanup deletes
+	// it.
+	deletable
+)
+
+// loadRecords bulk-loads records (COPY) of kind, of tenants prefix-t0..t999,
+// with keys scaleKey(run, from..to-1).
+func loadRecords(ctx context.Context, st *store.Store, prefix, run string, from, to int64, kind recordKind) error {
+	now := time.Now()
 	for lo := from; lo < to; lo += scaleCopyBatch {
 		hi := min(lo+scaleCopyBatch, to)
 		n := lo
-		now := time.Now()
-		expires, created := now.Add(24*time.Hour), now
-		if expired {
-			expires, created = now.Add(-time.Hour), now.Add(-25*time.Hour)
-		}
 		_, err := st.Pool().CopyFrom(ctx, pgx.Identifier{"idempotency_records"},
 			[]string{"tenant_id", "operation_name", "idempotency_key", "request_hash", "hash_version", "status", "checkpoint",
 				"response_status", "response_headers", "response_body", "created_at", "updated_at", "expires_at"},
@@ -69,9 +79,21 @@ func loadRecords(ctx context.Context, st *store.Store, prefix, run string, from,
 					return nil, nil
 				}
 				key := scaleKey(run, n)
-				row := []any{fmt.Sprintf("%s-t%d", prefix, n%scaleTenants), "create_payment", key, "v2:" + key, hash,
-					string(idem.StatusCompleted), string(idem.CheckpointCompleted), 201, []byte(`{"Content-Type":["application/json"]}`),
-					scaleBody, created, created, expires}
+				status, headers, body := string(idem.StatusCompleted), []byte(`{"Content-Type":["application/json"]}`), scaleBody
+				expires := now.Add(24 * time.Hour)
+				switch kind {
+				case prunable:
+					expires = now.Add(-time.Hour)
+				case kept:
+					status, headers, body = string(idem.StatusExpired), nil, nil
+					expires = now.Add(-time.Hour - time.Duration(n%1000)*(5*24*time.Hour/1000))
+				case deletable:
+					status, headers, body = string(idem.StatusExpired), nil, nil
+					expires = now.Add(-8 * 24 * time.Hour)
+				}
+				created := expires.Add(-24 * time.Hour)
+				row := []any{fmt.Sprintf("%s-t%d", prefix, n%scaleTenants), "create_payment", key, "v2:" + key, fingerprint.Version,
+					status, string(idem.CheckpointCompleted), 201, headers, body, created, created, expires}
 				n++
 				return row, nil
 			}))
@@ -127,7 +149,7 @@ func runScale(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, er
 			if cfg.Progress != nil {
 				fmt.Fprintf(cfg.Progress, "scale: loading records %d..%d\n", loaded, rows)
 			}
-			if err := loadRecords(ctx, st, prefix, w.run, loaded, int64(rows), false); err != nil {
+			if err := loadRecords(ctx, st, prefix, w.run, loaded, int64(rows), live); err != nil {
 				return rep, err
 			}
 			loaded = int64(rows)
@@ -153,7 +175,24 @@ func runScale(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, er
 			Ratio{Name: "p99 " + last.Name + " / p99 " + first.Name, Value: latencyRatio(last.P99, first.P99)})
 	}
 
-	// Cleanup beside the claims, at the largest size.
+	// Cleanup beside the claims, at the largest size, with a week of
+	// expired metadata kept (cfg.ExpiredMetadata records) as idemd keeps it.
+	if cfg.ExpiredMetadata > 0 {
+		if cfg.Progress != nil {
+			fmt.Fprintf(cfg.Progress, "scale: loading %d records of expired metadata\n", cfg.ExpiredMetadata)
+		}
+		if err := loadRecords(ctx, st, prefix+"-kept", w.run, 0, int64(cfg.ExpiredMetadata), kept); err != nil {
+			return rep, err
+		}
+		if _, err := st.Pool().Exec(ctx, `VACUUM ANALYZE idempotency_records`); err != nil {
+			return rep, fmt.Errorf("vacuum: %w", err)
+		}
+	}
+	size, err := tableSize(ctx, st)
+	if err != nil {
+		return rep, err
+	}
+	rep.Sizes = append(rep.Sizes, size)
 	var plain, cleaning phaseStats
 	var pruned, deleted atomic.Int64
 	var cleanTime time.Duration
@@ -166,12 +205,15 @@ func runScale(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, er
 		plain.add(s)
 		progress(cfg.Progress, SuiteScale, round, OpClaimNoCleanup, s)
 		base := int64(round) * 1_000_000_000
-		if err := loadRecords(ctx, st, prefix+"-expired", w.run, base, base+int64(cfg.CleanupExpired), true); err != nil {
+		if err := loadRecords(ctx, st, prefix+"-expired", w.run, base, base+int64(cfg.CleanupExpired), prunable); err != nil {
 			return rep, err
 		}
-		// idemd's cleanup worker with its default batches and pauses, its
-		// retentions at zero so that every loaded record is pruned, then
-		// deleted.
+		if err := loadRecords(ctx, st, prefix+"-old", w.run, base, base+int64(cfg.CleanupExpired), deletable); err != nil {
+			return rep, err
+		}
+		// idemd's cleanup worker with its defaults: bodies dropped a window
+		// after creation, metadata kept a week, batches of 500, 50 ms
+		// pauses.
 		cctx, stop := context.WithCancel(ctx)
 		var wg sync.WaitGroup
 		start := time.Now()
@@ -179,7 +221,8 @@ func runScale(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, er
 		wg.Go(func() {
 			defer func() { took.Store(int64(time.Since(start))) }()
 			for cctx.Err() == nil {
-				res, err := st.Cleanup(cctx, store.CleanupConfig{BatchSize: 500, Pause: 50 * time.Millisecond})
+				res, err := st.Cleanup(cctx, store.CleanupConfig{BodyRetention: 24 * time.Hour, MetadataRetention: 7 * 24 * time.Hour,
+					BatchSize: 500, Pause: 50 * time.Millisecond})
 				pruned.Add(int64(res.BodiesPruned))
 				deleted.Add(int64(res.RecordsDeleted))
 				if err != nil || res.RecordsDeleted == 0 && res.BodiesPruned == 0 {
@@ -204,9 +247,8 @@ func runScale(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, er
 	if cleanTime > 0 {
 		rep.CleanedPerSecond = float64(rep.Pruned+rep.Deleted) / cleanTime.Seconds()
 	}
-	var err error
 	rep.Payments, rep.Records, err = countRows(ctx, st, prefix)
-	rep.Seeded = int(loaded) + cfg.Rounds*cfg.CleanupExpired
+	rep.Seeded = int(loaded) + cfg.ExpiredMetadata + 2*cfg.Rounds*cfg.CleanupExpired
 	return rep, err
 }
 
