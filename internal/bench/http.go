@@ -64,12 +64,19 @@ func (h *baselineHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, `{"errorCode":"UNSUPPORTED_MEDIA_TYPE"}`, http.StatusUnsupportedMediaType)
 		return
 	}
+	writePayment(w, r, h.st, h.tenant, fmt.Sprintf("pay_http_%s_%d", h.run, h.seq.Add(1)))
+}
+
+// writePayment reads the bounded body, does the business write under id
+// and answers 201 with the v2 payment: the part of a handler without the
+// layer that follows its authentication.
+func writePayment(w http.ResponseWriter, r *http.Request, st *store.Store, tenant, id string) {
 	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, region.DefaultMaxBodyBytes))
 	if err != nil {
 		http.Error(w, `{"errorCode":"VALIDATION_FAILED"}`, http.StatusBadRequest)
 		return
 	}
-	p, err := baselineWrite(r.Context(), h.st, h.tenant, fmt.Sprintf("pay_http_%s_%d", h.run, h.seq.Add(1)), b)
+	p, err := baselineWrite(r.Context(), st, tenant, id, b)
 	if err != nil {
 		http.Error(w, `{"errorCode":"VALIDATION_FAILED"}`, http.StatusBadRequest)
 		return

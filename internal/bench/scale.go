@@ -104,6 +104,24 @@ func loadRecords(ctx context.Context, st *store.Store, prefix, run string, from,
 	return nil
 }
 
+// fill bulk-loads records from..to-1 of kind (none when to <= from),
+// vacuums and analyzes the table as autovacuum would have by then, and
+// returns its size.
+func fill(ctx context.Context, st *store.Store, cfg Config, prefix, run string, from, to int64, kind recordKind) (TableSize, error) {
+	if to > from {
+		if cfg.Progress != nil {
+			fmt.Fprintf(cfg.Progress, "scale: loading %d records\n", to-from)
+		}
+		if err := loadRecords(ctx, st, prefix, run, from, to, kind); err != nil {
+			return TableSize{}, err
+		}
+		if _, err := st.Pool().Exec(ctx, `VACUUM ANALYZE idempotency_records`); err != nil {
+			return TableSize{}, fmt.Errorf("vacuum: %w", err)
+		}
+	}
+	return tableSize(ctx, st)
+}
+
 // tableSize reads the records table's row estimate-free count and sizes.
 func tableSize(ctx context.Context, st *store.Store) (TableSize, error) {
 	var s TableSize
@@ -145,22 +163,11 @@ func runScale(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, er
 	rep := SuiteReport{Suite: SuiteScale, Concurrency: cfg.Concurrency}
 	var loaded int64
 	for _, rows := range cfg.ScaleRows {
-		if int64(rows) > loaded {
-			if cfg.Progress != nil {
-				fmt.Fprintf(cfg.Progress, "scale: loading records %d..%d\n", loaded, rows)
-			}
-			if err := loadRecords(ctx, st, prefix, w.run, loaded, int64(rows), live); err != nil {
-				return rep, err
-			}
-			loaded = int64(rows)
-			if _, err := st.Pool().Exec(ctx, `VACUUM ANALYZE idempotency_records`); err != nil {
-				return rep, fmt.Errorf("vacuum: %w", err)
-			}
-		}
-		size, err := tableSize(ctx, st)
+		size, err := fill(ctx, st, cfg, prefix, w.run, loaded, int64(rows), live)
 		if err != nil {
 			return rep, err
 		}
+		loaded = max(loaded, int64(rows))
 		rep.Sizes = append(rep.Sizes, size)
 		res, err := alternate(ctx, cfg, SuiteScale, []op{{OpClaimAt + rowsLabel(rows), claimer(st, prefix, fmt.Sprint(w.run, "-", rows))}})
 		if err != nil {
@@ -177,18 +184,7 @@ func runScale(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, er
 
 	// Cleanup beside the claims, at the largest size, with a week of
 	// expired metadata kept (cfg.ExpiredMetadata records) as idemd keeps it.
-	if cfg.ExpiredMetadata > 0 {
-		if cfg.Progress != nil {
-			fmt.Fprintf(cfg.Progress, "scale: loading %d records of expired metadata\n", cfg.ExpiredMetadata)
-		}
-		if err := loadRecords(ctx, st, prefix+"-kept", w.run, 0, int64(cfg.ExpiredMetadata), kept); err != nil {
-			return rep, err
-		}
-		if _, err := st.Pool().Exec(ctx, `VACUUM ANALYZE idempotency_records`); err != nil {
-			return rep, fmt.Errorf("vacuum: %w", err)
-		}
-	}
-	size, err := tableSize(ctx, st)
+	size, err := fill(ctx, st, cfg, prefix+"-kept", w.run, 0, int64(cfg.ExpiredMetadata), kept)
 	if err != nil {
 		return rep, err
 	}

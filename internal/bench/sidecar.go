@@ -3,7 +3,6 @@ package bench
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -40,26 +39,7 @@ func (h *upstreamHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, `{"errorCode":"NOT_FOUND"}`, http.StatusNotFound)
 		return
 	}
-	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, region.DefaultMaxBodyBytes))
-	if err != nil {
-		http.Error(w, `{"errorCode":"VALIDATION_FAILED"}`, http.StatusBadRequest)
-		return
-	}
-	p, err := baselineWrite(r.Context(), h.st, h.tenant, fmt.Sprintf("pay_up_%s_%d", h.run, h.seq.Add(1)), b)
-	if err != nil {
-		http.Error(w, `{"errorCode":"VALIDATION_FAILED"}`, http.StatusBadRequest)
-		return
-	}
-	out, err := json.Marshal(v2Payment{PaymentID: p.ID, Status: p.Status, AccountID: p.AccountID,
-		Amount: payments.FormatMinor(p.AmountMinor, p.Currency), Currency: p.Currency,
-		MerchantReference: p.MerchantReference, Channel: p.Channel})
-	if err != nil {
-		http.Error(w, `{"errorCode":"INTERNAL"}`, http.StatusInternalServerError)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusCreated)
-	_, _ = w.Write(out)
+	writePayment(w, r, h.st, h.tenant, fmt.Sprintf("pay_up_%s_%d", h.run, h.seq.Add(1)))
 }
 
 // transferPoster sends POST /transfers with fresh keys and bodies to base;
