@@ -96,13 +96,21 @@ func writePayment(w http.ResponseWriter, r *http.Request, st *store.Store, tenan
 
 // poster sends POST /payments with fresh keys and bodies to base.
 func poster(client *http.Client, base string, w *writer, prefix string) func(context.Context) error {
+	return post(client, base+"/payments", benchToken, w, prefix)
+}
+
+// post sends POSTs of fresh keys and bodies to url and wants 201, not a
+// replay; token, when set, is sent as the bearer token.
+func post(client *http.Client, url, token string, w *writer, prefix string) func(context.Context) error {
 	return func(ctx context.Context) error {
 		n := w.seq.Add(1)
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/payments", bytes.NewReader(body(w.run+prefix, n)))
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body(w.run+prefix, n)))
 		if err != nil {
 			return err
 		}
-		req.Header.Set("Authorization", "Bearer "+benchToken)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Idempotency-Key", fmt.Sprintf("key-%s-%s-%d", w.run, prefix, n))
 		resp, err := client.Do(req)
@@ -112,7 +120,7 @@ func poster(client *http.Client, base string, w *writer, prefix string) func(con
 		_, err = io.Copy(io.Discard, resp.Body)
 		_ = resp.Body.Close()
 		if err == nil && (resp.StatusCode != http.StatusCreated || resp.Header.Get("Idempotent-Replayed") != "") {
-			err = fmt.Errorf("%w: POST /payments %d", errUnexpected, resp.StatusCode)
+			err = fmt.Errorf("%w: POST %s: %d", errUnexpected, req.URL.Path, resp.StatusCode)
 		}
 		return err
 	}

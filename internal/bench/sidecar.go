@@ -1,10 +1,8 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"sync/atomic"
@@ -40,33 +38,6 @@ func (h *upstreamHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writePayment(w, r, h.st, h.tenant, fmt.Sprintf("pay_up_%s_%d", h.run, h.seq.Add(1)))
-}
-
-// transferPoster sends POST /transfers with fresh keys and bodies to base;
-// token, when set, is sent as the bearer token.
-func transferPoster(client *http.Client, base, token string, w *writer, prefix string) func(context.Context) error {
-	return func(ctx context.Context) error {
-		n := w.seq.Add(1)
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/transfers", bytes.NewReader(body(w.run+prefix, n)))
-		if err != nil {
-			return err
-		}
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Idempotency-Key", fmt.Sprintf("key-%s-%s-%d", w.run, prefix, n))
-		resp, err := client.Do(req)
-		if err != nil {
-			return err
-		}
-		_, err = io.Copy(io.Discard, resp.Body)
-		_ = resp.Body.Close()
-		if err == nil && (resp.StatusCode != http.StatusCreated || resp.Header.Get("Idempotent-Replayed") != "") {
-			err = fmt.Errorf("%w: POST /transfers %d", errUnexpected, resp.StatusCode)
-		}
-		return err
-	}
 }
 
 // serve serves h on a fresh loopback listener until the returned stop is
@@ -121,8 +92,8 @@ func runSidecar(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, 
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr}
 	results, err := alternate(ctx, cfg, SuiteSidecar, []op{
-		{OpUpstreamDirect, transferPoster(client, upURL, "", w, "d")},
-		{OpSidecar, transferPoster(client, node.URL(), benchToken, w, "s")},
+		{OpUpstreamDirect, post(client, upURL+"/transfers", "", w, "d")},
+		{OpSidecar, post(client, node.URL()+"/transfers", benchToken, w, "s")},
 	})
 	if err != nil {
 		return SuiteReport{}, err
