@@ -209,20 +209,33 @@ func runScale(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, er
 		}
 		// idemd's cleanup worker with its defaults: bodies dropped a window
 		// after creation, metadata kept a week, batches of 500, 50 ms
-		// pauses.
+		// pauses; each phase starts it anew, as each interval would.
 		cctx, stop := context.WithCancel(ctx)
 		var wg sync.WaitGroup
 		start := time.Now()
 		var took atomic.Int64
 		wg.Go(func() {
 			defer func() { took.Store(int64(time.Since(start))) }()
-			for cctx.Err() == nil {
-				res, err := st.Cleanup(cctx, store.CleanupConfig{BodyRetention: 24 * time.Hour, MetadataRetention: 7 * 24 * time.Hour,
-					BatchSize: 500, Pause: 50 * time.Millisecond})
-				pruned.Add(int64(res.BodiesPruned))
-				deleted.Add(int64(res.RecordsDeleted))
-				if err != nil || res.RecordsDeleted == 0 && res.BodiesPruned == 0 {
-					return
+			// Store.Cleanup's steps and pauses, batch by batch, so that the
+			// phase's end stops it between batches, never inside one.
+			qctx := context.WithoutCancel(cctx)
+			for _, step := range []struct {
+				run   func() (int, error)
+				count *atomic.Int64
+			}{
+				{func() (int, error) { return store.PruneBodies(qctx, st.Pool(), 24*time.Hour, 500) }, &pruned},
+				{func() (int, error) { return store.DeleteExpired(qctx, st.Pool(), 7*24*time.Hour, 500) }, &deleted},
+			} {
+				for cctx.Err() == nil {
+					n, err := step.run()
+					step.count.Add(int64(n))
+					if err != nil || n < 500 {
+						break
+					}
+					select {
+					case <-cctx.Done():
+					case <-time.After(50 * time.Millisecond):
+					}
 				}
 			}
 		})
