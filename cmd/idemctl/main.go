@@ -35,6 +35,7 @@ func commands() map[string]command {
 		"provider":  {"serve the payment provider simulator", runProvider},
 		"placement": {"get or set a tenant's home region (placement get|set --tenant T [--region R]), or the default regions (placement defaults --regions A,B)", runPlacement},
 		"region":    {"region status, failover --from A --to B, failback --region A, handover of a failed region's records", runRegion},
+		"images":    {"build the container images with the local Docker engine, nothing pulled (images build [--patroni] | images tags)", runImages},
 		"chaos":     {"chaos tests: list the scenarios, or run them against a local cluster and check the history (chaos list|run)", runChaos},
 	}
 }
