@@ -38,12 +38,16 @@ func Available(ctx context.Context, images ...string) error {
 		}
 	}
 	if !testcontainers.ReadConfig().RyukDisabled {
-		if _, err := cli.ImageInspect(ctx, testcontainers.ReaperDefaultImage); err != nil {
-			return fmt.Errorf("%w: testcontainers' reaper image %s is not in the Docker engine: set TESTCONTAINERS_RYUK_DISABLED=true", ErrUnavailable, testcontainers.ReaperDefaultImage)
+		if _, err := cli.ImageInspect(ctx, reaperImage); err != nil {
+			return fmt.Errorf("%w: testcontainers' reaper image %s is not in the Docker engine: set TESTCONTAINERS_RYUK_DISABLED=true", ErrUnavailable, reaperImage)
 		}
 	}
 	return nil
 }
+
+// reaperImage is the Ryuk image testcontainers-go v0.45.0 starts unless
+// Ryuk is disabled.
+const reaperImage = "testcontainers/ryuk:0.14.0"
 
 // testcontainersTestLogger adapts tb to testcontainers' logger.
 func testcontainersTestLogger(tb testing.TB) tclog.Logger { return tclog.TestLogger(tb) }

@@ -248,8 +248,8 @@ func Run(ctx context.Context, opts ...Option) (*Cluster, error) {
 	wg.Go(func() {
 		pg, pgErr = c.start(ctx, "store", cfg, cfg.postgresImage,
 			testcontainers.WithEnv(map[string]string{
-				"POSTGRES_PASSWORD":       pgPassword,
-				"IDEM_POSTGRES_DATABASES": strings.Join(dbs, " "),
+				"POSTGRES_PASSWORD":  pgPassword,
+				"POSTGRES_DATABASES": strings.Join(dbs, " "),
 			}),
 			testcontainers.WithExposedPorts(postgresPort),
 			testcontainers.WithWaitStrategy(wait.ForAll(

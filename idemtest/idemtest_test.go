@@ -51,7 +51,7 @@ func TestImagesAnswer(t *testing.T) {
 	ctx := t.Context()
 
 	pg, err := testcontainers.Run(ctx, tags.Postgres,
-		testcontainers.WithEnv(map[string]string{"POSTGRES_PASSWORD": "pw-for-a-test", "IDEM_POSTGRES_DATABASES": "one two"}),
+		testcontainers.WithEnv(map[string]string{"POSTGRES_PASSWORD": "pw-for-a-test", "POSTGRES_DATABASES": "one two"}),
 		testcontainers.WithExposedPorts("5432/tcp"),
 		testcontainers.WithWaitStrategy(wait.ForLog("database system is ready to accept connections")))
 	testcontainers.CleanupContainer(t, pg)

@@ -16,7 +16,7 @@ import (
 // images, with the local Docker engine only: nothing is pulled.
 func runImages(ctx context.Context, args []string, env *Env) error {
 	if len(args) == 0 {
-		return usageError{fmt.Errorf("usage: idemctl images build [--patroni] [--force] [--mirror URL] [-v] | images tags")}
+		return usageError{fmt.Errorf("usage: idemctl images build [--patroni] [--golang] [--force] [--mirror URL] [-v] | images tags")}
 	}
 	switch args[0] {
 	case "build":
@@ -32,7 +32,7 @@ func runImages(ctx context.Context, args []string, env *Env) error {
 				return err
 			}
 		}
-		fmt.Fprintf(env.Stdout, "%s\n%s\n%s\n%s\n", tags.Debian, tags.Postgres, tags.Patroni, tags.Idem)
+		fmt.Fprintf(env.Stdout, "%s\n%s\n%s\n%s\n%s\n", tags.Debian, tags.Postgres, tags.Patroni, tags.Golang, tags.Idem)
 		return nil
 	default:
 		return usageError{fmt.Errorf("unknown images command %q (build, tags)", args[0])}
@@ -43,6 +43,7 @@ func runImagesBuild(ctx context.Context, args []string, env *Env) error {
 	fs := flag.NewFlagSet("images build", flag.ContinueOnError)
 	fs.SetOutput(env.Stderr)
 	patroni := fs.Bool("patroni", false, "also build the Patroni image (idem/patroni) on the PostgreSQL one")
+	golang := fs.Bool("golang", false, "also build idem/golang (this machine's Go toolchain on the Debian base), deploy/Dockerfile's build image")
 	force := fs.Bool("force", false, "rebuild images the engine already has")
 	mirror := fs.String("mirror", images.DefaultMirror, "Debian mirror for debootstrap and apt")
 	verbose := fs.Bool("v", false, "show the output of debootstrap, go build and docker build")
@@ -60,6 +61,7 @@ func runImagesBuild(ctx context.Context, args []string, env *Env) error {
 		Root:    root,
 		Mirror:  *mirror,
 		Patroni: *patroni,
+		Golang:  *golang,
 		Force:   *force,
 		Logger:  slog.New(slog.NewTextHandler(env.Stderr, nil)),
 	}

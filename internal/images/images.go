@@ -37,6 +37,7 @@ const (
 	PostgresRepo = "idem/postgres"
 	PatroniRepo  = "idem/patroni"
 	IdemRepo     = "idem/idem"
+	GolangRepo   = "idem/golang"
 
 	// DebianSuite is the Debian release of the base image.
 	DebianSuite = "bookworm"
@@ -55,6 +56,8 @@ var (
 	postgresEntrypoint []byte
 	//go:embed patroni.Dockerfile
 	patroniDockerfile []byte
+	//go:embed golang.Dockerfile
+	golangDockerfile []byte
 )
 
 // Set is the content-tagged names of the images for one source tree.
@@ -63,6 +66,7 @@ type Set struct {
 	Postgres string // idem/postgres:15-<hash>
 	Patroni  string // idem/patroni:15-<hash>
 	Idem     string // idem/idem:<hash>
+	Golang   string // idem/golang:<go version>, the host's toolchain
 }
 
 // Tags returns the image names for the module rooted at root (the directory
@@ -80,6 +84,7 @@ func Tags(root string) (Set, error) {
 		Postgres: PostgresRepo + ":" + PostgresMajor + "-" + pg,
 		Patroni:  PatroniRepo + ":" + PostgresMajor + "-" + shortHash([]byte(pg), patroniDockerfile),
 		Idem:     IdemRepo + ":" + src,
+		Golang:   GolangRepo + ":" + strings.TrimPrefix(runtime.Version(), "go") + "-" + shortHash(golangDockerfile),
 	}, nil
 }
 
@@ -156,6 +161,9 @@ type Options struct {
 	Mirror string
 	// Patroni also builds the Patroni image on the PostgreSQL one.
 	Patroni bool
+	// Golang also builds idem/golang, the host's Go toolchain on the
+	// Debian base: deploy/Dockerfile's default build image.
+	Golang bool
 	// Force rebuilds images the engine already has.
 	Force bool
 	// Docker is the docker command (default "docker"); Debootstrap likewise.
@@ -217,6 +225,9 @@ func Build(ctx context.Context, o Options) ([]Result, error) {
 	}
 	if o.Patroni {
 		steps = append(steps, step{tags.Patroni, PatroniRepo + ":" + PostgresMajor, b.patroni})
+	}
+	if o.Golang {
+		steps = append(steps, step{tags.Golang, GolangRepo + ":" + goMinor(), b.golang})
 	}
 	steps = append(steps, step{tags.Idem, IdemRepo + ":dev", b.idem})
 	var out []Result
@@ -467,4 +478,33 @@ func (b *builder) etcdctl(ctx context.Context, goEnv func(*exec.Cmd), out string
 		}
 	}
 	return nil
+}
+
+// goMinor is the Go version without its patch number ("1.26").
+func goMinor() string {
+	v := strings.TrimPrefix(runtime.Version(), "go")
+	if parts := strings.SplitN(v, ".", 3); len(parts) >= 2 {
+		return parts[0] + "." + parts[1]
+	}
+	return v
+}
+
+// golang copies the host's GOROOT onto the Debian base.
+func (b *builder) golang(ctx context.Context) (string, error) {
+	goroot, err := b.run(ctx, nil, "go", "env", "GOROOT")
+	if err != nil {
+		return "", err
+	}
+	dir, err := os.MkdirTemp("", "idem-golang-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(dir)
+	if err := os.WriteFile(filepath.Join(dir, "Dockerfile"), golangDockerfile, 0o644); err != nil {
+		return "", err
+	}
+	if _, err := b.run(ctx, nil, "cp", "-a", strings.TrimSpace(goroot), filepath.Join(dir, "go")); err != nil {
+		return "", err
+	}
+	return "", b.dockerBuild(ctx, dir, "--build-arg", "BASE_IMAGE="+b.tags.Debian, "-t", b.tags.Golang)
 }

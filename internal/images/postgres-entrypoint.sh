@@ -16,7 +16,7 @@ if [ ! -s "$PGDATA/PG_VERSION" ]; then
     --auth-local=peer --auth-host=scram-sha-256 >/dev/null
   rm -f "$pwfile"
   printf 'host all all 0.0.0.0/0 scram-sha-256\nhost all all ::/0 scram-sha-256\n' >> "$PGDATA/pg_hba.conf"
-  for db in ${IDEM_POSTGRES_DATABASES:-}; do
+  for db in ${POSTGRES_DATABASES:-}; do
     case "$db" in
       *[!a-z0-9_]*|"") echo "idem-postgres: database name $db: only a-z, 0-9 and _" >&2; exit 1 ;;
     esac

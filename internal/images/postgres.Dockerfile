@@ -2,7 +2,7 @@
 # `idemctl images build` (debootstrap + docker import): nothing is pulled.
 # The entrypoint creates the cluster on first start with the password from
 # POSTGRES_PASSWORD or POSTGRES_PASSWORD_FILE, creates the databases named in
-# IDEM_POSTGRES_DATABASES, and serves on every interface with
+# POSTGRES_DATABASES, and serves on every interface with
 # scram-sha-256 password authentication.
 ARG BASE_IMAGE=idem/debian:bookworm
 FROM ${BASE_IMAGE}
