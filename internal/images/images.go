@@ -43,6 +43,8 @@ const (
 	DebianSuite = "bookworm"
 	// PostgresMajor is the PostgreSQL version of the store image.
 	PostgresMajor = "15"
+	// hostCABundle is the host's CA bundle, copied into the images.
+	hostCABundle = "/etc/ssl/certs/ca-certificates.crt"
 	// DefaultMirror is the Debian mirror debootstrap and apt use.
 	DefaultMirror = "http://deb.debian.org/debian"
 )
@@ -78,13 +80,14 @@ func Tags(root string) (Set, error) {
 	if err != nil {
 		return Set{}, err
 	}
+	caBundle, _ := os.ReadFile(hostCABundle) // missing: Build says so
 	pg := shortHash(postgresDockerfile, postgresEntrypoint, []byte(DebianSuite))
 	return Set{
 		Debian:   DebianRepo + ":" + DebianSuite,
 		Postgres: PostgresRepo + ":" + PostgresMajor + "-" + pg,
 		Patroni:  PatroniRepo + ":" + PostgresMajor + "-" + shortHash([]byte(pg), patroniDockerfile),
 		Idem:     IdemRepo + ":" + src,
-		Golang:   GolangRepo + ":" + strings.TrimPrefix(runtime.Version(), "go") + "-" + shortHash(golangDockerfile),
+		Golang:   GolangRepo + ":" + strings.TrimPrefix(runtime.Version(), "go") + "-" + shortHash(golangDockerfile, caBundle),
 	}, nil
 }
 
@@ -419,7 +422,7 @@ func (b *builder) idem(ctx context.Context) (string, error) {
 		note = "etcdctl left out: " + err.Error()
 		b.o.Logger.Warn("images: "+note, "image", b.tags.Idem)
 	}
-	ca, err := os.ReadFile("/etc/ssl/certs/ca-certificates.crt")
+	ca, err := os.ReadFile(hostCABundle)
 	if err != nil {
 		return "", fmt.Errorf("CA certificates (Debian: apt-get install ca-certificates): %w", err)
 	}
@@ -501,6 +504,13 @@ func (b *builder) golang(ctx context.Context) (string, error) {
 	}
 	defer os.RemoveAll(dir)
 	if err := os.WriteFile(filepath.Join(dir, "Dockerfile"), golangDockerfile, 0o644); err != nil {
+		return "", err
+	}
+	ca, err := os.ReadFile(hostCABundle)
+	if err != nil {
+		return "", fmt.Errorf("CA certificates (Debian: apt-get install ca-certificates): %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "ca-certificates.crt"), ca, 0o644); err != nil {
 		return "", err
 	}
 	if _, err := b.run(ctx, nil, "cp", "-a", strings.TrimSpace(goroot), filepath.Join(dir, "go")); err != nil {
