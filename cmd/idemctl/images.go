@@ -22,15 +22,13 @@ func runImages(ctx context.Context, args []string, env *Env) error {
 	case "build":
 		return runImagesBuild(ctx, args[1:], env)
 	case "tags":
-		tags, err := images.Tags(".")
+		root, err := images.ModuleRoot(".")
 		if err != nil {
-			root, rerr := images.ModuleRoot(".")
-			if rerr != nil {
-				return rerr
-			}
-			if tags, err = images.Tags(root); err != nil {
-				return err
-			}
+			return err
+		}
+		tags, err := images.Tags(root)
+		if err != nil {
+			return err
 		}
 		fmt.Fprintf(env.Stdout, "%s\n%s\n%s\n%s\n%s\n", tags.Debian, tags.Postgres, tags.Patroni, tags.Golang, tags.Idem)
 		return nil

@@ -76,6 +76,10 @@ type Set struct {
 // go.sum and every non-test .go file; the PostgreSQL and Patroni tags hash
 // their Dockerfiles and entrypoint.
 func Tags(root string) (Set, error) {
+	root, err := filepath.Abs(root)
+	if err != nil {
+		return Set{}, err
+	}
 	src, err := sourceHash(root)
 	if err != nil {
 		return Set{}, err
