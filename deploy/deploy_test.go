@@ -1,6 +1,7 @@
 // Package deploy holds no code: these tests keep the deployment files in
-// this directory consistent with the code they deploy. They read files only;
-// nothing is started.
+// this directory consistent with the code they deploy. They read files
+// only, except TestComposePostgresProfile, which runs the compose file's
+// postgres profile with docker-compose (skipped without it or the images).
 package deploy
 
 import (

@@ -29,13 +29,15 @@ type Env struct {
 
 func commands() map[string]command {
 	return map[string]command{
-		"up":        {"start a local cluster (PostgreSQL + idemd nodes) and print its endpoints", runUp},
-		"migrate":   {"apply the store's migrations to --database-url", runMigrate},
-		"bench":     {"benchmark the payment write with and without the idempotency layer", runBench},
-		"provider":  {"serve the payment provider simulator", runProvider},
-		"placement": {"get or set a tenant's home region (placement get|set --tenant T [--region R]), or the default regions (placement defaults --regions A,B)", runPlacement},
-		"region":    {"region status, failover --from A --to B, failback --region A, handover of a failed region's records", runRegion},
-		"chaos":     {"chaos tests: list the scenarios, or run them against a local cluster and check the history (chaos list|run)", runChaos},
+		"up":          {"start a local cluster (PostgreSQL + idemd nodes) and print its endpoints", runUp},
+		"migrate":     {"apply the store's migrations to --database-url", runMigrate},
+		"bench":       {"benchmark the payment write with and without the idempotency layer", runBench},
+		"provider":    {"serve the payment provider simulator", runProvider},
+		"placement":   {"get or set a tenant's home region (placement get|set --tenant T [--region R]), or the default regions (placement defaults --regions A,B)", runPlacement},
+		"region":      {"region status, failover --from A --to B, failback --region A, handover of a failed region's records", runRegion},
+		"images":      {"build the container images with the local Docker engine, nothing pulled (images build [--patroni] | images tags)", runImages},
+		"healthcheck": {"GET a URL and exit non-zero unless it answers 200 (the idem image's container health check)", runHealthcheck},
+		"chaos":       {"chaos tests: list the scenarios, or run them against a local cluster and check the history (chaos list|run)", runChaos},
 	}
 }
 
@@ -85,7 +87,7 @@ func usage(w io.Writer, cmds map[string]command) {
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		fmt.Fprintf(w, "  %-10s %s\n", n, cmds[n].summary)
+		fmt.Fprintf(w, "  %-11s %s\n", n, cmds[n].summary)
 	}
 	fmt.Fprintln(w, "\nEvery flag can also be set as IDEM_<FLAG> (--database-url as IDEM_DATABASE_URL).")
 }
