@@ -241,3 +241,98 @@ func freeAddr(t *testing.T) string {
 	defer l.Close()
 	return l.Addr().String()
 }
+
+// TestStrictSyncWithoutStandby kills both replicas: the primary keeps the
+// leader key but cannot acknowledge a commit (it waits for a synchronous
+// standby, wait event SyncRep), and acknowledges it once a replica is
+// back. An isolated primary therefore acknowledges nothing it could lose.
+func TestStrictSyncWithoutStandby(t *testing.T) {
+	c := startStore(t)
+	ctx := t.Context()
+	leader, err := c.Leader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := pgx.Connect(ctx, leader.URLWithPassword("idem_test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	if _, err := admin.Exec(ctx, "CREATE TABLE acks (id bigint PRIMARY KEY)"); err != nil {
+		t.Fatal(err)
+	}
+	var replicas []*pgha.Member
+	for _, m := range c.Members() {
+		if m != leader {
+			replicas = append(replicas, m)
+			if err := m.Kill(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	conn, err := pgx.Connect(ctx, leader.URLWithPassword("idem_test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var pid int
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	committed := make(chan error, 1)
+	go func() {
+		_, err := conn.Exec(ctx, "INSERT INTO acks (id) VALUES (1)")
+		committed <- err
+	}()
+	// The commit waits for a synchronous standby.
+	for {
+		var event *string
+		if err := admin.QueryRow(ctx, "SELECT wait_event FROM pg_stat_activity WHERE pid = $1", pid).Scan(&event); err != nil {
+			t.Fatal(err)
+		}
+		if event != nil && *event == "SyncRep" {
+			break
+		}
+		select {
+		case err := <-committed:
+			t.Fatalf("the primary acknowledged a commit without a synchronous standby (err %v)", err)
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	select {
+	case err := <-committed:
+		t.Fatalf("the primary acknowledged a commit without a synchronous standby (err %v)", err)
+	default:
+	}
+
+	// A replica comes back and becomes the synchronous standby: the commit
+	// is acknowledged, and the replica has it.
+	if err := replicas[0].Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-committed; err != nil {
+		t.Fatalf("commit once a standby is back: %v", err)
+	}
+	rconn, err := pgx.Connect(ctx, replicas[0].URLWithPassword("idem_test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rconn.Close(context.Background())
+	for {
+		var n int
+		if err := rconn.QueryRow(ctx, "SELECT count(*) FROM acks WHERE id = 1").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			break
+		}
+		// Flushed on the standby; its replay may lag a moment behind.
+		if ctx.Err() != nil {
+			t.Fatal(ctx.Err())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
