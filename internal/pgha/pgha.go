@@ -256,7 +256,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			return nil, err
 		}
 	}
-	if err := c.WaitHealthy(ctx); err != nil {
+	if err := c.waitStarted(ctx); err != nil {
 		return nil, err
 	}
 	if opts.Database != "" {
@@ -267,6 +267,44 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	ok = true
 	log.Info("pgha: store ready", "members", len(c.members), "dir", c.dir)
 	return c, nil
+}
+
+// waitStarted is WaitHealthy, failing at once, with the end of its log,
+// when an agent exits meanwhile (a broken installation, say patroni
+// without the python3-etcd module it needs for etcd3).
+func (c *Cluster) waitStarted(ctx context.Context) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	for _, m := range c.members {
+		m.mu.Lock()
+		exited := m.exited
+		m.mu.Unlock()
+		go func() {
+			select {
+			case <-exited:
+				cancel(fmt.Errorf("pgha: the agent of %s exited during startup:\n%s", m.Name, logTail(m.LogPath())))
+			case <-ctx.Done():
+			}
+		}()
+	}
+	err := c.WaitHealthy(ctx)
+	if cause := context.Cause(ctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, context.DeadlineExceeded) {
+		return cause
+	}
+	return err
+}
+
+// logTail returns the end of the file at path.
+func logTail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("(no log: %v)", err)
+	}
+	const tail = 2048
+	if len(b) > tail {
+		b = b[len(b)-tail:]
+	}
+	return strings.TrimSpace(string(b))
 }
 
 func setDuration(d *time.Duration, def time.Duration) {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -334,5 +335,35 @@ func TestStrictSyncWithoutStandby(t *testing.T) {
 			t.Fatal(ctx.Err())
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestAgentExitFailsStart: an agent that cannot run (here a patroni
+// program that exits at once) fails Start with its log instead of a wait
+// for ever.
+func TestAgentExitFailsStart(t *testing.T) {
+	if _, err := pgserver.FindBinDir(); err != nil {
+		t.Skip(err.Error())
+	}
+	// Readable by the postgres OS user the agents run as under root.
+	dir, err := os.MkdirTemp("", "pgha-broken-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	broken := filepath.Join(dir, "patroni")
+	if err := os.WriteFile(broken, []byte("#!/bin/sh\necho 'ModuleNotFoundError: no etcd here' >&2\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, err = pgha.Start(t.Context(), pgha.Options{
+		Members:     []pgha.MemberSpec{{Name: "a"}, {Name: "b"}},
+		EtcdHosts:   []string{"127.0.0.1:1"},
+		PatroniPath: broken,
+	})
+	if err == nil || !strings.Contains(err.Error(), "no etcd here") {
+		t.Fatalf("Start with an agent that exits: %v, want its log in the error", err)
 	}
 }
