@@ -117,7 +117,8 @@ type Config struct {
 	// standby has them, the leader key in the cluster's etcd. Nodes get a
 	// multi-host URL (target_session_attrs=read-write) that follows the
 	// primary; cluster.json lists the members (store.members). Its data is
-	// in <StateDir>/store-ha, new at every Start. It needs the Debian
+	// in <StateDir>/store-ha, new at every Start; it starts once etcd
+	// runs (the tenants are placed meanwhile). It needs the Debian
 	// package "patroni"; it does not work with TLS or DatabaseURL.
 	// Default false: one PostgreSQL server.
 	StoreHA bool
