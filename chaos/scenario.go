@@ -20,6 +20,9 @@ type Scenario struct {
 	NodesPerRegion int
 	// StoreMode is the cluster's store mode (default region-local).
 	StoreMode string
+	// StoreHA runs the global store replicated over the regions, managed
+	// by Patroni (cluster.Config.StoreHA; StoreMode must be global).
+	StoreHA bool
 	// NodeArgs are extra idemd flags for every node.
 	NodeArgs []string
 	// ReplayWindow is the nodes' --replay-window (default: idemd's).
@@ -107,6 +110,32 @@ func Catalogue() []Scenario {
 				return []Step{{KillNode(r[0], 1), 2 * time.Second}}
 			},
 			Catches: []string{"find-then-insert"},
+		},
+		{
+			Name: "store-primary-loss",
+			Description: "global store replicated over three regions (Patroni, synchronous and strict): the primary member's whole region " +
+				"dies (its PostgreSQL, its Patroni agent and its nodes, SIGKILL); the synchronous standby is promoted and the nodes' " +
+				"multi-host URL finds it: no acknowledged answer is lost; the store's recovery time is in the fault's notes",
+			Regions:   3,
+			StoreMode: "global",
+			StoreHA:   true,
+			Workload:  WorkloadConfig{Mix: map[Role]int{RoleRacer: 1, RoleNormal: 2}, RaceWidth: 2, Replays: 0.3},
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{{StorePrimaryLoss(), 2 * time.Second}}
+			},
+		},
+		{
+			Name: "store-partition",
+			Description: "global store replicated over three regions: the primary member is cut from its replicas and from etcd while the " +
+				"nodes still reach it; it acknowledges nothing it could lose (strict synchronous replication, then it demotes itself), " +
+				"a replica is promoted, and every write the isolated member acknowledged is on the new primary (no split brain)",
+			Regions:   3,
+			StoreMode: "global",
+			StoreHA:   true,
+			Workload:  WorkloadConfig{Mix: map[Role]int{RoleRacer: 1, RoleNormal: 2}, RaceWidth: 2, Replays: 0.3},
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{{StorePartition(), 2 * time.Second}}
+			},
 		},
 		{
 			Name: "partial-local-success",

@@ -13,6 +13,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/idemcoord/idem/internal/pgha"
 	"github.com/idemcoord/idem/internal/pgserver"
 )
 
@@ -37,7 +38,8 @@ type Cluster struct {
 	statePath   string // cluster.json, once written
 	storeMode   string
 	pg          *pgserver.Server
-	net         *network // nil unless Config.Proxied
+	store       *pgha.Cluster // nil unless Config.StoreHA
+	net         *network      // nil unless Config.Proxied
 	regions     []*regionState
 	tokens      map[string]string // tenant -> token
 	placements  map[string]string // tenant -> home region
@@ -124,12 +126,19 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		}
 		return err
 	}
-	wg.Go(func() { dbURLs, pgErr = c.startStore(sctx, &cfg); pgErr = failed(pgErr) })
+	if !cfg.StoreHA {
+		wg.Go(func() { dbURLs, pgErr = c.startStore(sctx, &cfg); pgErr = failed(pgErr) })
+	}
 	if cfg.EtcdMembers > 0 {
 		wg.Go(func() {
 			etcdErr = c.startEtcd(sctx, &cfg)
 			if etcdErr == nil {
 				c.placements, etcdErr = c.writePlacements(sctx, cfg.Tenants, cfg.Regions)
+			}
+			if etcdErr == nil && cfg.StoreHA {
+				// The replicated store keeps its leader key in etcd.
+				dbURLs, pgErr = c.startStoreHA(sctx, &cfg)
+				pgErr = failed(pgErr)
 			}
 			etcdErr = failed(etcdErr)
 		})
@@ -235,6 +244,12 @@ func (c *Cluster) stop(ctx context.Context) error {
 	if c.provider != nil {
 		stopAll([]*Process{c.provider})
 	}
+	if c.store != nil {
+		// Before etcd: the agents release the leader key as they stop.
+		if err := c.store.Stop(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("cluster: stop the replicated store: %w", err))
+		}
+	}
 	// The etcd followers stop first: a leader stopping while they are
 	// still connected hands its leadership over to one of them, which
 	// waits up to etcd's request timeout (7s) if that one is stopping too.
@@ -280,7 +295,7 @@ func (c *Cluster) stop(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("cluster: %w", err))
 		}
 	}
-	if len(nodes) > 0 || len(etcd) > 0 || c.provider != nil || c.pg != nil {
+	if len(nodes) > 0 || len(etcd) > 0 || c.provider != nil || c.pg != nil || c.store != nil {
 		c.log.Info("cluster: stopped", "elapsed", time.Since(began).Round(time.Millisecond))
 	}
 	return errors.Join(errs...)

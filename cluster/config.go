@@ -110,6 +110,19 @@ type Config struct {
 	// it is passed to every node as --store-mode.
 	StoreMode string
 
+	// StoreHA runs the global store (StoreMode StoreGlobal, which it
+	// requires, with etcd) as a replicated PostgreSQL store managed by
+	// Patroni (package internal/pgha): one member per region, named
+	// StoreMemberName(region), commits acknowledged once a synchronous
+	// standby has them, the leader key in the cluster's etcd. Nodes get a
+	// multi-host URL (target_session_attrs=read-write) that follows the
+	// primary; cluster.json lists the members (store.members). Its data is
+	// in <StateDir>/store-ha, new at every Start; it starts once etcd
+	// runs (the tenants are placed meanwhile). It needs the Debian
+	// package "patroni"; it does not work with TLS or DatabaseURL.
+	// Default false: one PostgreSQL server.
+	StoreHA bool
+
 	// RegionLeaseTTL is the nodes' --region-lease-ttl (with etcd).
 	// Default DefaultRegionLeaseTTL.
 	RegionLeaseTTL time.Duration
@@ -249,6 +262,20 @@ func (cfg *Config) setDefaults() error {
 	}
 	if cfg.EtcdMembers < 0 {
 		return fmt.Errorf("cluster: EtcdMembers %d is negative", cfg.EtcdMembers)
+	}
+	if cfg.StoreHA {
+		switch {
+		case cfg.StoreMode != StoreGlobal:
+			return fmt.Errorf("cluster: StoreHA needs StoreMode %s", StoreGlobal)
+		case cfg.EtcdMembers == 0:
+			return errors.New("cluster: StoreHA needs etcd (EtcdMembers)")
+		case cfg.DatabaseURL != "":
+			return errors.New("cluster: StoreHA starts its own store; DatabaseURL must be empty")
+		case cfg.TLS:
+			return errors.New("cluster: StoreHA does not support TLS yet")
+		case len(cfg.Regions) < 2:
+			return errors.New("cluster: StoreHA needs at least two regions (one store member each)")
+		}
 	}
 	if cfg.EtcdMembers > 0 {
 		if cfg.EtcdPath == "" {

@@ -21,12 +21,18 @@
 //	postgres/               PostgreSQL's data and log (only with a StateDir; a link to
 //	                        /var/tmp/idem-pgserver-<hash> if the postgres user cannot reach it)
 //	etcd/m<i>/              etcd member i's data (new at every Start)
+//	store-ha/<member>/      with Config.StoreHA, each replicated store member's patroni.yml
+//	                        (0600), data and patroni.log (new at every Start; a link to
+//	                        /var/tmp/idem-pgserver-<hash> if the postgres user cannot reach it)
 //	provider/               the provider simulator's charges
 //
 // In region-local store mode (the default) region R gets its own database
 // idem_<R with "-" as "_"> on the shared server, and every node of the
 // region uses it; in global store mode every region uses one database,
-// idem_global. Every process listens on free ports on 127.0.0.1. Nodes
+// idem_global; with Config.StoreHA that database is replicated over the
+// regions by Patroni (package internal/pgha), one member per region, and
+// the nodes reach it with a multi-host URL that follows the primary
+// ([Cluster.Store] kills and restarts members). Every process listens on free ports on 127.0.0.1. Nodes
 // authenticate one random development token (dev_<hex>) per tenant, and
 // are named <region>-<i> (their --node-id). Tokens and keys reach the
 // processes in the files of secrets/, never on a command line (which every

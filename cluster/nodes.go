@@ -22,7 +22,9 @@ import (
 func (c *Cluster) newNode(cfg *Config, rs *regionState, i int, env []string) (*Process, error) {
 	name := fmt.Sprintf("%s-%d", rs.name, i)
 	dbURL := rs.dbURL
-	if c.net != nil {
+	// The replicated store's multi-host URL is used as it is: the nodes
+	// reach its members directly, and its own links are proxied instead.
+	if c.net != nil && !isMultiHost(dbURL) {
 		var err error
 		if dbURL, err = c.proxyDatabase(name, dbURL); err != nil {
 			return nil, err

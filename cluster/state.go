@@ -30,6 +30,9 @@ type Info struct {
 	// Placements maps each tenant to its home region as Start placed it
 	// (empty without etcd, where every region serves every tenant).
 	Placements map[string]string `json:"placements"`
+	// Store lists the members of the replicated store of Config.StoreHA
+	// (omitted without).
+	Store *StoreInfo `json:"store,omitempty"`
 	// CAFile is the path of the CA certificate that signs every
 	// certificate of a cluster with Config.TLS (omitted without).
 	CAFile string `json:"caFile,omitempty"`
@@ -86,6 +89,7 @@ func (c *Cluster) Info() Info {
 		Tokens:        maps.Clone(c.tokens),
 		Placements:    maps.Clone(c.placements),
 		CAFile:        c.CAFile(),
+		Store:         c.storeInfo(),
 	}
 	if c.provider != nil {
 		info.ProviderAdminKey = c.secrets.adminKey

@@ -107,7 +107,9 @@ func (s *Store) Ping(ctx context.Context) error {
 //
 // fn may run several times and must have no effect outside the database.
 // Errors from fn are returned unchanged when not retryable; connection
-// failures are returned as *idem.Error with code STORE_UNAVAILABLE.
+// failures, and serialization failures or deadlocks that outlast
+// Options.TxAttempts, are returned as *idem.Error with code
+// STORE_UNAVAILABLE (wrapping the last error).
 func (s *Store) ExecTx(ctx context.Context, fn func(pgx.Tx) error) (err error) {
 	ctx, span := telemetry.Start(ctx, "store.tx", trace.SpanKindInternal)
 	defer func() { endSpan(span, err) }()
@@ -131,6 +133,15 @@ func (s *Store) ExecTx(ctx context.Context, fn func(pgx.Tx) error) (err error) {
 	}
 	if isUnavailable(err) {
 		return unavailable(err)
+	}
+	if code := sqlState(err); code == codeSerializationFailure || code == codeDeadlock {
+		// Every attempt lost a conflict and was rolled back: nothing was
+		// written, so the caller may retry the same request; that is a
+		// 503, not an internal error. A burst of retries on a store that
+		// has just failed over (every node's recovery worker and the
+		// clients' retries on the same keys) can get here.
+		return &idem.Error{Code: idem.ECodeStoreUnavailable, Message: "The idempotency store is contended; retry with the same key.",
+			Err: fmt.Errorf("store: transaction lost %d conflicts in a row: %w", s.txAttempts, err)}
 	}
 	return err
 }

@@ -48,6 +48,7 @@ func runUp(ctx context.Context, args []string, env *Env) error {
 	nodes := fs.Int("nodes-per-region", cluster.DefaultNodesPerRegion, "idemd nodes per region")
 	etcdMembers := fs.Int("etcd-members", upDefaultEtcdMembers, "etcd members to run (0: no etcd; every region then serves every tenant on its own)")
 	storeMode := fs.String("store-mode", cluster.StoreRegionLocal, "region-local (a database per region, requests forwarded to the tenant's home region) or global (one database for every region)")
+	storeHA := fs.Bool("store-ha", false, "with --store-mode global: run the store as PostgreSQL replicated over the regions (one member per region, synchronous replication, failover by Patroni on the cluster's etcd; needs the Debian package patroni); nodes connect with a multi-host URL that follows the primary")
 	withProvider := fs.Bool("provider", true, "run the payment provider simulator and send payments through it")
 	idemd := fs.String("idemd", "", "path of the idemd binary (default: next to idemctl, then ./bin, then PATH)")
 	etcd := fs.String("etcd", "", "path of the etcd binary (default: next to idemctl, then ./bin, then PATH)")
@@ -83,6 +84,9 @@ func runUp(ctx context.Context, args []string, env *Env) error {
 	}
 	if *storeMode != cluster.StoreRegionLocal && *storeMode != cluster.StoreGlobal {
 		return usageError{fmt.Errorf("--store-mode %q: want %s or %s", *storeMode, cluster.StoreRegionLocal, cluster.StoreGlobal)}
+	}
+	if *storeHA && (*storeMode != cluster.StoreGlobal || *etcdMembers == 0 || *dbURL != "" || *withTLS) {
+		return usageError{errors.New("--store-ha needs --store-mode global and etcd, and works neither with --database-url nor with --tls")}
 	}
 	if *window < 0 {
 		return usageError{fmt.Errorf("--replay-window %v is negative", *window)}
@@ -133,6 +137,7 @@ func runUp(ctx context.Context, args []string, env *Env) error {
 		Provider:       *withProvider,
 		IdemctlPath:    idemctl,
 		StoreMode:      *storeMode,
+		StoreHA:        *storeHA,
 		DatabaseURL:    *dbURL,
 		ReplayWindow:   *window,
 		ProxyRoutes:    *proxyRoutes,
@@ -217,9 +222,16 @@ func printUpSummary(w io.Writer, c *cluster.Cluster, tempState bool, took time.D
 		fmt.Fprintf(w, "  %-*s  %s\n", width, r.Name, strings.Join(r.Nodes, "  "))
 	}
 	fmt.Fprintln(w, "\nDatabase:")
-	if info.StoreMode == cluster.StoreGlobal {
+	switch {
+	case info.Store != nil:
+		// The multi-host URL holds the password: it is in cluster.json.
+		fmt.Fprintf(w, "  %-*s  replicated (Patroni), multi-host URL in cluster.json (regions[].databaseUrl)\n", width, "all regions")
+		for _, m := range info.Store.Members {
+			fmt.Fprintf(w, "  %-*s  %s  (Patroni API %s)\n", width, m.Region, m.URL, m.APIURL)
+		}
+	case info.StoreMode == cluster.StoreGlobal:
 		fmt.Fprintf(w, "  %-*s  %s\n", width, "all regions", info.DatabaseURL)
-	} else {
+	default:
 		for _, r := range info.Regions {
 			fmt.Fprintf(w, "  %-*s  %s\n", width, r.Name, r.DatabaseURL)
 		}

@@ -1,0 +1,124 @@
+package cluster_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/idemcoord/idem/cluster"
+	"github.com/idemcoord/idem/internal/pgha"
+)
+
+// TestStoreHA runs the global store replicated over three regions: the
+// nodes get the multi-host URL, cluster.json lists the members, and when
+// the primary member dies the nodes' own pools find the promoted one: an
+// answer given before the loss is replayed after it, and new payments
+// succeed again through every node.
+func TestStoreHA(t *testing.T) {
+	if _, err := exec.LookPath("patroni"); err != nil {
+		t.Skip(`patroni is not installed (Debian package "patroni")`)
+	}
+	dir := stateDir(t)
+	regions := []string{"eu-west", "us-east", "ap-south"}
+	c := startCluster(t, cluster.Config{
+		StateDir:    dir,
+		Regions:     regions,
+		EtcdMembers: 1,
+		StoreMode:   cluster.StoreGlobal,
+		StoreHA:     true,
+	})
+	info := c.Info()
+	raw, err := os.ReadFile(filepath.Join(dir, cluster.StateFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var onDisk struct {
+		Store struct {
+			Members []struct{ Name, Region, URL string }
+		}
+	}
+	if err := json.Unmarshal(raw, &onDisk); err != nil {
+		t.Fatal(err)
+	}
+	if len(onDisk.Store.Members) != len(regions) {
+		t.Fatalf("cluster.json store.members = %+v, want one per region", onDisk.Store.Members)
+	}
+	for i, m := range onDisk.Store.Members {
+		u, err := url.Parse(m.URL)
+		if err != nil || m.Name != cluster.StoreMemberName(regions[i]) || m.Region != regions[i] || u.Path != "/"+cluster.GlobalDatabase {
+			t.Errorf("store member %d = %+v, want %s in %s with a URL of %s", i, m, cluster.StoreMemberName(regions[i]), regions[i], cluster.GlobalDatabase)
+		}
+		if _, has := u.User.Password(); has {
+			t.Errorf("store member %s: its URL holds the password", m.Name)
+		}
+	}
+	for _, r := range info.Regions {
+		u, err := url.Parse(r.DatabaseURL)
+		if err != nil || strings.Count(u.Host, ",") != len(regions)-1 || u.Query().Get("target_session_attrs") != "read-write" {
+			t.Errorf("region %s: database URL %s, want every member and target_session_attrs=read-write", r.Name, u.Redacted())
+		}
+	}
+
+	token := info.Tokens["tenant-a"]
+	first := postPayment(t, info.Regions[0].URL, token, "ha-1", "invoice-ha-1")
+	if first.status != http.StatusCreated {
+		t.Fatalf("first payment: %d %s", first.status, first.body)
+	}
+
+	store := c.Store()
+	leader, err := store.Leader(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := leader.Kill(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range info.Regions {
+		// The node answers 503 until a standby is promoted and its pool
+		// has found it; then the payment made before the loss replays.
+		for {
+			again := postPayment(t, r.URL, token, "ha-1", "invoice-ha-1")
+			if again.status == http.StatusCreated {
+				if again.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(again.body, first.body) {
+					t.Errorf("region %s after the failover: %d (replayed %q)\n%s\nwant the first answer\n%s", r.Name, again.status, again.header.Get("Idempotent-Replayed"), again.body, first.body)
+				}
+				break
+			}
+			if again.status != http.StatusServiceUnavailable {
+				t.Fatalf("region %s after the failover: %d %s", r.Name, again.status, again.body)
+			}
+			if t.Context().Err() != nil {
+				t.Fatal(t.Context().Err())
+			}
+		}
+		if fresh := postPayment(t, r.URL, token, "ha-new-"+r.Name, "invoice-ha-"+r.Name); fresh.status != http.StatusCreated {
+			t.Errorf("region %s: new payment after the failover: %d %s", r.Name, fresh.status, fresh.body)
+		}
+	}
+	if now, err := store.Leader(t.Context()); err != nil || now == leader {
+		t.Errorf("leader after the failover = %v, %v; want another member than %s", now, err, leader.Name)
+	}
+
+	var pids []int
+	for _, m := range store.Members() {
+		if pid := m.Pid(); pid != 0 {
+			pids = append(pids, pid)
+		}
+		if pid := m.PostmasterPid(); pid != 0 {
+			pids = append(pids, pid)
+		}
+	}
+	stopCluster(t, c)
+	assertGone(t, pids)
+	if _, err := pgha.Start(context.Background(), pgha.Options{}); err == nil || errors.Is(err, pgha.ErrNotInstalled) {
+		t.Errorf("pgha.Start without members: %v, want a configuration error", err)
+	}
+}
