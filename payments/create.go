@@ -43,7 +43,6 @@ type createCall struct {
 // do runs one create_payment request through the service's engine.
 func (s *Service) do(ctx context.Context, req Request, cmd Command, hashes []string) (Result, error) {
 	c := &createCall{s: s, cmd: cmd, uncertain: req.Uncertain}
-	c.payment, c.event = s.newPayment(idem.Scope{Tenant: req.Tenant, Operation: Operation, Key: req.Key}, cmd)
 	ereq := engine.Request{
 		Operation: Operation, Tenant: req.Tenant, Key: req.Key, RequestHashes: hashes, Wait: req.Wait,
 		Claim: c.claim, Recover: c.recover, Execute: c.execute,
@@ -81,6 +80,9 @@ func (c *createCall) claim(ctx context.Context, begin idem.BeginRequest) (engine
 			return engine.Claim{}, err
 		}
 	}
+	// The payment is derived from the command (same id, same provider key
+	// in every attempt); a replay above never needs it.
+	c.payment, c.event = s.newPayment(begin.Scope, c.cmd)
 	var cl engine.Claim
 	err := s.store.ExecTx(ctx, func(tx pgx.Tx) (err error) {
 		if s.cfg.Provider == nil {
