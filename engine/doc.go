@@ -45,12 +45,42 @@
 // An operation whose final write belongs in one transaction with rows of
 // its own (a payment's status and its outbox event) writes the record
 // itself under [Attempt.Lease] and returns [Result.Stored]; the engine then
-// writes nothing. [Operation.UnknownCode] keeps a code its clients already
-// know for an unknown outcome (payments: PAYMENT_OUTCOME_UNKNOWN).
+// writes nothing (and an error returned with it goes to the caller as it
+// is). An error coded IDEMPOTENCY_REQUEST_IN_PROGRESS (what [Attempt.Check]
+// returns when the attempt's lock ran out) leaves the record to the owner
+// that will finish it. [Operation.UnknownCode] keeps a code its clients
+// already know for an unknown outcome (payments: PAYMENT_OUTCOME_UNKNOWN).
 //
-// Each execution costs one write more than the bare Coordinator calls (the
-// STARTED checkpoint); that write is what lets a takeover tell a record
-// that never acted from one that may have.
+// # Operations that own more of the path
+//
+// Three optional hooks let an operation over the in-process store keep
+// its own rows in the engine's transactions, without a second code path:
+//
+//   - [Operation.Claim] ([ClaimFunc]) claims the key in place of the
+//     Coordinator's Begin, in a transaction of the operation's own
+//     (store.BeginTx or an insert-first statement of its own) together
+//     with its rows. It may finish the operation there ([Claim.Done]: one
+//     transaction for record, rows and events), or write a checkpoint of
+//     its own ([Claim.Progress]), after which Execute runs without the
+//     STARTED write. It answers a takeover that needs the scope's lock
+//     as Begin does, and the engine locks and claims again with the token.
+//   - [Operation.Replay] renders a replayed answer from the stored record
+//     (payments rebuilds a response stored under an older schema).
+//   - [Attempt] tells Execute and Recover how the record was claimed
+//     ([Attempt.Outcome], [Attempt.Takeover], Record.Checkpoint, the
+//     fencing token in Lease) and whether a client waits for it
+//     ([Attempt.Background] is set by RecoverStale), so a takeover can
+//     depend on the checkpoint and on who took over: payments charges a
+//     payment left before the provider call for a client's retry, but
+//     only releases it for the recovery worker.
+//
+// [Request.Execute], [Request.Recover] and [Request.Claim] bind those
+// functions to one request (its parsed command, say).
+//
+// Each execution through the Coordinator's Begin costs one write more than
+// the bare Coordinator calls (the STARTED checkpoint); that write is what
+// lets a takeover tell a record that never acted from one that may have. A
+// Claim that writes its own progress saves it.
 //
 // Errors a client may see are *idem.Error with the codes of package idem.
 package engine

@@ -13,6 +13,7 @@ import (
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/fencing"
 	"github.com/idemcoord/idem/fingerprint"
+	"github.com/idemcoord/idem/internal/telemetry"
 )
 
 // Defaults of Options and Operation.
@@ -105,6 +106,41 @@ type Options struct {
 // at the attempt's lock timeout: an owner must not outlive its lock.
 type ExecuteFunc func(ctx context.Context, a *Attempt) (Result, error)
 
+// ClaimFunc claims a request's key in place of the Coordinator's Begin: an
+// operation over the in-process store calls store.BeginTx (or its own
+// insert-first statement) in a transaction of its own, together with rows
+// of its own, and may even finish the operation there (Claim.Done). It
+// must decide exactly as Begin does, including the replay fast path if it
+// wants one (store.ReadSettled). When the record must be taken over under
+// the scope's external lock (BeginRequest.ExternalFencing and no
+// FencingToken), it returns a Decision with OutcomeRecover and no lease,
+// as Begin does; the engine then takes the lock and calls it again with
+// the lock's token. An error wrapping idem.ErrFenced answers in progress.
+type ClaimFunc func(ctx context.Context, req idem.BeginRequest) (Claim, error)
+
+// Claim is what a ClaimFunc decided.
+type Claim struct {
+	// Decision is what Begin would have returned. Its Record is the record
+	// as found or taken over (its Checkpoint is how far an earlier owner
+	// got); for a new key it may be nil.
+	Decision idem.Decision
+	// Progress, when set, is a checkpoint the claim's own transaction
+	// wrote (rows of the operation's own came with it): the claim has
+	// started the operation, so the engine writes no CheckpointStarted
+	// and calls Execute even if the client has gone (Execute owns the
+	// rest). The engine still chooses Execute or Recover by
+	// Decision.Record's checkpoint, the earlier owner's.
+	Progress idem.Checkpoint
+	// Done, when set, says the claim's transaction also finished the
+	// operation and stored the record's final state (as with
+	// Result.Stored): the engine calls nothing and answers Done.
+	Done *Result
+}
+
+// ReplayFunc renders the answer to a retry of a finished record (COMPLETED
+// or FAILED_REPLAYABLE); rec.Response is what was stored.
+type ReplayFunc func(ctx context.Context, rec *idem.Record) (idem.Response, error)
+
 // Operation is a named operation the engine can run.
 type Operation struct {
 	// Name is the operation part of every scope (required).
@@ -129,6 +165,14 @@ type Operation struct {
 	// (OUTCOME_UNKNOWN); an operation whose clients already know another
 	// code keeps it (payments: PAYMENT_OUTCOME_UNKNOWN).
 	UnknownCode string
+	// Claim, when set, claims a request's key in place of the
+	// Coordinator's Begin (see ClaimFunc). RecoverStale always takes
+	// records over with Begin. Optional.
+	Claim ClaimFunc
+	// Replay, when set, renders a replayed answer from the stored record
+	// (a response stored under an older schema rebuilt in the current
+	// one, say). Default: the stored response, byte for byte.
+	Replay ReplayFunc
 }
 
 // Result is how an Execute or Recover call ended.
@@ -146,7 +190,10 @@ type Result struct {
 	// Stored says that Execute or Recover already wrote the record's next
 	// state under the attempt's lease, in the same transaction as its own
 	// rows (a payment and its outbox event, say): the engine writes nothing
-	// and reports Status (which must then be set).
+	// and reports Status (which must then be set when the error is nil).
+	// An error returned with a Stored result goes to the caller as it is:
+	// the operation has recorded what it means (or, if Status is empty,
+	// chose to leave the record as it is, to go stale at its lock).
 	Stored bool
 	// RecoveryOutcome, set by Recover, is the outcome RecoverStale counts
 	// for the record instead of the one its Status maps to (payments
@@ -160,11 +207,26 @@ type Attempt struct {
 	// Lease is carried by every write; Lease.Token is the fencing token
 	// downstream calls should carry too.
 	Lease idem.Lease
-	// Record is the record as this attempt took it.
+	// Record is the record as this attempt took it: Record.Checkpoint is
+	// how far an earlier owner got (RECEIVED for a new key).
 	Record *idem.Record
-	coord  idem.Coordinator
-	lock   *fencing.Lock
+	// Outcome is how the record was claimed: idem.OutcomeExecute (a new
+	// key), idem.OutcomeRecover (taken over from an earlier owner) or
+	// idem.OutcomeExpired (a key reused after its window).
+	Outcome idem.Outcome
+	// Background is true when RecoverStale runs the attempt: no client is
+	// waiting for it, so a Recover may choose to settle only what needs no
+	// client (payments releases a payment the provider never saw rather
+	// than charge it on its own).
+	Background bool
+	coord      idem.Coordinator
+	lock       *fencing.Lock
 }
+
+// Takeover reports whether the attempt took the record over from an
+// earlier owner (which may have acted, unless Record.Checkpoint is
+// RECEIVED).
+func (a *Attempt) Takeover() bool { return a.Outcome == idem.OutcomeRecover }
 
 // Checkpoint records progress under the attempt's lease. It fails with
 // idem.ErrFenced when another owner took over.
@@ -206,6 +268,12 @@ type Request struct {
 	// Execute, when set, replaces the Operation's Execute for this request
 	// (an HTTP handler bound to its request, for example).
 	Execute ExecuteFunc
+	// Recover, when set, replaces the Operation's Recover for this
+	// request's takeovers (RecoverStale uses the Operation's).
+	Recover ExecuteFunc
+	// Claim, when set, replaces the Operation's Claim for this request
+	// (a claim that writes rows made from the request's command).
+	Claim ClaimFunc
 }
 
 // Answer is the outcome of Do.
@@ -349,12 +417,21 @@ func (e *Engine) Do(ctx context.Context, req Request) (Answer, error) {
 	if !ok {
 		return Answer{}, idem.Errorf(idem.ECodeOperationUnknown, "No such operation.")
 	}
-	exec := req.Execute
-	if exec == nil {
-		exec = op.Execute
+	fns := funcs{execute: op.Execute, recover: op.Recover, claim: op.Claim}
+	if req.Execute != nil {
+		fns.execute = req.Execute
+	}
+	if req.Recover != nil {
+		fns.recover = req.Recover
+	}
+	if req.Claim != nil {
+		fns.claim = req.Claim
+	}
+	if fns.claim == nil {
+		fns.claim = e.begin
 	}
 	switch {
-	case exec == nil:
+	case fns.execute == nil:
 		return Answer{}, &idem.Error{Code: idem.ECodeInternal, Message: "Internal error.", Err: fmt.Errorf("engine: operation %q has no Execute", op.Name)}
 	case !idem.ValidKey(req.Key):
 		return Answer{}, idem.Errorf(idem.ECodeKeyInvalid, "An idempotency key is 1 to 255 visible ASCII characters.")
@@ -368,11 +445,11 @@ func (e *Engine) Do(ctx context.Context, req Request) (Answer, error) {
 	deadline := clock.Now().Add(min(max(req.Wait, 0), e.opts.MaxWait))
 	poll := e.opts.PollMin
 	for {
-		ans, err := e.attempt(ctx, op, begin, exec)
+		ans, err := e.attempt(ctx, op, begin, fns)
 		if idem.ErrorCode(err) != idem.ECodeInProgress {
 			if idem.ErrorCode(err) == idem.ECodeKeyReused {
 				e.opts.Logger.WarnContext(ctx, "idempotency key reused with a different request",
-					"tenant", begin.Tenant, "operation", begin.Operation, "key", begin.Key)
+					"tenant", begin.Tenant, "operation", begin.Operation, "key_hash", telemetry.KeyHash(begin.Key))
 			}
 			return ans, err
 		}
@@ -387,6 +464,19 @@ func (e *Engine) Do(ctx context.Context, req Request) (Answer, error) {
 	}
 }
 
+// funcs are the functions one request runs with: the Operation's, or the
+// Request's in their place.
+type funcs struct {
+	execute, recover ExecuteFunc
+	claim            ClaimFunc
+}
+
+// begin is the default ClaimFunc: the Coordinator's Begin.
+func (e *Engine) begin(ctx context.Context, req idem.BeginRequest) (Claim, error) {
+	d, err := e.coord.Begin(ctx, req)
+	return Claim{Decision: d}, err
+}
+
 func (e *Engine) beginRequest(op Operation, scope idem.Scope, hashes []string, owner, region string) idem.BeginRequest {
 	v := fingerprint.VersionOf(hashes[0])
 	if v == 0 {
@@ -398,49 +488,51 @@ func (e *Engine) beginRequest(op Operation, scope idem.Scope, hashes []string, o
 	}
 }
 
-// claim runs Begin and, when the record must be taken over under the
-// scope's external lock, takes the lock and runs Begin again with its token.
+// claim runs the claim and, when the record must be taken over under the
+// scope's external lock, takes the lock and claims again with its token.
 // The caller releases the returned lock (nil without one). A non-zero
 // expect (the recovery worker's) skips, as in progress, a record whose token
 // moved since it was listed: another recoverer got there first.
-func (e *Engine) claim(ctx context.Context, begin idem.BeginRequest, expect int64) (idem.Decision, *fencing.Lock, error) {
-	d, err := e.coord.Begin(ctx, begin)
+func (e *Engine) claim(ctx context.Context, begin idem.BeginRequest, expect int64, claim ClaimFunc) (Claim, *fencing.Lock, error) {
+	c, err := claim(ctx, begin)
 	if err != nil {
-		return d, nil, fenced(err)
+		return c, nil, fenced(err)
 	}
-	if d.Outcome != idem.OutcomeRecover || d.Lease.Token != 0 {
-		return d, nil, nil
+	d := c.Decision
+	if c.Done != nil || d.Outcome != idem.OutcomeRecover || d.Lease.Token != 0 {
+		return c, nil, nil
 	}
 	if expect != 0 && d.Record != nil && d.Record.FencingToken != expect {
-		return idem.Decision{Outcome: idem.OutcomeInProgress, Record: d.Record}, nil, nil
+		return Claim{Decision: idem.Decision{Outcome: idem.OutcomeInProgress, Record: d.Record}}, nil, nil
 	}
 	if e.opts.Locker == nil {
-		return idem.Decision{}, nil, &idem.Error{Code: idem.ECodeInternal, Message: "Internal error.",
+		return Claim{}, nil, &idem.Error{Code: idem.ECodeInternal, Message: "Internal error.",
 			Err: errors.New("engine: the coordinator asked for an external lock but none is configured")}
 	}
 	lock, err := e.opts.Locker.TryLock(ctx, LockKey(begin.Scope))
 	switch {
 	case errors.Is(err, fencing.ErrLocked):
-		return idem.Decision{}, nil, errInProgress(err)
+		return Claim{}, nil, errInProgress(err)
 	case err != nil:
-		return idem.Decision{}, nil, &idem.Error{Code: idem.ECodeUnavailable, Message: "The recovery lock service is unavailable; retry with the same key.", Err: err}
+		return Claim{}, nil, &idem.Error{Code: idem.ECodeUnavailable, Message: "The recovery lock service is unavailable; retry with the same key.", Err: err}
 	}
 	begin.FencingToken = lock.Token()
-	d, err = e.coord.Begin(ctx, begin)
-	if err == nil && d.Outcome == idem.OutcomeRecover && d.Lease.Token == 0 {
+	c, err = claim(ctx, begin)
+	if err == nil && c.Done == nil && c.Decision.Outcome == idem.OutcomeRecover && c.Decision.Lease.Token == 0 {
 		err = &idem.Error{Code: idem.ECodeInternal, Message: "Internal error.", Err: errors.New("engine: takeover with a fencing token granted no lease")}
 	}
 	if err != nil {
 		unlock(ctx, lock)
-		return idem.Decision{}, nil, fenced(err)
+		return Claim{}, nil, fenced(err)
 	}
-	return d, lock, nil
+	return c, lock, nil
 }
 
 // fenced turns a rejected takeover or write into "in progress": another
-// owner holds the record.
+// owner holds the record. An error that already answers in progress is
+// kept as it is.
 func fenced(err error) error {
-	if errors.Is(err, idem.ErrFenced) {
+	if errors.Is(err, idem.ErrFenced) && idem.ErrorCode(err) != idem.ECodeInProgress {
 		return errInProgress(err)
 	}
 	return err
@@ -456,19 +548,29 @@ func unlock(ctx context.Context, lock *fencing.Lock) {
 }
 
 // attempt runs one claim and whatever it allows.
-func (e *Engine) attempt(ctx context.Context, op Operation, begin idem.BeginRequest, exec ExecuteFunc) (Answer, error) {
-	d, lock, err := e.claim(ctx, begin, 0)
+func (e *Engine) attempt(ctx context.Context, op Operation, begin idem.BeginRequest, fns funcs) (Answer, error) {
+	c, lock, err := e.claim(ctx, begin, 0, fns.claim)
 	if err != nil {
 		return Answer{}, err
 	}
 	defer unlock(ctx, lock)
+	d := c.Decision
 	ans := Answer{Outcome: d.Outcome, ExpiredRetry: d.ExpiredRetry}
+	if c.Done != nil {
+		return e.stored(ans, op, *c.Done, nil)
+	}
 	switch d.Outcome {
 	case idem.OutcomeReplay:
 		if d.Record == nil || d.Record.Response == nil {
 			return ans, &idem.Error{Code: idem.ECodeInternal, Message: "Internal error.", Err: errors.New("engine: replayed record has no response")}
 		}
-		ans.Response, ans.Status, ans.Replayed = *d.Record.Response, d.Record.Status, true
+		resp := *d.Record.Response
+		if op.Replay != nil {
+			if resp, err = op.Replay(ctx, d.Record); err != nil {
+				return ans, err
+			}
+		}
+		ans.Response, ans.Status, ans.Replayed = resp, d.Record.Status, true
 		return ans, nil
 	case idem.OutcomeConflict:
 		return ans, errKeyReused()
@@ -478,27 +580,36 @@ func (e *Engine) attempt(ctx context.Context, op Operation, begin idem.BeginRequ
 	default:
 		return ans, &idem.Error{Code: idem.ECodeInternal, Message: "Internal error.", Err: fmt.Errorf("engine: unexpected outcome %v", d.Outcome)}
 	}
-	a := &Attempt{Lease: d.Lease, Record: d.Record, coord: e.coord, lock: lock}
-	if d.Outcome == idem.OutcomeRecover && d.Record.Checkpoint != idem.CheckpointReceived {
-		if op.Recover == nil {
+	rec := d.Record
+	if rec == nil {
+		// A ClaimFunc's insert need not read its record back.
+		rec = &idem.Record{Scope: begin.Scope, RequestHash: begin.RequestHashes[0], HashVersion: begin.HashVersion,
+			Status: idem.StatusInProgress, Checkpoint: idem.CheckpointReceived, Owner: d.Lease.Owner,
+			FencingToken: d.Lease.Token, HomeRegion: begin.HomeRegion}
+	}
+	a := &Attempt{Lease: d.Lease, Record: rec, Outcome: d.Outcome, coord: e.coord, lock: lock}
+	if d.Outcome == idem.OutcomeRecover && rec.Checkpoint != idem.CheckpointReceived {
+		if fns.recover == nil {
 			e.opts.Logger.WarnContext(ctx, "record needs recovery and its operation has none",
-				"tenant", begin.Tenant, "operation", begin.Operation, "key", begin.Key, "checkpoint", d.Record.Checkpoint)
+				"tenant", begin.Tenant, "operation", begin.Operation, "key_hash", telemetry.KeyHash(begin.Key), "checkpoint", rec.Checkpoint)
 			if err := e.markUnknown(ctx, a, op.UnknownCode); err != nil {
 				return ans, err
 			}
 			ans.Status = idem.StatusUnknown
 			return ans, errOutcomeUnknown(op.UnknownCode)
 		}
-		return e.run(ctx, ans, op, a, op.Recover, false)
+		return e.run(ctx, ans, op, a, fns.recover, false)
 	}
-	return e.run(ctx, ans, op, a, exec, true)
+	// A claim that wrote progress of its own has started the operation:
+	// Execute owns the rest.
+	return e.run(ctx, ans, op, a, fns.execute, c.Progress == "")
 }
 
-// run calls fn under a and stores how it ended. fresh says fn is Execute:
-// CheckpointStarted is written first, and a client already gone releases
-// the record before any side effect.
-func (e *Engine) run(ctx context.Context, ans Answer, op Operation, a *Attempt, fn ExecuteFunc, fresh bool) (Answer, error) {
-	if fresh {
+// run calls fn under a and stores how it ended. start says fn is Execute
+// on a record nobody has acted on: CheckpointStarted is written first, and
+// a client already gone releases the record before any side effect.
+func (e *Engine) run(ctx context.Context, ans Answer, op Operation, a *Attempt, fn ExecuteFunc, start bool) (Answer, error) {
+	if start {
 		if err := ctx.Err(); err != nil {
 			e.release(ctx, a, idem.ECodeUnavailable)
 			ans.Status = idem.StatusFailedRetryable
@@ -512,6 +623,9 @@ func (e *Engine) run(ctx context.Context, ans Answer, op Operation, a *Attempt, 
 		}
 	}
 	res, err := e.call(ctx, op, a, fn)
+	if res.Stored {
+		return e.stored(ans, op, res, err)
+	}
 	// The answer is recorded for the client's retry even if this client
 	// has gone.
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
@@ -519,7 +633,11 @@ func (e *Engine) run(ctx context.Context, ans Answer, op Operation, a *Attempt, 
 	if err != nil {
 		switch {
 		case errors.Is(err, idem.ErrFenced):
-			return ans, errInProgress(err)
+			return ans, fenced(err)
+		case idem.ErrorCode(err) == idem.ECodeInProgress:
+			// Another owner will finish (Attempt.Check's error): the
+			// record is theirs to write.
+			return ans, err
 		case IsRetryable(err):
 			ans.Status = idem.StatusFailedRetryable
 			e.release(wctx, a, idem.ErrorCode(err))
@@ -532,13 +650,6 @@ func (e *Engine) run(ctx context.Context, ans Answer, op Operation, a *Attempt, 
 		return ans, err
 	}
 	ans.Response, ans.Status, ans.recoveryOutcome = res.Response, res.Status, res.RecoveryOutcome
-	if res.Stored {
-		if !storedStatus(res.Status) {
-			return ans, &idem.Error{Code: idem.ECodeInternal, Message: "Internal error.",
-				Err: fmt.Errorf("engine: operation %q stored status %q", op.Name, res.Status)}
-		}
-		return ans, nil
-	}
 	var werr error
 	switch res.Status {
 	case "", idem.StatusCompleted:
@@ -565,6 +676,20 @@ func (e *Engine) run(ctx context.Context, ans Answer, op Operation, a *Attempt, 
 	}
 	if werr != nil {
 		return ans, fenced(werr)
+	}
+	return ans, nil
+}
+
+// stored answers a Result whose state the operation stored itself
+// (Result.Stored, Claim.Done): the engine writes nothing.
+func (e *Engine) stored(ans Answer, op Operation, res Result, err error) (Answer, error) {
+	ans.Response, ans.Status, ans.recoveryOutcome = res.Response, res.Status, res.RecoveryOutcome
+	if err != nil {
+		return ans, fenced(err)
+	}
+	if !storedStatus(res.Status) {
+		return ans, &idem.Error{Code: idem.ECodeInternal, Message: "Internal error.",
+			Err: fmt.Errorf("engine: operation %q stored status %q", op.Name, res.Status)}
 	}
 	return ans, nil
 }

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/coordclient"
 	"github.com/idemcoord/idem/engine"
@@ -646,5 +648,220 @@ func TestOperationStoresItsOwnOutcome(t *testing.T) {
 	storetest.Exec(t, st, `UPDATE idempotency_records SET locked_until = now() - INTERVAL '1 second' WHERE idempotency_key = 'k-code'`)
 	if _, err := e2.Do(ctx, req); idem.ErrorCode(err) != code {
 		t.Fatalf("retry of an unknown record = %v, want %s", err, code)
+	}
+}
+
+// transferClaim is a ClaimFunc that claims in a transaction of its own
+// with a row of its own (a transfer): with done, it completes the record in
+// that same transaction; otherwise it writes checkpoint DEBITED there and
+// leaves the rest to Execute.
+func transferClaim(st *store.Store, done bool, amount string) engine.ClaimFunc {
+	return func(ctx context.Context, req idem.BeginRequest) (engine.Claim, error) {
+		var c engine.Claim
+		err := st.ExecTx(ctx, func(tx pgx.Tx) error {
+			c = engine.Claim{}
+			d, err := store.BeginTx(ctx, tx, req)
+			if err != nil {
+				return err
+			}
+			c.Decision = d
+			if d.Outcome != idem.OutcomeExecute {
+				return nil
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO transfers (tenant_id, idempotency_key, amount) VALUES ($1, $2, $3)`, req.Tenant, req.Key, amount); err != nil {
+				return err
+			}
+			if !done {
+				c.Progress = "DEBITED"
+				return store.CheckpointTx(ctx, tx, d.Lease, c.Progress, 0)
+			}
+			resp := idem.Response{Status: 201, Body: []byte(`{"amount":"` + amount + `"}`)}
+			c.Done = &engine.Result{Stored: true, Status: idem.StatusCompleted, Response: resp}
+			return store.CompleteTx(ctx, tx, d.Lease, idem.Completion{Response: resp, ResourceType: "transfer", ResourceID: req.Key})
+		})
+		return c, err
+	}
+}
+
+// TestClaimHook: an operation claims in its own transaction with rows of
+// its own, finishing there or handing over to Execute without a STARTED
+// write; replays go through its Replay; its Execute and Recover see how the
+// record was claimed (new, taken over, by the recovery worker).
+func TestClaimHook(t *testing.T) {
+	st, _ := storetest.New(t)
+	ctx := ctxOf(t)
+	storetest.Exec(t, st, `CREATE TABLE transfers (tenant_id TEXT NOT NULL, idempotency_key TEXT NOT NULL, amount TEXT NOT NULL,
+		PRIMARY KEY (tenant_id, idempotency_key))`)
+	var (
+		op          counting
+		bgRecovered atomic.Int32
+	)
+	e := newEngine(t, st, engine.Options{}, engine.Operation{
+		Execute: op.execute,
+		Claim:   transferClaim(st, true, "1"),
+		Replay: func(_ context.Context, rec *idem.Record) (idem.Response, error) {
+			r := *rec.Response
+			r.Body = append([]byte("replayed "), r.Body...)
+			return r, nil
+		},
+		Recover: func(_ context.Context, a *engine.Attempt) (engine.Result, error) {
+			bgRecovered.Add(1)
+			if !a.Background || !a.Takeover() || a.Record.Checkpoint != "DEBITED" {
+				t.Errorf("worker's Recover: background %v, takeover %v, checkpoint %s; want a background takeover at DEBITED",
+					a.Background, a.Takeover(), a.Record.Checkpoint)
+			}
+			// Nothing it may settle without the client.
+			return engine.Result{Status: idem.StatusUnknown}, nil
+		},
+	})
+	h := hashes(t, map[string]any{"amount": "1"})
+	transfers := func(key string) int {
+		return storetest.Count(t, st, `SELECT count(*) FROM transfers WHERE idempotency_key = $1`, key)
+	}
+
+	// Claim and finish in one transaction: Execute never runs.
+	ans, err := e.Do(ctx, request("k-one", h))
+	if err != nil || ans.Outcome != idem.OutcomeExecute || ans.Status != idem.StatusCompleted || string(ans.Response.Body) != `{"amount":"1"}` {
+		t.Fatalf("claim that finishes = %+v, %v", ans, err)
+	}
+	if op.n.Load() != 0 || transfers("k-one") != 1 {
+		t.Fatalf("executions %d, transfers %d; want 0 and 1", op.n.Load(), transfers("k-one"))
+	}
+	if rec := record(t, st, "k-one"); rec.Status != idem.StatusCompleted || rec.Checkpoint != idem.CheckpointCompleted {
+		t.Fatalf("record = %s at %s", rec.Status, rec.Checkpoint)
+	}
+	ans, err = e.Do(ctx, request("k-one", h))
+	if err != nil || !ans.Replayed || string(ans.Response.Body) != `replayed {"amount":"1"}` {
+		t.Fatalf("replay = %+v %q, %v; want the Replay hook's answer", ans, ans.Response.Body, err)
+	}
+	if _, err := e.Do(ctx, request("k-one", hashes(t, map[string]any{"amount": "2"}))); idem.ErrorCode(err) != idem.ECodeKeyReused {
+		t.Fatalf("other command = %v, want %s", err, idem.ECodeKeyReused)
+	}
+
+	// A claim that writes progress of its own: Execute follows without a
+	// STARTED write and sees a new key.
+	req := request("k-progress", h)
+	req.Claim = transferClaim(st, false, "3")
+	req.Execute = func(ctx context.Context, a *engine.Attempt) (engine.Result, error) {
+		if a.Takeover() || a.Outcome != idem.OutcomeExecute || a.Background {
+			t.Errorf("Execute of a new key: outcome %v, takeover %v, background %v", a.Outcome, a.Takeover(), a.Background)
+		}
+		if rec := record(t, st, "k-progress"); rec.Checkpoint != "DEBITED" {
+			t.Errorf("checkpoint while Execute runs = %s, want the claim's DEBITED", rec.Checkpoint)
+		}
+		return engine.Result{Response: idem.Response{Status: 201, Body: []byte("sent")}}, nil
+	}
+	if ans, err := e.Do(ctx, req); err != nil || string(ans.Response.Body) != "sent" {
+		t.Fatalf("claim with progress = %+v, %v", ans, err)
+	}
+	if rec := record(t, st, "k-progress"); rec.Status != idem.StatusCompleted || transfers("k-progress") != 1 {
+		t.Fatalf("record = %s, transfers %d", rec.Status, transfers("k-progress"))
+	}
+
+	// The answer is lost after the claim's progress: the worker's Recover
+	// runs in the background and leaves it; the client's retry runs the
+	// request's Recover, a takeover at DEBITED.
+	req = request("k-lost", h)
+	req.Claim = transferClaim(st, false, "4")
+	req.Execute = func(context.Context, *engine.Attempt) (engine.Result, error) {
+		return engine.Result{}, errors.New("answer lost")
+	}
+	if _, err := e.Do(ctx, req); err == nil {
+		t.Fatal("Execute's error was not returned")
+	}
+	out, err := e.RecoverStale(ctx, 10)
+	if err != nil || out[engine.RecoveryUnknown] != 1 || bgRecovered.Load() != 1 {
+		t.Fatalf("RecoverStale = %v, %v (Recover ran %d times)", out, err, bgRecovered.Load())
+	}
+	req.Recover = func(_ context.Context, a *engine.Attempt) (engine.Result, error) {
+		if a.Background || !a.Takeover() || a.Record.Checkpoint != "DEBITED" {
+			t.Errorf("client's Recover: background %v, takeover %v, checkpoint %s", a.Background, a.Takeover(), a.Record.Checkpoint)
+		}
+		return engine.Result{Response: idem.Response{Status: 201, Body: []byte("found")}}, nil
+	}
+	if ans, err := e.Do(ctx, req); err != nil || ans.Outcome != idem.OutcomeRecover || string(ans.Response.Body) != "found" {
+		t.Fatalf("client's retry = %+v, %v", ans, err)
+	}
+	if bgRecovered.Load() != 1 || transfers("k-lost") != 1 {
+		t.Errorf("the operation's Recover ran %d times (want 1, the worker's); transfers %d", bgRecovered.Load(), transfers("k-lost"))
+	}
+}
+
+// TestStoredErrorAndInProgress: an Execute that stored its own failure
+// returns its error as is and the engine writes nothing; an Execute that
+// answers in progress (its lock ran out) leaves the record to the owner
+// that will finish.
+func TestStoredErrorAndInProgress(t *testing.T) {
+	st, _ := storetest.New(t)
+	ctx := ctxOf(t)
+	e := newEngine(t, st, engine.Options{}, engine.Operation{})
+	h := hashes(t, map[string]any{"amount": "1"})
+	req := request("k-stored", h)
+	req.Execute = func(ctx context.Context, a *engine.Attempt) (engine.Result, error) {
+		if err := st.Fail(ctx, a.Lease, idem.Failure{Status: idem.StatusFailedRetryable, ErrorCode: "DOWNSTREAM_DOWN"}); err != nil {
+			return engine.Result{}, err
+		}
+		return engine.Result{Stored: true, Status: idem.StatusFailedRetryable}, idem.Errorf("DOWNSTREAM_DOWN", "Downstream is down.")
+	}
+	ans, err := e.Do(ctx, req)
+	if idem.ErrorCode(err) != "DOWNSTREAM_DOWN" || ans.Status != idem.StatusFailedRetryable {
+		t.Fatalf("stored failure = %+v, %v; want the operation's error", ans, err)
+	}
+	// The engine's own release would have put the checkpoint back.
+	if rec := record(t, st, "k-stored"); rec.Status != idem.StatusFailedRetryable || rec.ErrorCode != "DOWNSTREAM_DOWN" || rec.Checkpoint != engine.CheckpointStarted {
+		t.Fatalf("record = %s %s at %s; want what the operation stored", rec.Status, rec.ErrorCode, rec.Checkpoint)
+	}
+
+	req = request("k-lapsed", h)
+	req.Execute = func(context.Context, *engine.Attempt) (engine.Result, error) {
+		return engine.Result{}, idem.Errorf(idem.ECodeInProgress, "This owner's lock ran out.")
+	}
+	if _, err := e.Do(ctx, req); idem.ErrorCode(err) != idem.ECodeInProgress {
+		t.Fatalf("lapsed owner = %v, want in progress", err)
+	}
+	if rec := record(t, st, "k-lapsed"); rec.Status != idem.StatusInProgress || rec.Checkpoint != engine.CheckpointStarted {
+		t.Fatalf("record = %s at %s; want it left IN_PROGRESS for the next owner", rec.Status, rec.Checkpoint)
+	}
+}
+
+// TestClaimHookTakeoverUnderLock: a ClaimFunc that finds a stale record
+// with external fencing answers "recover, no lease"; the engine takes the
+// scope's lock and claims again with the lock's token.
+func TestClaimHookTakeoverUnderLock(t *testing.T) {
+	st, _ := storetest.New(t)
+	srv := etcdtest.Start(t)
+	ctx := ctxOf(t)
+	h := hashes(t, map[string]any{"amount": "1"})
+	if _, err := st.Begin(ctx, idem.BeginRequest{Scope: idem.Scope{Tenant: tenant, Operation: opName, Key: "k"},
+		RequestHashes: h, HashVersion: 2, Owner: "dead", LockFor: time.Minute, Window: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	stale(t, st, "k")
+	var tokens []int64
+	e := newEngine(t, st, engine.Options{Locker: newLocker(t, srv)}, engine.Operation{
+		Claim: func(ctx context.Context, req idem.BeginRequest) (engine.Claim, error) {
+			tokens = append(tokens, req.FencingToken)
+			var d idem.Decision
+			err := st.ExecTx(ctx, func(tx pgx.Tx) (err error) {
+				d, err = store.BeginTx(ctx, tx, req)
+				return err
+			})
+			return engine.Claim{Decision: d}, err
+		},
+		Execute: func(_ context.Context, a *engine.Attempt) (engine.Result, error) {
+			if !a.Locked() || !a.Takeover() || a.Lease.Token != tokens[len(tokens)-1] {
+				t.Errorf("Execute: locked %v, takeover %v, token %d; claims with tokens %v", a.Locked(), a.Takeover(), a.Lease.Token, tokens)
+			}
+			return engine.Result{Response: idem.Response{Status: 201, Body: []byte("ok")}}, nil
+		},
+	})
+	if _, err := e.Do(ctx, request("k", h)); err != nil {
+		t.Fatal(err)
+	}
+	if len(tokens) != 2 || tokens[0] != 0 || tokens[1] <= 1 {
+		t.Fatalf("claims with tokens %v, want one without and one with the lock's token", tokens)
+	}
+	if rec := record(t, st, "k"); rec.Status != idem.StatusCompleted || rec.FencingToken != tokens[1] {
+		t.Errorf("record = %s with token %d, want COMPLETED under %d", rec.Status, rec.FencingToken, tokens[1])
 	}
 }

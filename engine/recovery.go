@@ -92,7 +92,7 @@ func (e *Engine) Run(ctx context.Context, interval time.Duration, limit int) {
 func (e *Engine) recoverOne(ctx context.Context, op Operation, rec *idem.Record) (string, error) {
 	begin := e.beginRequest(op, rec.Scope, []string{rec.RequestHash}, e.opts.Owner+"/recovery", rec.HomeRegion)
 	begin.HashVersion = rec.HashVersion
-	d, lock, err := e.claim(ctx, begin, rec.FencingToken)
+	c, lock, err := e.claim(ctx, begin, rec.FencingToken, e.begin)
 	if idem.ErrorCode(err) == idem.ECodeInProgress {
 		return RecoverySkipped, nil
 	}
@@ -100,10 +100,11 @@ func (e *Engine) recoverOne(ctx context.Context, op Operation, rec *idem.Record)
 		return "", err
 	}
 	defer unlock(ctx, lock)
+	d := c.Decision
 	if d.Outcome != idem.OutcomeRecover {
 		return RecoverySkipped, nil
 	}
-	a := &Attempt{Lease: d.Lease, Record: d.Record, coord: e.coord, lock: lock}
+	a := &Attempt{Lease: d.Lease, Record: d.Record, Outcome: d.Outcome, Background: true, coord: e.coord, lock: lock}
 	if d.Record.Checkpoint == idem.CheckpointReceived {
 		if err := e.releaseErr(ctx, a, idem.ECodeUnavailable); err != nil {
 			return skippedIfFenced(err)

@@ -6,13 +6,20 @@
 // again; a node's recovery worker runs it through the engine with every
 // other operation's (engine.RecoverStale).
 //
-// Create keeps a claim of its own beside the engine's: it claims the key in
-// the same statement that writes the payment row (and, without a provider,
-// the completed record, the payment and its outbox event in one statement),
-// which the engine's claim-then-execute cannot express without two more
-// writes per payment; replays follow the replay rule (ReplayAsStored or
-// ReconstructCurrent). Takeovers use the same etcd locks and tokens as the
-// engine (LockKey), so both fence each other.
+// Create runs every request through the engine (engine.Engine.Do) like
+// any user's operation, with a claim, Execute and Recover bound to the
+// request's command (create.go). The engine's hooks keep what payments
+// needs: its claim (engine.ClaimFunc) claims the key in the statement that
+// writes the payment row and its event, and, without a provider, completes
+// the record there too, so record, payment and outbox event commit in one
+// transaction; with a provider, Execute and Recover record each outcome in
+// one transaction with the payment's status and event (engine.Result
+// Stored). Replays follow the replay rule (ReplayAsStored or
+// ReconstructCurrent, the operation's engine Replay). A takeover resumes
+// from the record's checkpoint: a client's retry charges a payment left at
+// LOCAL_PAYMENT_CREATED, the recovery worker (engine.Attempt Background)
+// only releases it. Takeovers use the engine's etcd locks and tokens
+// (LockKey), so a client's retry and the recovery worker fence each other.
 //
 // A payment's identity is derived, not drawn at random: the payment id hashes
 // its business identity (tenant, account, merchant reference), and the

@@ -21,7 +21,7 @@ func (s *Service) requestHashes(_ []byte, hashes []string) []string { return has
 
 func (s *Service) externalFencing() bool { return s.cfg.Locker != nil }
 
-func (s *Service) attemptBroken(context.Context, idem.BeginRequest, Command) (Result, bool, error) {
+func (s *Service) attemptBroken(context.Context, Request, Command, []string) (Result, bool, error) {
 	return Result{}, false, nil
 }
 

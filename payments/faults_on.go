@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/fingerprint"
 	"github.com/idemcoord/idem/internal/failpoint"
 	"github.com/idemcoord/idem/store"
 )
@@ -79,20 +80,26 @@ func (s *Service) externalFencing() bool {
 
 // attemptBroken runs the claim of a broken engine (BreakFindThenInsert); ok
 // is false for the real engine.
-func (s *Service) attemptBroken(ctx context.Context, begin idem.BeginRequest, cmd Command) (res Result, ok bool, err error) {
+func (s *Service) attemptBroken(ctx context.Context, req Request, cmd Command, hashes []string) (res Result, ok bool, err error) {
 	if s.cfg.Break != BreakFindThenInsert {
 		return Result{}, false, nil
 	}
-	res, err = s.attemptFindThenInsert(ctx, begin, cmd)
+	res, err = s.attemptFindThenInsert(ctx, req, cmd, hashes)
 	return res, true, err
 }
 
 // attemptFindThenInsert is the naive claim: look for a record, and if there
 // is none, create a payment with a fresh random id and write the record
 // without checking whether someone else claimed the key in between.
-func (s *Service) attemptFindThenInsert(ctx context.Context, begin idem.BeginRequest, cmd Command) (Result, error) {
+func (s *Service) attemptFindThenInsert(ctx context.Context, req Request, cmd Command, hashes []string) (Result, error) {
+	begin := idem.BeginRequest{
+		Scope:         idem.Scope{Tenant: req.Tenant, Operation: Operation, Key: req.Key},
+		RequestHashes: hashes, HashVersion: fingerprint.Version, Owner: s.cfg.Owner, HomeRegion: s.cfg.Region,
+		LockFor: s.cfg.LockFor, Window: s.cfg.Window,
+	}
 	if _, err := s.store.Get(ctx, begin.Scope); err == nil {
-		return s.attempt(ctx, begin, cmd, false, nil)
+		req.Uncertain = false
+		return s.do(ctx, req, cmd, hashes)
 	}
 	b := make([]byte, 12)
 	_, _ = rand.Read(b)

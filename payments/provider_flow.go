@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemcoord/idem"
-	"github.com/idemcoord/idem/fencing"
 	"github.com/idemcoord/idem/internal/telemetry"
 	"github.com/idemcoord/idem/provider"
 	"github.com/idemcoord/idem/store"
@@ -24,8 +23,8 @@ type Provider interface {
 	Lookup(ctx context.Context, providerKey string) (provider.Charge, error)
 }
 
-// attemptWithProvider runs create_payment when a provider call is part of
-// it. No transaction is held open across the call:
+// A payment with a provider goes through these steps (see createCall). No
+// transaction is held open across the provider call:
 //
 //  1. one transaction claims the key and commits the payment row, its
 //     PaymentCreated event and checkpoint LOCAL_PAYMENT_CREATED;
@@ -40,61 +39,6 @@ type Provider interface {
 // A request that takes over a record past PROVIDER_REQUEST_SENT asks the
 // provider first (Lookup by provider key) and only charges when the provider
 // has no charge for the key, with the same key, so it can never charge twice.
-//
-// When uncertain (see Request.Uncertain), a fresh claim is treated like a
-// takeover past PROVIDER_REQUEST_SENT: the provider is asked first, so a
-// charge the old region made is found, not repeated.
-func (s *Service) attemptWithProvider(ctx context.Context, begin idem.BeginRequest, cmd Command, uncertain bool, lock *fencing.Lock) (Result, error) {
-	var (
-		res   Result
-		lease idem.Lease
-		cp    idem.Checkpoint
-		p     store.Payment
-	)
-	err := s.store.ExecTx(ctx, func(tx pgx.Tx) error {
-		res, lease, cp = Result{}, idem.Lease{}, ""
-		var ev store.Event
-		p, ev = s.newPayment(begin.Scope, cmd)
-		inserted, err := store.ClaimWithPayment(ctx, tx, begin, idem.StatusInProgress, CheckpointLocalPaymentCreated, nil, p, ev)
-		if err != nil {
-			return err
-		}
-		if inserted {
-			res.Outcome, cp = idem.OutcomeExecute, CheckpointLocalPaymentCreated
-			if uncertain {
-				cp = CheckpointProviderRequestSent
-			}
-			lease = idem.Lease{Scope: begin.Scope, Token: 1, Owner: begin.Owner}
-			return nil
-		}
-		d, err := store.DecideExisting(ctx, tx, begin)
-		if err != nil {
-			return err
-		}
-		res.Outcome, res.ExpiredRetry = d.Outcome, d.ExpiredRetry
-		if done, err := s.answerExisting(ctx, tx, d, &res); done || err != nil {
-			return err
-		}
-		if d.Lease.Token == 0 {
-			return errNeedsLock
-		}
-		lease, cp = d.Lease, d.Record.Checkpoint
-		if cp == idem.CheckpointReceived {
-			if err := s.insertOwnedPayment(ctx, tx, d, p, ev); err != nil {
-				return err
-			}
-			cp = CheckpointLocalPaymentCreated
-			return store.CheckpointTx(ctx, tx, lease, cp, 0)
-		}
-		return nil
-	})
-	if err != nil || lease.Token == 0 {
-		return s.finishAttempt(ctx, begin, cmd, res, err)
-	}
-	out, err := s.drive(ctx, lease, cp, p, lockGuard(lock))
-	out.Outcome, out.ExpiredRetry = res.Outcome, res.ExpiredRetry
-	return out, err
-}
 
 // drive takes an owned payment from checkpoint cp to a recorded result. With
 // an external lock (guard set), the owner checks the lock's local deadline
@@ -187,7 +131,7 @@ func (s *Service) confirm(ctx context.Context, lease idem.Lease, p store.Payment
 		if err := store.CompleteTx(ctx, tx, lease, completion); err != nil {
 			return err
 		}
-		res = Result{Response: completion.Response}
+		res = Result{Response: completion.Response, status: idem.StatusCompleted}
 		return store.SetPaymentStatus(ctx, tx, p.Tenant, p.ID, "CONFIRMED", paymentEvent(p, "PaymentConfirmed", "confirmed", map[string]string{"chargeId": ch.ChargeID}))
 	})
 	return res, s.fenceAsInProgress(err)
@@ -210,7 +154,7 @@ func (s *Service) decline(ctx context.Context, lease idem.Lease, p store.Payment
 		}
 		return store.SetPaymentStatus(ctx, tx, p.Tenant, p.ID, "DECLINED", paymentEvent(p, "PaymentDeclined", "declined", nil))
 	})
-	return Result{Response: resp}, s.fenceAsInProgress(err)
+	return Result{Response: resp, status: idem.StatusFailedReplayable}, s.fenceAsInProgress(err)
 }
 
 // PaymentStatusConflict is the terminal status of a payment whose provider
@@ -238,7 +182,7 @@ func (s *Service) providerKeyConflict(ctx context.Context, lease idem.Lease, p s
 	if err != nil {
 		return Result{}, s.fenceAsInProgress(err)
 	}
-	return Result{Response: resp, ProviderKeyConflict: true}, nil
+	return Result{Response: resp, ProviderKeyConflict: true, status: idem.StatusFailedReplayable}, nil
 }
 
 // providerKeyConflictResponse is the 409 answer of a payment whose provider
@@ -261,7 +205,7 @@ func (s *Service) retryable(ctx context.Context, lease idem.Lease, cause error) 
 	if err != nil {
 		return Result{}, s.fenceAsInProgress(err)
 	}
-	return Result{}, &idem.Error{Code: ECodeProviderUnavailable, Message: "The payment provider is unavailable; nothing was charged. Retry with the same key.", Err: cause}
+	return Result{status: idem.StatusFailedRetryable}, &idem.Error{Code: ECodeProviderUnavailable, Message: "The payment provider is unavailable; nothing was charged. Retry with the same key.", Err: cause}
 }
 
 // markUnknown records that the provider may have charged but the answer was
@@ -275,7 +219,7 @@ func (s *Service) markUnknown(ctx context.Context, lease idem.Lease, p store.Pay
 	if err != nil {
 		return Result{}, s.fenceAsInProgress(err)
 	}
-	return Result{Response: unknownResponse(p.ID), Unknown: true}, nil
+	return Result{Response: unknownResponse(p.ID), Unknown: true, status: idem.StatusUnknown}, nil
 }
 
 func unknownResponse(paymentID string) idem.Response {

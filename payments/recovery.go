@@ -38,15 +38,16 @@ var RecoveryOutcomes = []string{RecoveryCompleted, RecoveryReleased, RecoveryDec
 
 // EngineOperation is create_payment as an operation of the engine: its
 // replay window, lock timeout, unknown-outcome code
-// (PAYMENT_OUTCOME_UNKNOWN) and, with a provider, its Recover, which asks
-// the provider before it charges again (see RecoverBatch). The node's
-// recovery worker runs it through the engine (engine.RecoverStale) with
-// every other registered operation's. Requests themselves go through
-// Create, which claims the record together with the payment row (or, with
-// no provider, writes record, payment and outbox event in one statement),
-// which the engine's generic claim cannot do.
+// (PAYMENT_OUTCOME_UNKNOWN), its replay rendering (the replay rule, see
+// ReplayRule) and, with a provider, its Recover, which asks the provider
+// before it charges again (see RecoverBatch). Create runs every request
+// through the engine with a claim, Execute and Recover bound to the
+// request's command (engine.Request); the node's recovery worker runs this
+// operation's Recover through the engine (engine.RecoverStale) with every
+// other registered operation's.
 func (s *Service) EngineOperation() engine.Operation {
-	op := engine.Operation{Name: Operation, Window: s.cfg.Window, LockTimeout: s.cfg.LockFor, UnknownCode: ECodeOutcomeUnknown}
+	op := engine.Operation{Name: Operation, Window: s.cfg.Window, LockTimeout: s.cfg.LockFor, UnknownCode: ECodeOutcomeUnknown,
+		Replay: s.replayRecord}
 	if s.cfg.Provider != nil {
 		op.Recover = s.recoverAttempt
 	}
@@ -84,72 +85,56 @@ func (s *Service) RecoverBatch(ctx context.Context, limit int) (map[string]int, 
 }
 
 // recoverAttempt is create_payment's engine Recover: it settles a record
-// taken over past RECEIVED and writes the outcome itself, in one
-// transaction with the payment's status and outbox event.
+// taken over past RECEIVED from the payment the record names and writes
+// the outcome itself, in one transaction with the payment's status and
+// outbox event. Run by the recovery worker (Attempt.Background), it
+// releases a payment the provider never saw rather than charge it.
 func (s *Service) recoverAttempt(ctx context.Context, a *engine.Attempt) (engine.Result, error) {
-	var guard func() error
-	if a.Locked() {
-		guard = a.Check
-	}
-	outcome, err := s.recoverOwned(ctx, idem.Decision{Outcome: idem.OutcomeRecover, Lease: a.Lease, Record: a.Record}, guard)
+	outcome, res, err := s.recoverOwned(ctx, a)
 	if err != nil {
 		return engine.Result{}, err
 	}
-	res := engine.Result{Stored: true, RecoveryOutcome: outcome}
-	switch outcome {
-	case RecoveryCompleted:
-		res.Status = idem.StatusCompleted
-	case RecoveryDeclined, RecoveryConflict:
-		res.Status = idem.StatusFailedReplayable
-	case RecoveryReleased:
-		res.Status = idem.StatusFailedRetryable
-	case RecoveryUnknown:
-		res.Status = idem.StatusUnknown
-	default: // RecoverySkipped: a newer owner holds the record.
+	if outcome == RecoverySkipped {
+		// A newer owner holds the record.
 		return engine.Result{}, fmt.Errorf("payments: recovery: %w", idem.ErrFenced)
 	}
-	return res, nil
+	return engine.Result{Stored: true, Status: res.status, Response: res.Response, RecoveryOutcome: outcome}, nil
 }
 
-// recoverOwned finishes a record this worker owns (d.Lease).
-// guard, when set, checks the scope's external lock before a side effect.
-func (s *Service) recoverOwned(ctx context.Context, d idem.Decision, guard func() error) (string, error) {
-	rec := d.Record
-	lease := d.Lease
-	if d.Record.ResourceID == "" {
+// recoverOwned finishes a record this attempt owns and names the outcome.
+func (s *Service) recoverOwned(ctx context.Context, a *engine.Attempt) (string, Result, error) {
+	rec := a.Record
+	released := Result{status: idem.StatusFailedRetryable}
+	if rec.ResourceID == "" {
 		// Claimed but no payment was ever written: nothing happened downstream.
-		return RecoveryReleased, s.release(ctx, lease)
+		return RecoveryReleased, released, s.release(ctx, a.Lease)
 	}
-	p, err := store.GetPayment(ctx, s.store.Pool(), rec.Tenant, d.Record.ResourceID)
+	p, err := store.GetPayment(ctx, s.store.Pool(), rec.Tenant, rec.ResourceID)
 	if err != nil {
 		if errors.Is(err, store.ErrPaymentNotFound) {
-			return RecoveryReleased, s.release(ctx, lease)
+			return RecoveryReleased, released, s.release(ctx, a.Lease)
 		}
-		return "", err
+		return "", Result{}, err
 	}
-	if d.Record.Checkpoint == CheckpointLocalPaymentCreated {
-		// The provider was never called: release the key for the client's
-		// retry rather than charge without the client.
-		return RecoveryReleased, s.release(ctx, lease)
-	}
-	// The request reached (or may have reached) the provider: ask it, and
-	// finish with the same provider key if it has no charge.
-	res, err := s.drive(ctx, lease, d.Record.Checkpoint, p, guard)
+	// Past LOCAL_PAYMENT_CREATED the request reached (or may have reached)
+	// the provider: settle asks it, and finishes with the same provider key
+	// if it has no charge.
+	res, err := s.settle(ctx, a, rec.Checkpoint, p)
 	switch {
-	case idem.ErrorCode(err) == ECodeProviderUnavailable:
-		return RecoveryReleased, nil
+	case idem.ErrorCode(err) == ECodeProviderUnavailable, err == nil && res.status == idem.StatusFailedRetryable:
+		return RecoveryReleased, res, nil
 	case idem.ErrorCode(err) == idem.ECodeInProgress:
-		return RecoverySkipped, nil
+		return RecoverySkipped, res, nil
 	case err != nil:
-		return "", err
+		return "", res, err
 	case res.Unknown:
-		return RecoveryUnknown, nil
+		return RecoveryUnknown, res, nil
 	case res.ProviderKeyConflict:
-		return RecoveryConflict, nil
+		return RecoveryConflict, res, nil
 	case res.Response.Status == 402:
-		return RecoveryDeclined, nil
+		return RecoveryDeclined, res, nil
 	}
-	return RecoveryCompleted, nil
+	return RecoveryCompleted, res, nil
 }
 
 // release marks an owned record FAILED_RETRYABLE: nothing was charged.

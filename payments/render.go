@@ -103,3 +103,9 @@ func (s *Service) replay(ctx context.Context, q store.Querier, rec *idem.Record)
 	}
 	return idem.Response{Status: stored.Status, Headers: stored.Headers, Body: body, SchemaVersion: s.cfg.ResponseSchema}, nil
 }
+
+// replayRecord is create_payment's engine Replay: the stored answer,
+// following the replay rule.
+func (s *Service) replayRecord(ctx context.Context, rec *idem.Record) (idem.Response, error) {
+	return s.replay(ctx, s.store.Pool(), rec)
+}

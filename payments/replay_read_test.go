@@ -73,3 +73,43 @@ func TestCreateReplaysFromOneRead(t *testing.T) {
 		t.Errorf("expired key: %d insert attempts, want the claim", n)
 	}
 }
+
+// TestCreateWritesOnce: through the engine, a new key without a provider
+// still costs one insert and no update of its record (record, payment and
+// event in one transaction; no STARTED checkpoint), and a new key with a
+// provider writes its checkpoints and result as before: PROVIDER_REQUEST_SENT,
+// then PROVIDER_CONFIRMED and COMPLETED in the result's transaction.
+func TestCreateWritesOnce(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t, payments.Config{})
+	local := payments.NewService(f.st, payments.Config{})
+	attempts := storetest.CountClaimAttempts(t, f.st)
+	storetest.Exec(t, f.st, `CREATE SEQUENCE test_record_updates`)
+	storetest.Exec(t, f.st, `CREATE FUNCTION test_count_record_update() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM nextval('test_record_updates'); RETURN NEW; END $$`)
+	storetest.Exec(t, f.st, `CREATE TRIGGER test_count_record_update BEFORE UPDATE ON idempotency_records
+		FOR EACH ROW EXECUTE FUNCTION test_count_record_update()`)
+	updates := func() int {
+		return storetest.Count(t, f.st, `SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM test_record_updates`)
+	}
+
+	res, err := local.Create(ctx, payments.Request{Tenant: "tenant-a", Key: "k-local", Body: []byte(article)})
+	if err != nil || res.Response.Status != 201 || res.Outcome != idem.OutcomeExecute {
+		t.Fatalf("local payment = %+v, %v", res, err)
+	}
+	if a, u := attempts(), updates(); a != 1 || u != 0 {
+		t.Fatalf("local payment: %d insert attempts and %d record updates, want 1 and 0", a, u)
+	}
+	if n := storetest.Count(t, f.st, `SELECT count(*) FROM outbox_events`); n != 1 {
+		t.Fatalf("%d outbox events, want the PaymentCreated one", n)
+	}
+
+	other := `{"accountId":"acc_1","amount":"10.00","currency":"EUR","merchantReference":"invoice-9"}`
+	res, err = f.svc.Create(ctx, payments.Request{Tenant: "tenant-a", Key: "k-provider", Body: []byte(other)})
+	if err != nil || res.Response.Status != 201 {
+		t.Fatalf("provider payment = %+v, %v", res, err)
+	}
+	if a, u := attempts(), updates(); a != 2 || u != 3 {
+		t.Errorf("provider payment: %d insert attempts and %d record updates in all, want 2 and 3", a, u)
+	}
+}

@@ -13,9 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemcoord/idem"
-	"github.com/idemcoord/idem/fencing"
-	"github.com/idemcoord/idem/fingerprint"
-	"github.com/idemcoord/idem/internal/telemetry"
+	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/store"
 )
 
@@ -73,6 +71,8 @@ type Service struct {
 	store  *store.Store
 	cfg    Config
 	logger *slog.Logger
+	// engine runs Create's requests; its operation is EngineOperation.
+	engine *engine.Engine
 }
 
 // NewService returns a Service over st.
@@ -107,7 +107,13 @@ func NewService(st *store.Store, cfg Config) *Service {
 	if cfg.Provider != nil {
 		cfg.Provider = tracedProvider{cfg.Provider}
 	}
-	return &Service{store: st, cfg: cfg, logger: cfg.Logger}
+	s := &Service{store: st, cfg: cfg, logger: cfg.Logger}
+	opts := s.EngineOptions()
+	opts.Clock, opts.MaxWait = sleepClock{cfg.Sleep}, MaxWait
+	s.engine = engine.New(st, opts)
+	// A fresh engine has no operation yet, and this one has a name.
+	_ = s.engine.Register(s.EngineOperation())
+	return s
 }
 
 // Validate reports a configuration that cannot work.
@@ -164,12 +170,15 @@ type Result struct {
 	// holds another charge under the payment's provider key (and ended the
 	// payment CONFLICT). Replays of that answer do not set it.
 	ProviderKeyConflict bool
+	// status is the record's state an owner stored with this result.
+	status idem.Status
 }
 
-// Create executes, replays or refuses a create_payment command. Errors are
-// *idem.Error with a stable code (validation, conflict, in progress, duplicate
-// merchant reference, store unavailable). No record is written for a command
-// that does not parse.
+// Create executes, replays or refuses a create_payment command through the
+// engine (engine.Engine.Do), with the request's claim, Execute and Recover
+// (see create.go). Errors are *idem.Error with a stable code (validation,
+// conflict, in progress, duplicate merchant reference, store unavailable).
+// No record is written for a command that does not parse.
 func (s *Service) Create(ctx context.Context, req Request) (Result, error) {
 	cmd, err := ParseCommand(req.Body, req.APIVersion)
 	if err != nil {
@@ -180,150 +189,10 @@ func (s *Service) Create(ctx context.Context, req Request) (Result, error) {
 		return Result{}, err
 	}
 	hashes = s.requestHashes(req.Body, hashes)
-	begin := idem.BeginRequest{
-		Scope:         idem.Scope{Tenant: req.Tenant, Operation: Operation, Key: req.Key},
-		RequestHashes: hashes,
-		HashVersion:   fingerprint.Version,
-		Owner:         s.cfg.Owner,
-		HomeRegion:    s.cfg.Region,
-		LockFor:       s.cfg.LockFor,
-		Window:        s.cfg.Window,
-
-		ExternalFencing: s.externalFencing(),
+	if res, broken, err := s.attemptBroken(ctx, req, cmd, hashes); broken {
+		return res, err
 	}
-	wait := min(req.Wait, MaxWait)
-	poll := 20 * time.Millisecond
-	for {
-		res, broken, err := s.attemptBroken(ctx, begin, cmd)
-		if !broken {
-			res, err = s.withLock(ctx, begin, func(b idem.BeginRequest, lock *fencing.Lock) (Result, error) {
-				return s.attempt(ctx, b, cmd, req.Uncertain, lock)
-			})
-		}
-		if err == nil || idem.ErrorCode(err) != idem.ECodeInProgress || wait <= 0 {
-			return res, err
-		}
-		d := min(poll, wait)
-		if err := s.cfg.Sleep(ctx, d); err != nil {
-			return res, &idem.Error{Code: idem.ECodeInProgress, Message: "The original request is still in progress.", Err: err}
-		}
-		wait -= d
-		poll = min(poll*2, 500*time.Millisecond)
-	}
-}
-
-// attempt runs one claim. Without a provider the whole operation is one
-// transaction; with one, see attemptWithProvider.
-func (s *Service) attempt(ctx context.Context, begin idem.BeginRequest, cmd Command, uncertain bool, lock *fencing.Lock) (Result, error) {
-	// A settled record answers from one read; anything else claims below.
-	if d, ok, err := s.store.ReadSettled(ctx, begin); err != nil || ok {
-		if err != nil {
-			return Result{}, err
-		}
-		res := Result{Outcome: d.Outcome}
-		_, err = s.answerExisting(ctx, s.store.Pool(), d, &res)
-		return s.finishAttempt(ctx, begin, cmd, res, err)
-	}
-	if s.cfg.Provider != nil {
-		return s.attemptWithProvider(ctx, begin, cmd, uncertain, lock)
-	}
-	if uncertain {
-		if _, err := s.store.Get(ctx, begin.Scope); errors.Is(err, idem.ErrRecordNotFound) {
-			return Result{}, idem.Errorf(idem.ECodeReconciliationPending,
-				"This tenant moved regions recently and this key may have been used in its old region; retry after the handover.")
-		} else if err != nil {
-			return Result{}, err
-		}
-	}
-	var res Result
-	err := s.store.ExecTx(ctx, func(tx pgx.Tx) error {
-		res = Result{}
-		p, ev := s.newPayment(begin.Scope, cmd)
-		completion, err := s.completion(ctx, tx, p)
-		if err != nil {
-			return err
-		}
-		inserted, err := store.ClaimWithPayment(ctx, tx, begin, idem.StatusCompleted, idem.CheckpointCompleted, &completion, p, ev)
-		if err != nil {
-			return err
-		}
-		if inserted {
-			res = Result{Response: completion.Response, Outcome: idem.OutcomeExecute}
-			return nil
-		}
-		d, err := store.DecideExisting(ctx, tx, begin)
-		if err != nil {
-			return err
-		}
-		res.Outcome, res.ExpiredRetry = d.Outcome, d.ExpiredRetry
-		if done, err := s.answerExisting(ctx, tx, d, &res); done || err != nil {
-			return err
-		}
-		if d.Lease.Token == 0 {
-			return errNeedsLock
-		}
-		// Recover or Expired: this transaction owns the record now. A
-		// recovery finds the payment its earlier owner may have written; a
-		// key reused after its window is a new operation, and a payment that
-		// already exists for its merchant reference is a duplicate.
-		if err := s.insertOwnedPayment(ctx, tx, d, p, ev); err != nil {
-			return err
-		}
-		if completion, err = s.completion(ctx, tx, p); err != nil {
-			return err
-		}
-		if err := store.CompleteTx(ctx, tx, d.Lease, completion); err != nil {
-			return err
-		}
-		res.Response = completion.Response
-		return nil
-	})
-	return s.finishAttempt(ctx, begin, cmd, res, err)
-}
-
-// finishAttempt handles what every attempt ends with: a duplicate merchant
-// reference becomes a stored business rejection, and a reused key is logged.
-func (s *Service) finishAttempt(ctx context.Context, begin idem.BeginRequest, cmd Command, res Result, err error) (Result, error) {
-	if errors.Is(err, store.ErrDuplicateMerchantReference) {
-		return s.rejectDuplicate(ctx, begin, cmd)
-	}
-	if idem.ErrorCode(err) == idem.ECodeKeyReused {
-		s.logger.WarnContext(ctx, "idempotency key reused with a different request",
-			"tenant", begin.Tenant, "operation", begin.Operation, "key_hash", telemetry.KeyHash(begin.Key))
-	}
-	if errors.Is(err, idem.ErrFenced) {
-		s.fenced()
-		err = &idem.Error{Code: idem.ECodeInProgress, Message: "Another owner holds this request; retry later.", Err: err}
-	}
-	return res, err
-}
-
-// answerExisting answers from a record this request does not own: a replay,
-// a conflict or in progress. It reports done=false when the decision handed
-// ownership to this request.
-func (s *Service) answerExisting(ctx context.Context, q store.Querier, d idem.Decision, res *Result) (bool, error) {
-	switch d.Outcome {
-	case idem.OutcomeReplay:
-		resp, err := s.replay(ctx, q, d.Record)
-		if err != nil {
-			return true, err
-		}
-		res.Response, res.Replayed = resp, true
-		return true, nil
-	case idem.OutcomeConflict:
-		return true, errKeyReused()
-	case idem.OutcomeInProgress:
-		return true, errInProgress()
-	}
-	return false, nil
-}
-
-func errKeyReused() error {
-	return idem.Errorf(idem.ECodeKeyReused, "This idempotency key was already used with a different request.")
-}
-
-func errInProgress() error {
-	return idem.Errorf(idem.ECodeInProgress, "A request with this idempotency key is still in progress; retry later.")
+	return s.do(ctx, req, cmd, hashes)
 }
 
 // duplicateResponse is the 409 answer naming the payment that already holds
@@ -339,11 +208,14 @@ func duplicateResponse(existingID string) idem.Response {
 
 // rejectDuplicate answers a command whose merchant reference already has a
 // payment (sent with a fresh key): a deterministic business rejection, stored
-// as FAILED_REPLAYABLE so that a retry with this key gets the same answer.
-// A payment in CONFLICT answers 409 PROVIDER_KEY_CONFLICT instead.
-func (s *Service) rejectDuplicate(ctx context.Context, begin idem.BeginRequest, cmd Command) (Result, error) {
-	var res Result
+// as FAILED_REPLAYABLE in the claim's own transaction, so that a retry with
+// this key gets the same answer. A payment in CONFLICT answers 409
+// PROVIDER_KEY_CONFLICT instead. Any other decision (replay, conflict, in
+// progress, a takeover that needs the scope's lock) goes back to the engine.
+func (s *Service) rejectDuplicate(ctx context.Context, begin idem.BeginRequest, cmd Command) (engine.Claim, error) {
+	var cl engine.Claim
 	err := s.store.ExecTx(ctx, func(tx pgx.Tx) error {
+		cl = engine.Claim{}
 		existing, err := store.PaymentByMerchantReference(ctx, tx, begin.Tenant, cmd.AccountID, cmd.MerchantReference)
 		if err != nil {
 			return paymentNotFound(err, "No payment for this merchant reference.")
@@ -359,17 +231,14 @@ func (s *Service) rejectDuplicate(ctx context.Context, begin idem.BeginRequest, 
 		if err != nil {
 			return err
 		}
-		res = Result{Outcome: d.Outcome, ExpiredRetry: d.ExpiredRetry}
-		switch d.Outcome {
-		case idem.OutcomeExecute, idem.OutcomeRecover, idem.OutcomeExpired:
-			res.Response = resp
-			return store.FailTx(ctx, tx, d.Lease, idem.Failure{Status: idem.StatusFailedReplayable, ErrorCode: code, Response: &resp})
-		default:
-			_, err := s.answerExisting(ctx, tx, d, &res)
-			return err
+		cl.Decision = d
+		if !owned(d) {
+			return nil
 		}
+		cl.Done = &engine.Result{Stored: true, Status: idem.StatusFailedReplayable, Response: resp}
+		return store.FailTx(ctx, tx, d.Lease, idem.Failure{Status: idem.StatusFailedReplayable, ErrorCode: code, Response: &resp})
 	})
-	return res, err
+	return cl, err
 }
 
 // PaymentID derives a payment's id from its business identity: the tenant,
@@ -424,6 +293,15 @@ func (s *Service) fenced() {
 		s.cfg.OnFenced()
 	}
 }
+
+// sleepClock is the engine's clock over Config.Sleep.
+type sleepClock struct {
+	sleep func(ctx context.Context, d time.Duration) error
+}
+
+func (sleepClock) Now() time.Time { return time.Now() }
+
+func (c sleepClock) Sleep(ctx context.Context, d time.Duration) error { return c.sleep(ctx, d) }
 
 func sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)

@@ -1,0 +1,203 @@
+package payments
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/engine"
+	"github.com/idemcoord/idem/store"
+)
+
+// createCall is one Create request as the engine runs it: its claim, its
+// Execute and its Recover, bound to the request's command.
+//
+//   - The claim (engine.ClaimFunc) answers a settled record from one read
+//     (store.ReadSettled), then claims the key in the statement that
+//     writes the payment row and its PaymentCreated event
+//     (store.ClaimWithPayment). Without a provider that statement also
+//     completes the record: record, payment and event commit in one
+//     transaction (engine.Claim.Done). With one, the record is claimed at
+//     LOCAL_PAYMENT_CREATED (engine.Claim.Progress) and Execute charges.
+//     A record taken over at RECEIVED (a key reused after its window) gets
+//     its payment in the claim's transaction too.
+//   - Execute and Recover drive the payment to the provider and record the
+//     result themselves, in one transaction with the payment's status and
+//     outbox event (engine.Result.Stored). A client's retry that takes a
+//     record over past RECEIVED resumes from its checkpoint: at
+//     LOCAL_PAYMENT_CREATED it charges, later it asks the provider first.
+//     The recovery worker (EngineOperation's Recover, Attempt.Background)
+//     never charges a payment the provider has not seen.
+type createCall struct {
+	s         *Service
+	cmd       Command
+	payment   store.Payment
+	event     store.Event
+	uncertain bool
+	// What the last Execute or Recover learnt, for Result.
+	unknown, keyConflict bool
+}
+
+// do runs one create_payment request through the service's engine.
+func (s *Service) do(ctx context.Context, req Request, cmd Command, hashes []string) (Result, error) {
+	c := &createCall{s: s, cmd: cmd, uncertain: req.Uncertain}
+	ereq := engine.Request{
+		Operation: Operation, Tenant: req.Tenant, Key: req.Key, RequestHashes: hashes, Wait: req.Wait,
+		Claim: c.claim, Recover: c.recover, Execute: c.execute,
+	}
+	ans, err := s.engine.Do(ctx, ereq)
+	return Result{
+		Response: ans.Response, Replayed: ans.Replayed, Outcome: ans.Outcome, ExpiredRetry: ans.ExpiredRetry,
+		Unknown: c.unknown && !ans.Replayed, ProviderKeyConflict: c.keyConflict && !ans.Replayed,
+	}, err
+}
+
+// owned reports whether d hands the record to this request.
+func owned(d idem.Decision) bool {
+	switch d.Outcome {
+	case idem.OutcomeExecute, idem.OutcomeRecover, idem.OutcomeExpired:
+		return d.Lease.Token != 0
+	}
+	return false
+}
+
+// claim is the request's engine.ClaimFunc.
+func (c *createCall) claim(ctx context.Context, begin idem.BeginRequest) (engine.Claim, error) {
+	s := c.s
+	// A settled record answers from one read; anything else claims below.
+	if d, ok, err := s.store.ReadSettled(ctx, begin); err != nil || ok {
+		return engine.Claim{Decision: d}, err
+	}
+	if c.uncertain && s.cfg.Provider == nil {
+		// Nothing to ask whether the old region executed a key unknown
+		// here: refuse it until the handover or the window's end.
+		if _, err := s.store.Get(ctx, begin.Scope); errors.Is(err, idem.ErrRecordNotFound) {
+			return engine.Claim{}, idem.Errorf(idem.ECodeReconciliationPending,
+				"This tenant moved regions recently and this key may have been used in its old region; retry after the handover.")
+		} else if err != nil {
+			return engine.Claim{}, err
+		}
+	}
+	// The payment is derived from the command (same id, same provider key
+	// in every attempt); a replay above never needs it.
+	c.payment, c.event = s.newPayment(begin.Scope, c.cmd)
+	var cl engine.Claim
+	err := s.store.ExecTx(ctx, func(tx pgx.Tx) (err error) {
+		if s.cfg.Provider == nil {
+			cl, err = c.claimLocal(ctx, tx, begin)
+		} else {
+			cl, err = c.claimForProvider(ctx, tx, begin)
+		}
+		return err
+	})
+	switch {
+	case errors.Is(err, store.ErrDuplicateMerchantReference):
+		// Another key already made this business payment.
+		return s.rejectDuplicate(ctx, begin, c.cmd)
+	case errors.Is(err, idem.ErrFenced):
+		s.fenced()
+	}
+	return cl, err
+}
+
+// claimLocal is the local-only operation: one transaction claims the key
+// and writes the completed record, the payment and its event; a record it
+// takes over (a key reused after its window, a recovery) gets its payment
+// and completion in the same transaction.
+func (c *createCall) claimLocal(ctx context.Context, tx pgx.Tx, begin idem.BeginRequest) (engine.Claim, error) {
+	s, p := c.s, c.payment
+	completion, err := s.completion(ctx, tx, p)
+	if err != nil {
+		return engine.Claim{}, err
+	}
+	inserted, err := store.ClaimWithPayment(ctx, tx, begin, idem.StatusCompleted, idem.CheckpointCompleted, &completion, p, c.event)
+	if err != nil {
+		return engine.Claim{}, err
+	}
+	if inserted {
+		return engine.Claim{Decision: idem.Decision{Outcome: idem.OutcomeExecute},
+			Done: &engine.Result{Stored: true, Status: idem.StatusCompleted, Response: completion.Response}}, nil
+	}
+	d, err := store.DecideExisting(ctx, tx, begin)
+	if err != nil || !owned(d) {
+		return engine.Claim{Decision: d}, err
+	}
+	// Recover or Expired: this transaction owns the record now. A
+	// recovery finds the payment its earlier owner may have written; a key
+	// reused after its window is a new operation, and a payment that
+	// already exists for its merchant reference is a duplicate.
+	if err := s.insertOwnedPayment(ctx, tx, d, p, c.event); err != nil {
+		return engine.Claim{}, err
+	}
+	if completion, err = s.completion(ctx, tx, p); err != nil {
+		return engine.Claim{}, err
+	}
+	if err := store.CompleteTx(ctx, tx, d.Lease, completion); err != nil {
+		return engine.Claim{}, err
+	}
+	return engine.Claim{Decision: d, Done: &engine.Result{Stored: true, Status: idem.StatusCompleted, Response: completion.Response}}, nil
+}
+
+// claimForProvider claims the key together with the payment row and its
+// event, at checkpoint LOCAL_PAYMENT_CREATED, for Execute to charge. A
+// record taken over past RECEIVED is left as it is for Recover.
+func (c *createCall) claimForProvider(ctx context.Context, tx pgx.Tx, begin idem.BeginRequest) (engine.Claim, error) {
+	inserted, err := store.ClaimWithPayment(ctx, tx, begin, idem.StatusInProgress, CheckpointLocalPaymentCreated, nil, c.payment, c.event)
+	if err != nil {
+		return engine.Claim{}, err
+	}
+	if inserted {
+		lease := idem.Lease{Scope: begin.Scope, Token: 1, Owner: begin.Owner}
+		return engine.Claim{Decision: idem.Decision{Outcome: idem.OutcomeExecute, Lease: lease}, Progress: CheckpointLocalPaymentCreated}, nil
+	}
+	d, err := store.DecideExisting(ctx, tx, begin)
+	if err != nil || !owned(d) || d.Record.Checkpoint != idem.CheckpointReceived {
+		return engine.Claim{Decision: d}, err
+	}
+	if err := c.s.insertOwnedPayment(ctx, tx, d, c.payment, c.event); err != nil {
+		return engine.Claim{}, err
+	}
+	return engine.Claim{Decision: d, Progress: CheckpointLocalPaymentCreated},
+		store.CheckpointTx(ctx, tx, d.Lease, CheckpointLocalPaymentCreated, 0)
+}
+
+// execute charges the payment the claim wrote. When uncertain (see
+// Request.Uncertain), a new claim asks the provider first, as a takeover
+// past PROVIDER_REQUEST_SENT would, so a charge the old region made is
+// found, not repeated.
+func (c *createCall) execute(ctx context.Context, a *engine.Attempt) (engine.Result, error) {
+	cp := CheckpointLocalPaymentCreated
+	if c.uncertain && a.Outcome == idem.OutcomeExecute {
+		cp = CheckpointProviderRequestSent
+	}
+	return c.drive(ctx, a, cp)
+}
+
+// recover resumes a record a client's retry took over past RECEIVED, from
+// its checkpoint.
+func (c *createCall) recover(ctx context.Context, a *engine.Attempt) (engine.Result, error) {
+	return c.drive(ctx, a, a.Record.Checkpoint)
+}
+
+func (c *createCall) drive(ctx context.Context, a *engine.Attempt, cp idem.Checkpoint) (engine.Result, error) {
+	res, err := c.s.settle(ctx, a, cp, c.payment)
+	c.unknown, c.keyConflict = res.Unknown, res.ProviderKeyConflict
+	return engine.Result{Stored: true, Status: res.status, Response: res.Response}, err
+}
+
+// settle drives an owned payment from checkpoint cp to a recorded result
+// (see drive). The recovery worker (a.Background) never charges a payment
+// the provider was never asked for: it releases the key for the client's
+// retry instead.
+func (s *Service) settle(ctx context.Context, a *engine.Attempt, cp idem.Checkpoint, p store.Payment) (Result, error) {
+	if a.Background && cp == CheckpointLocalPaymentCreated {
+		return Result{status: idem.StatusFailedRetryable}, s.release(ctx, a.Lease)
+	}
+	var guard func() error
+	if a.Locked() {
+		guard = a.Check
+	}
+	return s.drive(ctx, a.Lease, cp, p, guard)
+}
