@@ -193,12 +193,24 @@ func (s *Service) Create(ctx context.Context, req Request) (Result, error) {
 	}
 	wait := min(req.Wait, MaxWait)
 	poll := 20 * time.Millisecond
+	unknown := 0
 	for {
 		res, broken, err := s.attemptBroken(ctx, begin, cmd)
 		if !broken {
 			res, err = s.withLock(ctx, begin, func(b idem.BeginRequest, lock *fencing.Lock) (Result, error) {
 				return s.attempt(ctx, b, cmd, req.Uncertain, lock)
 			})
+		}
+		if errors.Is(err, store.ErrCommitUnknown) && unknown < commitResolveAttempts {
+			// The attempt's COMMIT went unanswered: it may have stored
+			// the payment. Attempt again: the record answers what the
+			// commit did (a replay of the stored answer), or the claim
+			// runs afresh.
+			unknown++
+			if serr := s.cfg.Sleep(ctx, time.Duration(unknown)*50*time.Millisecond); serr != nil {
+				return res, err
+			}
+			continue
 		}
 		if err == nil || idem.ErrorCode(err) != idem.ECodeInProgress || wait <= 0 {
 			return res, err
@@ -211,6 +223,10 @@ func (s *Service) Create(ctx context.Context, req Request) (Result, error) {
 		poll = min(poll*2, 500*time.Millisecond)
 	}
 }
+
+// commitResolveAttempts bounds how often Create attempts again after a
+// COMMIT whose outcome is unknown (store.ErrCommitUnknown).
+const commitResolveAttempts = 5
 
 // attempt runs one claim. Without a provider the whole operation is one
 // transaction; with one, see attemptWithProvider.
