@@ -104,10 +104,6 @@ type checkInput struct {
 	quiesceTook time.Duration
 	stuckBound  time.Duration
 	reexecute   bool
-	// strictRegional fails the consumer-effect checks on effects repeated
-	// in two regions' stores (after a failover), which the README documents
-	// as the region-local trade-off; otherwise they are warnings.
-	strictRegional bool
 	faults         []FaultEvent
 	outDir         string
 	linTimeout     time.Duration
@@ -316,11 +312,6 @@ func checkSingleLedger(in *checkInput) CheckResult {
 		}
 		slices.Sort(stores[id])
 		ce := CounterExample{Key: id[1], Summary: fmt.Sprintf("%d %s ledger entries (stores: %s)", total[id], id[0], strings.Join(stores[id], ", "))}
-		if !in.strictRegional && onceEachStore(stores[id]) {
-			ce.Summary += ": once in each region (the region-local trade-off the README documents)"
-			r.warn(ce)
-			continue
-		}
 		r.fail(ce)
 	}
 	return r.done("%d ledger entr(ies) for %d (type, payment) pair(s)", n, len(total))
@@ -340,11 +331,6 @@ func checkSingleEmail(in *checkInput) CheckResult {
 		}
 		slices.Sort(where[id])
 		ce := CounterExample{Key: id, Summary: fmt.Sprintf("%d receipt notifications (stores: %s)", notes[id], strings.Join(where[id], ", "))}
-		if !in.strictRegional && onceEachStore(where[id]) {
-			ce.Summary += ": once in each region (the region-local trade-off the README documents)"
-			r.warn(ce)
-			continue
-		}
 		r.fail(ce)
 	}
 	sent := 0
@@ -359,11 +345,6 @@ func checkSingleEmail(in *checkInput) CheckResult {
 			}
 			slices.Sort(w)
 			ce := CounterExample{Key: k, Summary: fmt.Sprintf("email sent %d times (stores: %s)", in.st.Sent[k], strings.Join(w, ", "))}
-			if !in.strictRegional && onceEachStore(w) {
-				ce.Summary += ": once in each region (the region-local trade-off the README documents)"
-				r.warn(ce)
-				continue
-			}
 			r.fail(ce)
 		}
 	}
@@ -508,7 +489,7 @@ func checkDuplicateReference(in *checkInput) CheckResult {
 				continue
 			}
 			summary = fmt.Sprintf("%d keys were answered 201 for the same payment; all but the first should get 409 DUPLICATE_MERCHANT_REFERENCE", len(ro.created))
-			if in.reexecute && !in.strictRegional {
+			if in.reexecute {
 				// After a failover, the new home cannot see the old
 				// region's payment before the handover; the README
 				// documents that it finds the charge at the provider and
@@ -676,13 +657,3 @@ func checkAnswerMatches(in *checkInput) CheckResult {
 	return r.done("%d distinct 201 answer(s) compared with their payment", n)
 }
 
-// onceEachStore reports whether "store×count" entries all have count 1:
-// an effect repeated only across regions' stores, never within one.
-func onceEachStore(entries []string) bool {
-	for _, e := range entries {
-		if !strings.HasSuffix(e, "×1") {
-			return false
-		}
-	}
-	return true
-}

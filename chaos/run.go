@@ -77,14 +77,6 @@ type Options struct {
 	Logger *slog.Logger
 	// Command is the command line that reproduces the run, for the report.
 	Command string
-	// StrictRegionalEffects fails single-ledger-entry and single-email when
-	// a payment's ledger entries or receipt are produced once in each of
-	// two regions (a payment recorded again in its new home after a
-	// failover, before the handover), and duplicate-reference when a
-	// resubmission with a fresh key is answered 201 for the same payment
-	// after a failover. By default those are warnings: the README
-	// documents them as the region-local trade-off.
-	StrictRegionalEffects bool
 	// TLS runs every scenario's cluster with TLS on every link
 	// (cluster.Config.TLS): nodes forward over mutual TLS through the
 	// links' TCP proxies, etcd requires client certificates, the provider
@@ -446,7 +438,7 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 	}
 	sr.Checks = runChecks(&checkInput{
 		ops: ops, st: st, homes: homes, charges: charges, quiesced: quiesced, quiesceTook: took,
-		stuckBound: opts.StuckBound, reexecute: env.FailedOver(), strictRegional: opts.StrictRegionalEffects, faults: sr.Faults, outDir: dir,
+		stuckBound: opts.StuckBound, reexecute: env.FailedOver(), faults: sr.Faults, outDir: dir,
 		linTimeout: time.Minute, sidecar: scres,
 	})
 	progress.stop()

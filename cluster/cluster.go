@@ -37,6 +37,7 @@ type Cluster struct {
 	statePath   string // cluster.json, once written
 	storeMode   string
 	pg          *pgserver.Server
+	effectsURL  string   // EffectsDatabase's URL; "" unless region-local with several regions
 	net         *network // nil unless Config.Proxied
 	regions     []*regionState
 	tokens      map[string]string // tenant -> token
