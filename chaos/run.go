@@ -441,6 +441,9 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 		stuckBound: opts.StuckBound, reexecute: env.FailedOver(), faults: sr.Faults, outDir: dir,
 		linTimeout: time.Minute, sidecar: scres,
 	})
+	var drillResult CheckResult
+	sr.Drill, drillResult = scenarioDrill(steps, sr.Faults, info.Placements, ops, sr.Checks, chaosLeaseTTL)
+	sr.Checks = withCheck(sr.Checks, drillResult)
 	progress.stop()
 	sr.summarise(ops)
 	if err := writeJSON(filepath.Join(dir, "history.json"), ops); err != nil {
