@@ -3,6 +3,7 @@ package chaos
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -178,21 +179,26 @@ func computeDrill(in drillInput) *Drill {
 	return d
 }
 
-// drillCheck turns a drill's figures into a check, so that a figure past
+// drillCheck turns drills' figures into a check, so that a figure past
 // its bound fails the scenario like any other finding.
-func drillCheck(d *Drill) CheckResult {
+func drillCheck(drills ...*Drill) CheckResult {
 	r := newResult(CheckDrillBounds)
-	for _, f := range d.Figures {
-		if !f.Met {
-			r.fail(CounterExample{Key: d.Region, Summary: fmt.Sprintf("%s is %g%s, bound %g%s", f.Name, f.Value, f.Unit, f.Bound, f.Unit)})
+	var details []string
+	for _, d := range drills {
+		for _, f := range d.Figures {
+			if !f.Met {
+				r.fail(CounterExample{Key: d.Region, Summary: fmt.Sprintf("%s: %s is %g%s, bound %g%s", d.Fault, f.Name, f.Value, f.Unit, f.Bound, f.Unit)})
+			}
 		}
-	}
-	for _, t := range d.Tenants {
-		if t.Seconds < 0 {
-			r.fail(CounterExample{Key: t.Tenant, Summary: "never answered finally after the fault"})
+		for _, t := range d.Tenants {
+			if t.Seconds < 0 {
+				r.fail(CounterExample{Key: t.Tenant, Summary: d.Fault + ": never answered finally after the fault"})
+			}
 		}
+		details = append(details, fmt.Sprintf("%s: RTO max %.2fs (bound %.1fs) over %d tenant(s), %s failover",
+			d.Fault, d.RTOMaxSeconds, d.RTOBoundSeconds, len(d.Tenants), d.Failover))
 	}
-	return r.done("RTO max %.2fs (bound %.1fs) over %d tenant(s) of %s, %s failover", d.RTOMaxSeconds, d.RTOBoundSeconds, len(d.Tenants), d.Region, d.Failover)
+	return r.done("%s", strings.Join(details, "; "))
 }
 
 // DrillRegion implements DrillFault.
@@ -201,22 +207,25 @@ func (f *regionFailover) DrillRegion() string { return f.from }
 // FailoverMode implements DrillFault.
 func (f *regionFailover) FailoverMode() string { return FailoverManual }
 
-// scenarioDrill computes the drill figures of the first DrillFault among
-// steps (nil when there is none or it did not run) and the drill-bounds
-// check, which is skipped without a drill.
-func scenarioDrill(steps []Step, events []FaultEvent, homes map[string]string, ops []*Op, checks []CheckResult, leaseTTL time.Duration) (*Drill, CheckResult) {
+// scenarioDrills computes the drill figures of every DrillFault among steps
+// that ran (none when there is none), and the drill-bounds check over all
+// of them, which is skipped without a drill.
+func scenarioDrills(steps []Step, events []FaultEvent, homes map[string]string, ops []*Op, checks []CheckResult, leaseTTL time.Duration) ([]*Drill, CheckResult) {
+	var drills []*Drill
 	for i, st := range steps {
 		df, ok := st.Fault.(DrillFault)
 		if !ok || i >= len(events) || events[i].Skipped != "" {
 			continue
 		}
-		d := computeDrill(drillInput{fault: df.Name(), region: df.DrillRegion(), failover: df.FailoverMode(), at: events[i].At,
-			homes: homes, ops: ops, checks: checks, bound: leaseTTL + RTOSlack})
-		return d, drillCheck(d)
+		drills = append(drills, computeDrill(drillInput{fault: df.Name(), region: df.DrillRegion(), failover: df.FailoverMode(), at: events[i].At,
+			homes: homes, ops: ops, checks: checks, bound: leaseTTL + RTOSlack}))
 	}
-	r := newResult(CheckDrillBounds)
-	r.Skipped = true
-	return nil, r.done("no failover in this scenario")
+	if len(drills) == 0 {
+		r := newResult(CheckDrillBounds)
+		r.Skipped = true
+		return nil, r.done("no failover in this scenario")
+	}
+	return drills, drillCheck(drills...)
 }
 
 // withCheck inserts c into checks at its place in Checks' order.

@@ -32,13 +32,14 @@ var reportTemplate = template.Must(template.New("report").Funcs(template.FuncMap
 		}
 		return s[:n] + "…"
 	},
-	"join":     strings.Join,
-	"verdict":  func(ok bool) string { return map[bool]string{true: "PASS", false: "FAIL"}[ok] },
-	"vclass":   func(ok bool) string { return map[bool]string{true: "pass", false: "fail"}[ok] },
-	"faultbad": faultBad,
-	"rowjson":  rowJSON,
-	"outcomes": sortedOutcomes,
-	"inc":      func(i int) int { return i + 1 },
+	"join":      strings.Join,
+	"verdict":   func(ok bool) string { return map[bool]string{true: "PASS", false: "FAIL"}[ok] },
+	"vclass":    func(ok bool) string { return map[bool]string{true: "pass", false: "fail"}[ok] },
+	"faultbad":  faultBad,
+	"rowjson":   rowJSON,
+	"outcomes":  sortedOutcomes,
+	"inc":       func(i int) int { return i + 1 },
+	"drillView": func(name string, d *Drill) drillView { return drillView{Name: name, Drill: d} },
 	"rto": func(v float64) string {
 		if v < 0 {
 			return "never"
@@ -47,8 +48,8 @@ var reportTemplate = template.Must(template.New("report").Funcs(template.FuncMap
 	},
 }).Parse(reportHTML + drillHTML))
 
-// drillHTML renders a scenario's drill figures (template "drill", given a
-// ScenarioReport with a Drill).
+// drillHTML renders one drill's figures (template "drill", given a
+// drillView).
 const drillHTML = `{{define "drill"}}<h3>Failover drill: <a href="#{{.Name}}">{{.Name}}</a> <span class="badge {{vclass .Drill.Passed}}">{{verdict .Drill.Passed}}</span></h3>
 <p><code>{{.Drill.Fault}}</code> took <b>{{.Drill.Region}}</b> down at {{secs .Drill.FaultAt}}; failover: <b>{{.Drill.Failover}}</b>.</p>
 <table>
@@ -261,7 +262,7 @@ svg{border:1px solid #e5e7eb;border-radius:4px;margin:4px 0}
 <tr><th>scenario</th><th>verdict</th><th>calls</th><th>keys</th><th>faults</th><th>failed checks</th></tr>
 {{range .Scenarios}}<tr><td><a href="#{{.Name}}">{{.Name}}</a></td><td class="{{vclass .Passed}}">{{verdict .Passed}}{{if not .Valid}} (invalid){{end}}</td><td>{{.Ops}}</td><td>{{.Keys}}</td><td>{{len .Faults}}</td><td>{{join .Failed ", "}}{{if .Error}}error{{end}}</td></tr>
 {{end}}</table>
-{{range .Scenarios}}{{if .Drill}}{{template "drill" .}}{{end}}{{end}}
+{{range .Scenarios}}{{$s := .}}{{range .Drills}}{{template "drill" (drillView $s.Name .)}}{{end}}{{end}}
 {{range .Scenarios}}{{$s := .}}
 <h2 id="{{.Name}}">{{.Name}} <span class="badge {{vclass .Passed}}">{{verdict .Passed}}</span></h2>
 <p>{{.Description}}</p>
@@ -305,3 +306,9 @@ svg{border:1px solid #e5e7eb;border-radius:4px;margin:4px 0}
 </body>
 </html>
 `
+
+// drillView is a drill and its scenario's name, for the "drill" template.
+type drillView struct {
+	Name  string
+	Drill *Drill
+}

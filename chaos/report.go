@@ -63,8 +63,10 @@ type ScenarioReport struct {
 	Outcomes    map[string]int `json:"outcomes,omitempty"`
 	Faults      []FaultEvent   `json:"faults"`
 	// Drill holds the figures of a failover-type scenario (nil for the
-	// others).
+	// others): its first region fault's. Drills has every region fault's
+	// (a scenario may take regions down in phases).
 	Drill     *Drill        `json:"drill,omitempty"`
+	Drills    []*Drill      `json:"drills,omitempty"`
 	Checks    []CheckResult `json:"checks"`
 	Passed    bool          `json:"passed"`
 	Failed    []string      `json:"failedChecks,omitempty"`

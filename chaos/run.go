@@ -442,7 +442,10 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 		linTimeout: time.Minute, sidecar: scres,
 	})
 	var drillResult CheckResult
-	sr.Drill, drillResult = scenarioDrill(steps, sr.Faults, info.Placements, ops, sr.Checks, chaosLeaseTTL)
+	sr.Drills, drillResult = scenarioDrills(steps, sr.Faults, info.Placements, ops, sr.Checks, chaosLeaseTTL)
+	if len(sr.Drills) > 0 {
+		sr.Drill = sr.Drills[0]
+	}
 	sr.Checks = withCheck(sr.Checks, drillResult)
 	progress.stop()
 	sr.summarise(ops)

@@ -493,7 +493,12 @@ func (m *Main) joinRegion(ctx context.Context, ln net.Listener, https bool) (*ro
 	if m.AutoFailoverAfter > 0 {
 		actx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		m.stopAuto, m.autoDone = cancel, make(chan struct{})
+		// The election is held as long as a region lease, and regions are
+		// looked at twice per --auto-failover-after (at most every second):
+		// a dead region is moved about a lease TTL plus
+		// --auto-failover-after after its last keepalive.
 		af := &routing.AutoFailover{Client: cli, Map: m.routes, Region: m.Region, After: m.AutoFailoverAfter,
+			SessionTTL: m.RegionLeaseTTL, Interval: min(time.Second, max(m.AutoFailoverAfter/2, 100*time.Millisecond)),
 			Targets: m.FailoverTargets, Logger: m.logger, Now: m.faults.now}
 		go func() { defer close(m.autoDone); _ = af.Run(actx) }()
 	}
