@@ -398,7 +398,7 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 	progress.setPhase("quiescing")
 	prefix := runID(s, opts.Seed) + "-"
 	qctx := context.WithoutCancel(ctx)
-	_, quiesced, took, err := quiesce(qctx, c, prefix, opts.StuckBound)
+	_, quiesced, took, err := quiesce(qctx, viewOf(c), prefix, opts.StuckBound)
 	if err != nil {
 		return sr, err
 	}
@@ -412,11 +412,11 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 		cancel()
 	}
 	progress.setPhase("checking")
-	st, _, _, err := quiesce(qctx, c, prefix, 5*time.Second)
+	st, _, _, err := quiesce(qctx, viewOf(c), prefix, 5*time.Second)
 	if err != nil {
 		return sr, err
 	}
-	homes, err := homeStores(qctx, c)
+	homes, err := homeStores(qctx, viewOf(c))
 	if err != nil {
 		return sr, err
 	}

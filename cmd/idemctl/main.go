@@ -36,6 +36,7 @@ func commands() map[string]command {
 		"placement": {"get or set a tenant's home region (placement get|set --tenant T [--region R]), or the default regions (placement defaults --regions A,B)", runPlacement},
 		"region":    {"region status, failover --from A --to B, failback --region A, handover of a failed region's records", runRegion},
 		"chaos":     {"chaos tests: list the scenarios, or run them against a local cluster and check the history (chaos list|run)", runChaos},
+		"drill":     {"failover drill against a running cluster: --inject and --heal commands, manual or automatic failover, the chaos checks and a report with RTO and RPO", runDrill},
 	}
 }
 
