@@ -32,24 +32,38 @@ type EffectGuard struct {
 	region string
 }
 
-// effectClaimsDDL creates the guard's table.
+// effectClaimsDDL creates the guard's table (the same as payments'
+// migration 0005_effect_claims.sql).
 const effectClaimsDDL = `CREATE TABLE IF NOT EXISTS effect_claims (
 	effect_key TEXT        NOT NULL PRIMARY KEY,
 	region     TEXT        NOT NULL,
 	claimed_at TIMESTAMPTZ NOT NULL DEFAULT now())`
 
 // NewEffectGuard returns a guard for region over pool (which the caller
-// closes), creating its table if needed.
+// closes). It creates the guard's table only when it is missing: a store
+// migrated by payments.Migrate has it (so a node whose role may not run
+// DDL can use the store), a dedicated effects database gets it here.
 func NewEffectGuard(ctx context.Context, pool *pgxpool.Pool, region string) (*EffectGuard, error) {
 	if region == "" {
 		return nil, errors.New("outbox: effect guard: a region is required")
 	}
-	if _, err := pool.Exec(ctx, effectClaimsDDL); err != nil {
-		// Concurrent CREATE TABLE IF NOT EXISTS can race in PostgreSQL's
-		// catalog; a node that lost the race finds the table there.
-		var exists bool
-		if qerr := pool.QueryRow(ctx, `SELECT to_regclass('effect_claims') IS NOT NULL`).Scan(&exists); qerr != nil || !exists {
-			return nil, fmt.Errorf("outbox: effect guard: create effect_claims: %w", store.Unavailable(err))
+	exists := func() (bool, error) {
+		var ok bool
+		err := pool.QueryRow(ctx, `SELECT to_regclass('effect_claims') IS NOT NULL`).Scan(&ok)
+		return ok, err
+	}
+	ok, err := exists()
+	if err != nil {
+		return nil, fmt.Errorf("outbox: effect guard: %w", store.Unavailable(err))
+	}
+	if !ok {
+		if _, err := pool.Exec(ctx, effectClaimsDDL); err != nil {
+			// Concurrent CREATE TABLE IF NOT EXISTS can race in
+			// PostgreSQL's catalog; a node that lost the race finds the
+			// table there.
+			if ok, qerr := exists(); qerr != nil || !ok {
+				return nil, fmt.Errorf("outbox: effect guard: create effect_claims: %w", store.Unavailable(err))
+			}
 		}
 	}
 	return &EffectGuard{pool: pool, region: region}, nil

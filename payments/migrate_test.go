@@ -89,7 +89,7 @@ func TestMigrateRecognisesEarlierDatabases(t *testing.T) {
 			storetest.Exec(t, st, `INSERT INTO schema_migrations (version, name) VALUES ($1, $2)`, int(f[3]-'0'), f)
 		}
 	}
-	// Migrate applies only what came later (0004_claim_id.sql): applying
+	// Migrate applies only what came later (0004 and 0005): applying
 	// 1 to 3 again would fail on their CREATE statements' names.
 	if err := payments.Migrate(ctx, st); err != nil {
 		t.Fatalf("Migrate on an earlier database: %v", err)
@@ -97,8 +97,8 @@ func TestMigrateRecognisesEarlierDatabases(t *testing.T) {
 	if err := payments.CheckMigrated(ctx, st); err != nil {
 		t.Fatalf("CheckMigrated after migrating an earlier database: %v", err)
 	}
-	if n := storetest.Count(t, st, `SELECT count(*) FROM schema_migrations`); n != 4 {
-		t.Errorf("schema_migrations has %d rows, want 4", n)
+	if n := storetest.Count(t, st, `SELECT count(*) FROM schema_migrations`); n != 5 {
+		t.Errorf("schema_migrations has %d rows, want 5", n)
 	}
 }
 

@@ -270,8 +270,8 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 			t.Errorf("concurrent Migrate: %v", err)
 		}
 	}
-	if n := storetest.Count(t, st, `SELECT count(*) FROM schema_migrations`); n != 4 {
-		t.Errorf("schema_migrations has %d rows, want 4", n)
+	if n := storetest.Count(t, st, `SELECT count(*) FROM schema_migrations`); n != 5 {
+		t.Errorf("schema_migrations has %d rows, want 5", n)
 	}
 }
 
