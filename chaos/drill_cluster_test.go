@@ -15,8 +15,10 @@ import (
 // stopping and resuming the region's node processes: the drill performs
 // the failover, hands the records over, passes every check and reports
 // the drill figures of the region's tenants.
+//
+// It does not run in parallel with the scenario tests: their runs must
+// reach a minimum rate on a shared machine.
 func TestDrillAgainstRunningCluster(t *testing.T) {
-	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	c, err := cluster.Start(ctx, cluster.Config{
