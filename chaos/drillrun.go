@@ -495,10 +495,7 @@ func (f *commandFault) heal(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("handover: %w", err)
 	}
-	for _, t := range rep.Tenants {
-		f.note("handover %s: %d records read, %d copied, %d identical, %d payments copied, %d conflicts",
-			t.Tenant, t.Records, t.Copied, t.Identical, t.Payments, len(t.Conflicts))
-	}
+	noteHandover(&f.notes, rep)
 	return nil
 }
 

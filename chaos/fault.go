@@ -574,7 +574,20 @@ func handover(ctx context.Context, c *cluster.Cluster, from, to string, n *notes
 	if err != nil {
 		return fmt.Errorf("chaos: handover %s -> %s: %w", from, to, err)
 	}
+	noteHandover(n, rep)
+	return nil
+}
+
+// noteHandover notes what a handover did: each tenant that had records or
+// payments to hand over, and how many tenants had none (the idle tenants of
+// a large placement map).
+func noteHandover(n *notes, rep failover.Report) {
+	empty := 0
 	for _, t := range rep.Tenants {
+		if t.Records == 0 && t.Payments == 0 && len(t.Conflicts) == 0 {
+			empty++
+			continue
+		}
 		n.note("handover %s: %d records read, %d copied, %d identical, %d payments copied, %d conflicts",
 			t.Tenant, t.Records, t.Copied, t.Identical, t.Payments, len(t.Conflicts))
 		for i, cf := range t.Conflicts {
@@ -585,7 +598,9 @@ func handover(ctx context.Context, c *cluster.Cluster, from, to string, n *notes
 			n.note("handover conflict %s/%s: %s (%s here, %s there)", cf.Scope.Tenant, cf.Scope.Key, cf.Reason, cf.From, cf.To)
 		}
 	}
-	return nil
+	if empty > 0 {
+		n.note("handover: %d more tenant(s) had nothing to hand over", empty)
+	}
 }
 
 // placementWrites counts the distinct revisions, and the keys, written
