@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idemcoord/idem/cluster"
 	"github.com/idemcoord/idem/routing"
@@ -60,18 +61,28 @@ type dbState struct {
 	Leased map[string]int
 }
 
+// clusterView is what the state reads need of a cluster: its description
+// (as cluster.json holds it) and its etcd client (nil without etcd). A
+// cluster the harness started and one a drill attached to alike.
+type clusterView struct {
+	info cluster.Info
+	etcd *clientv3.Client
+}
+
+func viewOf(c *cluster.Cluster) clusterView { return clusterView{info: c.Info(), etcd: c.EtcdClient()} }
+
 // storeURLs returns each distinct store of c: name (the region, or
 // "global") -> database URL, as the cluster itself reaches it.
-func storeURLs(c *cluster.Cluster) map[string]string {
+func storeURLs(c clusterView) map[string]string {
 	out := map[string]string{}
 	seen := map[string]bool{}
-	for _, r := range c.Info().Regions {
+	for _, r := range c.info.Regions {
 		if seen[r.DatabaseURL] {
 			continue
 		}
 		seen[r.DatabaseURL] = true
 		name := r.Name
-		if c.StoreMode() == cluster.StoreGlobal {
+		if c.info.StoreMode == cluster.StoreGlobal {
 			name = "global"
 		}
 		out[name] = r.DatabaseURL
@@ -81,18 +92,18 @@ func storeURLs(c *cluster.Cluster) map[string]string {
 
 // homeStores returns, for each tenant, the name of the store its home
 // region uses now (after any failover).
-func homeStores(ctx context.Context, c *cluster.Cluster) (map[string]string, error) {
+func homeStores(ctx context.Context, c clusterView) (map[string]string, error) {
 	out := map[string]string{}
-	for tenant := range c.Info().Tokens {
-		if c.StoreMode() == cluster.StoreGlobal {
+	for tenant := range c.info.Tokens {
+		if c.info.StoreMode == cluster.StoreGlobal {
 			out[tenant] = "global"
 			continue
 		}
-		if c.EtcdClient() == nil {
+		if c.etcd == nil {
 			out[tenant] = "" // every region serves every tenant
 			continue
 		}
-		p, ok, err := routing.GetPlacement(ctx, c.EtcdClient(), tenant)
+		p, ok, err := routing.GetPlacement(ctx, c.etcd, tenant)
 		if err != nil {
 			return nil, fmt.Errorf("chaos: placement of %s: %w", tenant, err)
 		}
@@ -238,7 +249,7 @@ func openRecord(status string) bool {
 // quiesce waits until no record of the run is open in its tenant's home
 // store and every store's outbox, queue and email backlog is empty, or
 // bound passes. It returns the last state read and whether it quiesced.
-func quiesce(ctx context.Context, c *cluster.Cluster, prefix string, bound time.Duration) (*dbState, bool, time.Duration, error) {
+func quiesce(ctx context.Context, c clusterView, prefix string, bound time.Duration) (*dbState, bool, time.Duration, error) {
 	began := time.Now()
 	stores := storeURLs(c)
 	for {

@@ -1,7 +1,6 @@
 package chaos
 
 import (
-	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -18,6 +17,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idemcoord/idem/cluster"
+	"github.com/idemcoord/idem/failover"
 	"github.com/idemcoord/idem/provider"
 	"github.com/idemcoord/idem/routing"
 	"github.com/idemcoord/idem/store"
@@ -512,30 +512,15 @@ func (f *regionFailover) Inject(ctx context.Context, c *cluster.Cluster) error {
 		return err
 	}
 	began := time.Now()
-	deadline := began.Add(3*f.env.LeaseTTL + 15*time.Second)
-	for {
-		alive, err := routing.RegionAlive(ctx, c.EtcdClient(), f.from)
-		if err == nil && !alive {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("chaos: region %s still alive in etcd %v after its partition: %w", f.from, time.Since(began).Round(time.Millisecond), cmp.Or(err, routing.ErrRegionAlive))
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-	f.note("%s had no live node %v after the partition", f.from, time.Since(began).Round(100*time.Millisecond))
 	before, err := c.EtcdClient().Get(ctx, routing.PlacementPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
 		return fmt.Errorf("chaos: placements before the failover: %w", err)
 	}
-	moved, err := routing.MoveRegion(ctx, c.EtcdClient(), f.from, f.to, time.Now())
+	moved, err := failover.Move(ctx, c.EtcdClient(), f.from, f.to, 3*f.env.LeaseTTL+15*time.Second, nil)
 	if err != nil {
-		return err
+		return fmt.Errorf("chaos: region %s: %w", f.from, err)
 	}
+	f.note("%s had no live node %v after the partition", f.from, time.Since(began).Round(100*time.Millisecond))
 	f.moved = &moved
 	revs, keys, err := placementWrites(ctx, c.EtcdClient(), before.Header.Revision)
 	if err != nil {
@@ -559,13 +544,19 @@ func (f *regionFailover) Heal(ctx context.Context, c *cluster.Cluster) error {
 	if f.moved == nil {
 		return nil
 	}
-	info := c.Info()
+	return handover(ctx, c, f.from, f.to, &f.notes)
+}
+
+// handover hands from's records of the tenants moved to to over to to's
+// store (failover.Handover, as "idemctl region handover"), noting what it
+// copied.
+func handover(ctx context.Context, c *cluster.Cluster, from, to string, n *notes) error {
 	var fromURL, toURL string
-	for _, r := range info.Regions {
+	for _, r := range c.Info().Regions {
 		switch r.Name {
-		case f.from:
+		case from:
 			fromURL = r.DatabaseURL
-		case f.to:
+		case to:
 			toURL = r.DatabaseURL
 		}
 	}
@@ -579,33 +570,37 @@ func (f *regionFailover) Heal(ctx context.Context, c *cluster.Cluster) error {
 		return fmt.Errorf("chaos: handover: %w", err)
 	}
 	defer dst.Close()
-	tenants := make([]string, 0, len(info.Placements))
-	for t := range info.Placements {
-		tenants = append(tenants, t)
+	rep, err := failover.Handover(ctx, c.EtcdClient(), from, to, src, dst)
+	if err != nil {
+		return fmt.Errorf("chaos: handover %s -> %s: %w", from, to, err)
 	}
-	slices.Sort(tenants)
-	for _, t := range tenants {
-		if p, ok, err := routing.GetPlacement(ctx, c.EtcdClient(), t); err != nil || !ok || p.Region != f.to || p.Epoch != f.moved.Epoch {
-			continue // not moved by this failover
+	noteHandover(n, rep)
+	return nil
+}
+
+// noteHandover notes what a handover did: each tenant that had records or
+// payments to hand over, and how many tenants had none (the idle tenants of
+// a large placement map).
+func noteHandover(n *notes, rep failover.Report) {
+	empty := 0
+	for _, t := range rep.Tenants {
+		if t.Records == 0 && t.Payments == 0 && len(t.Conflicts) == 0 {
+			empty++
+			continue
 		}
-		rep, err := store.Handover(ctx, src, dst, t)
-		if err != nil {
-			return fmt.Errorf("chaos: handover of %s: %w", t, err)
-		}
-		f.note("handover %s: %d records read, %d copied, %d identical, %d payments copied, %d conflicts",
-			t, rep.Records, rep.Copied, rep.Identical, rep.Payments, len(rep.Conflicts))
-		for i, cf := range rep.Conflicts {
+		n.note("handover %s: %d records read, %d copied, %d identical, %d payments copied, %d conflicts",
+			t.Tenant, t.Records, t.Copied, t.Identical, t.Payments, len(t.Conflicts))
+		for i, cf := range t.Conflicts {
 			if i == 5 {
-				f.note("… %d more conflicts", len(rep.Conflicts)-5)
+				n.note("… %d more conflicts", len(t.Conflicts)-5)
 				break
 			}
-			f.note("handover conflict %s/%s: %s (%s here, %s there)", cf.Scope.Tenant, cf.Scope.Key, cf.Reason, cf.From, cf.To)
+			n.note("handover conflict %s/%s: %s (%s here, %s there)", cf.Scope.Tenant, cf.Scope.Key, cf.Reason, cf.From, cf.To)
 		}
 	}
-	if err := routing.MarkRegionHandedOver(ctx, c.EtcdClient(), *f.moved); err != nil {
-		return fmt.Errorf("chaos: handover of %s: %w", f.from, err)
+	if empty > 0 {
+		n.note("handover: %d more tenant(s) had nothing to hand over", empty)
 	}
-	return nil
 }
 
 // placementWrites counts the distinct revisions, and the keys, written

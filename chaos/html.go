@@ -32,14 +32,34 @@ var reportTemplate = template.Must(template.New("report").Funcs(template.FuncMap
 		}
 		return s[:n] + "…"
 	},
-	"join":     strings.Join,
-	"verdict":  func(ok bool) string { return map[bool]string{true: "PASS", false: "FAIL"}[ok] },
-	"vclass":   func(ok bool) string { return map[bool]string{true: "pass", false: "fail"}[ok] },
-	"faultbad": faultBad,
-	"rowjson":  rowJSON,
-	"outcomes": sortedOutcomes,
-	"inc":      func(i int) int { return i + 1 },
-}).Parse(reportHTML))
+	"join":      strings.Join,
+	"verdict":   func(ok bool) string { return map[bool]string{true: "PASS", false: "FAIL"}[ok] },
+	"vclass":    func(ok bool) string { return map[bool]string{true: "pass", false: "fail"}[ok] },
+	"faultbad":  faultBad,
+	"rowjson":   rowJSON,
+	"outcomes":  sortedOutcomes,
+	"inc":       func(i int) int { return i + 1 },
+	"drillView": func(name string, d *Drill) drillView { return drillView{Name: name, Drill: d} },
+	"rto": func(v float64) string {
+		if v < 0 {
+			return "never"
+		}
+		return fmt.Sprintf("%.2fs", v)
+	},
+}).Parse(reportHTML + drillHTML))
+
+// drillHTML renders one drill's figures (template "drill", given a
+// drillView).
+const drillHTML = `{{define "drill"}}<h3>Failover drill: <a href="#{{.Name}}">{{.Name}}</a> <span class="badge {{vclass .Drill.Passed}}">{{verdict .Drill.Passed}}</span></h3>
+<p><code>{{.Drill.Fault}}</code> took <b>{{.Drill.Region}}</b> down at {{secs .Drill.FaultAt}}; failover: <b>{{.Drill.Failover}}</b>.</p>
+<table>
+<tr><th>figure</th><th>value</th><th>bound</th><th>met</th></tr>
+{{range .Drill.Figures}}<tr><td>{{.Name}}</td><td>{{if eq .Unit "s"}}{{rto .Value}}{{else}}{{.Value}}{{end}}</td><td>{{if eq .Unit "s"}}&le; {{printf "%.1f" .Bound}}s{{else}}{{.Bound}}{{end}}</td><td class="{{vclass .Met}}">{{if .Met}}yes{{else}}NO{{end}}</td></tr>
+{{end}}</table>
+<table>
+<tr><th>affected tenant</th><th>RTO</th><th>first final answer from</th></tr>
+{{range .Drill.Tenants}}<tr><td>{{.Tenant}}</td><td>{{rto .Seconds}}</td><td>{{.Node}}</td></tr>
+{{end}}</table>{{end}}`
 
 func faultBad(f FaultEvent) bool {
 	return f.Skipped != "" || f.PreHealthError != "" || f.InjectError != "" || f.HealError != "" || f.PostHealthError != ""
@@ -242,6 +262,7 @@ svg{border:1px solid #e5e7eb;border-radius:4px;margin:4px 0}
 <tr><th>scenario</th><th>verdict</th><th>calls</th><th>keys</th><th>faults</th><th>failed checks</th></tr>
 {{range .Scenarios}}<tr><td><a href="#{{.Name}}">{{.Name}}</a></td><td class="{{vclass .Passed}}">{{verdict .Passed}}{{if not .Valid}} (invalid){{end}}</td><td>{{.Ops}}</td><td>{{.Keys}}</td><td>{{len .Faults}}</td><td>{{join .Failed ", "}}{{if .Error}}error{{end}}</td></tr>
 {{end}}</table>
+{{range .Scenarios}}{{$s := .}}{{range .Drills}}{{template "drill" (drillView $s.Name .)}}{{end}}{{end}}
 {{range .Scenarios}}{{$s := .}}
 <h2 id="{{.Name}}">{{.Name}} <span class="badge {{vclass .Passed}}">{{verdict .Passed}}</span></h2>
 <p>{{.Description}}</p>
@@ -285,3 +306,9 @@ svg{border:1px solid #e5e7eb;border-radius:4px;margin:4px 0}
 </body>
 </html>
 `
+
+// drillView is a drill and its scenario's name, for the "drill" template.
+type drillView struct {
+	Name  string
+	Drill *Drill
+}

@@ -62,13 +62,18 @@ type ScenarioReport struct {
 	Keys        int            `json:"keys"`
 	Outcomes    map[string]int `json:"outcomes,omitempty"`
 	Faults      []FaultEvent   `json:"faults"`
-	Checks      []CheckResult  `json:"checks"`
-	Passed      bool           `json:"passed"`
-	Failed      []string       `json:"failedChecks,omitempty"`
-	Series      []Bucket       `json:"series,omitempty"`
-	History     string         `json:"history,omitempty"`
-	Logs        string         `json:"logs,omitempty"`
-	Artifacts   []string       `json:"artifacts,omitempty"`
+	// Drill holds the figures of a failover-type scenario (nil for the
+	// others): its first region fault's. Drills has every region fault's
+	// (a scenario may take regions down in phases).
+	Drill     *Drill        `json:"drill,omitempty"`
+	Drills    []*Drill      `json:"drills,omitempty"`
+	Checks    []CheckResult `json:"checks"`
+	Passed    bool          `json:"passed"`
+	Failed    []string      `json:"failedChecks,omitempty"`
+	Series    []Bucket      `json:"series,omitempty"`
+	History   string        `json:"history,omitempty"`
+	Logs      string        `json:"logs,omitempty"`
+	Artifacts []string      `json:"artifacts,omitempty"`
 }
 
 // FaultEvent is one fault in a scenario's timeline; times are seconds from

@@ -77,14 +77,6 @@ type Options struct {
 	Logger *slog.Logger
 	// Command is the command line that reproduces the run, for the report.
 	Command string
-	// StrictRegionalEffects fails single-ledger-entry and single-email when
-	// a payment's ledger entries or receipt are produced once in each of
-	// two regions (a payment recorded again in its new home after a
-	// failover, before the handover), and duplicate-reference when a
-	// resubmission with a fresh key is answered 201 for the same payment
-	// after a failover. By default those are warnings: the README
-	// documents them as the region-local trade-off.
-	StrictRegionalEffects bool
 	// TLS runs every scenario's cluster with TLS on every link
 	// (cluster.Config.TLS): nodes forward over mutual TLS through the
 	// links' TCP proxies, etcd requires client certificates, the provider
@@ -406,7 +398,7 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 	progress.setPhase("quiescing")
 	prefix := runID(s, opts.Seed) + "-"
 	qctx := context.WithoutCancel(ctx)
-	_, quiesced, took, err := quiesce(qctx, c, prefix, opts.StuckBound)
+	_, quiesced, took, err := quiesce(qctx, viewOf(c), prefix, opts.StuckBound)
 	if err != nil {
 		return sr, err
 	}
@@ -428,11 +420,11 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 		cancel()
 	}
 	progress.setPhase("checking")
-	st, _, _, err := quiesce(qctx, c, prefix, 5*time.Second)
+	st, _, _, err := quiesce(qctx, viewOf(c), prefix, 5*time.Second)
 	if err != nil {
 		return sr, err
 	}
-	homes, err := homeStores(qctx, c)
+	homes, err := homeStores(qctx, viewOf(c))
 	if err != nil {
 		return sr, err
 	}
@@ -454,9 +446,15 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 	}
 	sr.Checks = runChecks(&checkInput{
 		ops: ops, st: st, homes: homes, charges: charges, quiesced: quiesced, quiesceTook: took,
-		stuckBound: opts.StuckBound, reexecute: env.FailedOver(), strictRegional: opts.StrictRegionalEffects, faults: sr.Faults, outDir: dir,
+		stuckBound: opts.StuckBound, reexecute: env.FailedOver(), faults: sr.Faults, outDir: dir,
 		linTimeout: time.Minute, sidecar: scres, sweepHealth: sweepHealth,
 	})
+	var drillResult CheckResult
+	sr.Drills, drillResult = scenarioDrills(steps, sr.Faults, info.Placements, ops, sr.Checks, chaosLeaseTTL)
+	if len(sr.Drills) > 0 {
+		sr.Drill = sr.Drills[0]
+	}
+	sr.Checks = withCheck(sr.Checks, drillResult)
 	progress.stop()
 	sr.summarise(ops)
 	if err := writeJSON(filepath.Join(dir, "history.json"), ops); err != nil {

@@ -240,6 +240,23 @@ func Catalogue() []Scenario {
 			},
 		},
 		{
+			Name: "region-auto-failover",
+			Description: "the nodes run automatic failover (--auto-failover-after 500ms): a region's nodes are all killed, then " +
+				"another region is cut off; each time the cluster moves the region's tenants to a survivor by itself, nobody acting, " +
+				"within the region lease TTL + 3s; once a region is back its records are handed over",
+			Regions: 3,
+			// The targets name the default regions (r[1] = us-east takes
+			// both); with other --regions the elected node's region does.
+			NodeArgs: []string{"--auto-failover-after", "500ms", "--failover-targets", "eu-west=us-east,ap-south=us-east"},
+			Workload: WorkloadConfig{Mix: map[Role]int{RoleNormal: 2, RoleNoKey: 1}, Replays: 0.3, NoKeyDelay: 4 * time.Second},
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{
+					{RegionAutoFailover(env, r[0], false), 2 * time.Second},
+					{RegionAutoFailover(env, r[2], true), 2 * time.Second},
+				}
+			},
+		},
+		{
 			Name: "partition-region",
 			Description: "a region loses every link (store, etcd, provider, forwarded requests) for longer than its lease and comes back, " +
 				"without a failover: it stops serving on its own, and its keys are answered consistently once it is back",

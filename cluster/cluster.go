@@ -39,6 +39,7 @@ type Cluster struct {
 	storeMode   string
 	pg          *pgserver.Server
 	store       *pgha.Cluster // nil unless Config.StoreHA
+	effectsURL  string        // EffectsDatabase's URL; "" unless region-local with several regions
 	net         *network      // nil unless Config.Proxied
 	regions     []*regionState
 	tokens      map[string]string // tenant -> token

@@ -55,9 +55,20 @@ func (c *Cluster) startStore(ctx context.Context, cfg *Config) (map[string]strin
 		}
 		dbOf[r] = name
 	}
+	if cfg.StoreMode != StoreGlobal && len(cfg.Regions) > 1 {
+		// Region-local stores: consumer effects are claimed once across
+		// regions in a database they all see (idemd --effects-database-url).
+		names = append(names, EffectsDatabase)
+	}
 	urls, err := createDatabases(ctx, c.log, admin, names)
 	if err != nil {
 		return nil, err
+	}
+	if u, ok := urls[EffectsDatabase]; ok {
+		c.effectsURL = u
+		if c.pg != nil && cfg.TLS {
+			c.effectsURL = c.pg.TLSURLFor(EffectsDatabase)
+		}
 	}
 	out := make(map[string]string, len(dbOf))
 	for r, name := range dbOf {
@@ -96,6 +107,11 @@ func (c *Cluster) postgresDir() (string, error) {
 // proxyDatabase creates the link node->store and returns dbURL with the
 // link's address as its host.
 func (c *Cluster) proxyDatabase(node, dbURL string) (string, error) {
+	return c.proxyDatabaseAs(node, EndpointStore, dbURL)
+}
+
+// proxyDatabaseAs is proxyDatabase for the link node->endpoint.
+func (c *Cluster) proxyDatabaseAs(node, endpoint, dbURL string) (string, error) {
 	u, err := url.Parse(dbURL)
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" || strings.Contains(u.Host, ",") {
 		return "", fmt.Errorf("cluster: Proxied needs a postgres://user@host:port/db database URL with one host, not %s", redact(dbURL))
@@ -104,13 +120,18 @@ func (c *Cluster) proxyDatabase(node, dbURL string) (string, error) {
 	if u.Port() == "" {
 		upstream = net.JoinHostPort(u.Hostname(), "5432")
 	}
-	l, err := c.net.set(node, EndpointStore, upstream)
+	l, err := c.net.set(node, endpoint, upstream)
 	if err != nil {
 		return "", err
 	}
 	u.Host = l.Listen
 	return u.String(), nil
 }
+
+// EffectsDatabase is the database, in region-local store mode with more
+// than one region, where every region's consumers claim their effects
+// (idemd --effects-database-url).
+const EffectsDatabase = "idem_effects"
 
 // DatabaseName returns the database of a region in region-local store
 // mode: idem_ followed by the region name with "-" replaced by "_".

@@ -24,6 +24,9 @@ import (
 const (
 	EndpointStore    = "store"
 	EndpointProvider = "provider"
+	// EndpointEffects is the database where consumer effects are claimed
+	// across regions (region-local store mode).
+	EndpointEffects = "effects"
 )
 
 // ErrNotProxied is returned by the network methods of a cluster started
@@ -36,6 +39,7 @@ var ErrNotProxied = errors.New("cluster: the cluster's links are not proxied (Co
 //	<node>->store        the node's connections to PostgreSQL
 //	<node>->etcd-m<j>    the node's connections to etcd member j
 //	<node>->provider     the node's connections to the provider simulator
+//	<node>->effects      the node's connections to the effects database
 //	-><node>             every connection into the node: requests other
 //	                     regions forward to it (its --advertise-url)
 //	etcd-m<i>->etcd-m<j> member i's connections to member j's peer port

@@ -36,7 +36,8 @@ func TestNetwork(t *testing.T) {
 		}
 	}
 	for _, n := range []string{"eu-west-0", "us-east-0"} {
-		want = append(want, n+"->store", n+"->etcd-m0", n+"->etcd-m1", n+"->etcd-m2", n+"->provider", "->"+n)
+		// ->effects: the database where the regions claim consumer effects.
+		want = append(want, n+"->store", n+"->effects", n+"->etcd-m0", n+"->etcd-m1", n+"->etcd-m2", n+"->provider", "->"+n)
 	}
 	var names []string
 	for _, l := range c.Links() {
@@ -48,7 +49,7 @@ func TestNetwork(t *testing.T) {
 	if !sameStrings(names, want) {
 		t.Errorf("links %q\nwant %q", names, want)
 	}
-	euLinks := []string{"eu-west-0->store", "eu-west-0->etcd-m0", "eu-west-0->etcd-m1", "eu-west-0->etcd-m2", "eu-west-0->provider", "->eu-west-0"}
+	euLinks := []string{"eu-west-0->store", "eu-west-0->effects", "eu-west-0->etcd-m0", "eu-west-0->etcd-m1", "eu-west-0->etcd-m2", "eu-west-0->provider", "->eu-west-0"}
 	if got := c.LinksOf("eu-west"); !sameStrings(got, euLinks) {
 		t.Errorf("LinksOf(eu-west) = %q, want %q", got, euLinks)
 	}

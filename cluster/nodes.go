@@ -32,6 +32,16 @@ func (c *Cluster) newNode(cfg *Config, rs *regionState, i int, env []string) (*P
 	}
 	// The database URL may hold a password: it goes in the environment.
 	env = append(slices.Clone(env), "IDEM_DATABASE_URL="+dbURL)
+	if c.effectsURL != "" {
+		effects := c.effectsURL
+		if c.net != nil {
+			var err error
+			if effects, err = c.proxyDatabaseAs(name, EndpointEffects, effects); err != nil {
+				return nil, err
+			}
+		}
+		env = append(env, "IDEM_EFFECTS_DATABASE_URL="+effects)
+	}
 	args := []string{
 		"--region", rs.name,
 		"--auth-tokens-file", c.secrets.tokens,

@@ -45,6 +45,9 @@ type RegionInfo struct {
 	URL string `json:"url"`
 	// Nodes lists every node's base URL, in index order.
 	Nodes []string `json:"nodes"`
+	// Pids lists every node's process id when the state was written, in
+	// index order (for an operator's drill commands: kill -STOP, kill -9).
+	Pids []int `json:"pids,omitempty"`
 	// DatabaseURL is the region's database (GlobalDatabase's in global
 	// store mode). Nodes of a proxied cluster reach it through their links.
 	DatabaseURL string `json:"databaseUrl"`
@@ -104,6 +107,7 @@ func (c *Cluster) Info() Info {
 		ri := RegionInfo{Name: r.name, DatabaseURL: r.dbURL, Nodes: []string{}}
 		for _, p := range r.nodes {
 			ri.Nodes = append(ri.Nodes, p.URL())
+			ri.Pids = append(ri.Pids, p.Pid())
 		}
 		if len(ri.Nodes) > 0 {
 			ri.URL = ri.Nodes[0]

@@ -66,11 +66,7 @@ func HandleLedger(ctx context.Context, q store.Querier, m Message) error {
 	if err != nil {
 		return err
 	}
-	if entryType == EntryPaymentCreated {
-		entryID = "ledger_payment_created_" + ev.PaymentID
-	} else {
-		entryID = "ledger_payment_" + ev.PaymentID
-	}
+	entryID = ledgerEntryID(entryType, ev.PaymentID)
 	if _, err := q.Exec(ctx, `INSERT INTO ledger_entries
 			(entry_id, entry_type, source_payment_id, source_event_id, tenant_id, account_id, amount, currency, created_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now())
@@ -94,7 +90,7 @@ func HandleReceiptEmail(ctx context.Context, q store.Querier, m Message) error {
 	if err != nil {
 		return err
 	}
-	key := "receipt_payment_" + ev.PaymentID
+	key := receiptDedupeKey(ev.PaymentID)
 	if _, err := q.Exec(ctx, `INSERT INTO email_notifications
 			(dedupe_key, tenant_id, payment_id, account_id, amount, currency, created_at, attempts)
 		VALUES ($1, $2, $3, $4, $5, $6, now(), 0)
@@ -104,3 +100,14 @@ func HandleReceiptEmail(ctx context.Context, q store.Querier, m Message) error {
 	}
 	return nil
 }
+
+// ledgerEntryID is the entry id of a payment's ledger entry of entryType.
+func ledgerEntryID(entryType, paymentID string) string {
+	if entryType == EntryPaymentCreated {
+		return "ledger_payment_created_" + paymentID
+	}
+	return "ledger_payment_" + paymentID
+}
+
+// receiptDedupeKey is the dedupe key of a payment's receipt email.
+func receiptDedupeKey(paymentID string) string { return "receipt_payment_" + paymentID }

@@ -192,8 +192,23 @@ func (s *Service) Create(ctx context.Context, req Request) (Result, error) {
 	if res, broken, err := s.attemptBroken(ctx, req, cmd, hashes); broken {
 		return res, err
 	}
-	return s.do(ctx, req, cmd, hashes)
+	for unknown := 1; ; unknown++ {
+		res, err := s.do(ctx, req, cmd, hashes)
+		if !errors.Is(err, store.ErrCommitUnknown) || unknown > commitResolveAttempts {
+			return res, err
+		}
+		// The attempt's COMMIT went unanswered: it may have stored the
+		// payment. Attempt again: the record answers what the commit did
+		// (a replay of the stored answer), or the claim runs afresh.
+		if serr := s.cfg.Sleep(ctx, time.Duration(unknown)*50*time.Millisecond); serr != nil {
+			return res, err
+		}
+	}
 }
+
+// commitResolveAttempts bounds how often Create attempts again after a
+// COMMIT whose outcome is unknown (store.ErrCommitUnknown).
+const commitResolveAttempts = 5
 
 // duplicateResponse is the 409 answer naming the payment that already holds
 // the merchant reference.

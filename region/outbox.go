@@ -24,7 +24,7 @@ func (s *Server) startOutbox(ctx context.Context, cfg WorkerConfig) {
 		return
 	}
 	pub := outbox.NewPublisher(s.store, outbox.PublisherConfig{Duplicate: cfg.DuplicateDelivery})
-	consumers := outbox.NewConsumers(s.store)
+	consumers := outbox.NewConsumers(s.store, outbox.WithEffectGuard(cfg.EffectGuard))
 	sender := outbox.NewSender(s.store, nil)
 	m := &outboxMetrics{
 		published: prometheus.NewCounterVec(prometheus.CounterOpts{

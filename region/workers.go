@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemcoord/idem/engine"
+	"github.com/idemcoord/idem/outbox"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/store"
 )
@@ -34,6 +35,11 @@ type WorkerConfig struct {
 	// DuplicateDelivery delivers every outbox event twice (a fault the chaos
 	// harness and tests use to prove that consumers deduplicate).
 	DuplicateDelivery bool
+	// EffectGuard, when set, makes the ledger and receipt-email consumers
+	// claim each effect in a database every region sees before producing
+	// it (outbox.WithEffectGuard), so that a payment recorded again in its
+	// new home after a failover emits nothing twice.
+	EffectGuard *outbox.EffectGuard
 }
 
 // workerNames label idempotency_worker_errors_total.

@@ -27,6 +27,14 @@ type AutoFailover struct {
 	// Targets maps a failed region to the region that takes over its
 	// tenants; a region not listed goes to the elected node's own region.
 	Targets map[string]string
+	// SessionTTL is the election session's TTL: how long the election
+	// stays with a leader that died before another node takes it over.
+	// Default 5s; a node sets it to its region lease TTL, so that a
+	// region's death is noticed as fast as its leases lapse. Rounded up to
+	// whole seconds (etcd lease TTLs are seconds).
+	SessionTTL time.Duration
+	// Interval is how often the leader looks at the regions. Default 1s.
+	Interval time.Duration
 	// Now is the node's clock. Default time.Now.
 	Now    func() time.Time
 	Logger *slog.Logger
@@ -34,7 +42,7 @@ type AutoFailover struct {
 	OnMove func(RegionMove)
 }
 
-// Run campaigns and, while elected, checks every second. It returns when ctx
+// Run campaigns and, while elected, checks every Interval. It returns when ctx
 // is done.
 func (a *AutoFailover) Run(ctx context.Context) error {
 	if a.Now == nil {
@@ -42,6 +50,12 @@ func (a *AutoFailover) Run(ctx context.Context) error {
 	}
 	if a.Logger == nil {
 		a.Logger = slog.New(slog.DiscardHandler)
+	}
+	if a.SessionTTL <= 0 {
+		a.SessionTTL = 5 * time.Second
+	}
+	if a.Interval <= 0 {
+		a.Interval = time.Second
 	}
 	for ctx.Err() == nil {
 		if err := a.lead(ctx); err != nil && ctx.Err() == nil {
@@ -56,7 +70,7 @@ func (a *AutoFailover) Run(ctx context.Context) error {
 }
 
 func (a *AutoFailover) lead(ctx context.Context) error {
-	session, err := concurrency.NewSession(a.Client, concurrency.WithTTL(5), concurrency.WithContext(ctx))
+	session, err := concurrency.NewSession(a.Client, concurrency.WithTTL(int((a.SessionTTL+time.Second-1)/time.Second)), concurrency.WithContext(ctx))
 	if err != nil {
 		return err
 	}
@@ -67,7 +81,7 @@ func (a *AutoFailover) lead(ctx context.Context) error {
 	}
 	a.Logger.Info("automatic failover: elected", "region", a.Region, "after", a.After)
 	deadSince := map[string]time.Time{}
-	tick := time.NewTicker(time.Second)
+	tick := time.NewTicker(a.Interval)
 	defer tick.Stop()
 	for {
 		select {

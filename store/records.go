@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -99,16 +101,63 @@ func (s *Store) Begin(ctx context.Context, req idem.BeginRequest) (idem.Decision
 	if d, ok, err := s.ReadSettled(ctx, req); err != nil || ok {
 		return d, err
 	}
+	claim, err := newClaimID()
+	if err != nil {
+		return idem.Decision{}, err
+	}
 	var d idem.Decision
-	err := s.ExecTx(ctx, func(tx pgx.Tx) error {
+	run := func(tx pgx.Tx) error {
 		var err error
-		d, err = BeginTx(ctx, tx, req)
+		d, err = beginTx(ctx, tx, req, claim)
 		return err
-	})
+	}
+	err = s.ExecTx(ctx, run)
+	// A claim whose COMMIT went unanswered may hold the record: run it again.
+	// The insert-first retry finds the record this claim id took (and goes
+	// on with it), or finds it untouched and claims afresh.
+	for attempt := 1; errors.Is(err, ErrCommitUnknown) && attempt <= resolveAttempts; attempt++ {
+		if perr := pause(ctx, attempt); perr != nil {
+			break
+		}
+		s.logger.WarnContext(ctx, "claim commit outcome unknown; resolving it by its claim id", "attempt", attempt)
+		err = s.ExecTx(ctx, run)
+	}
 	if err != nil {
 		return idem.Decision{}, fmt.Errorf("store: begin: %w", err)
 	}
 	return d, nil
+}
+
+// resolveAttempts bounds how often a write whose commit outcome is unknown
+// is read back or run again before the store reports itself unavailable.
+const resolveAttempts = 8
+
+// pause waits before resolution attempt n+1 (25 ms doubling, capped at
+// 400 ms): long enough for the pool to replace the dropped connection.
+func pause(ctx context.Context, n int) error {
+	t := time.NewTimer(min(25*time.Millisecond<<min(n-1, 4), 400*time.Millisecond))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// openStatus reports whether a record in st still takes writes under its
+// owner's lease (the fenced statuses).
+func openStatus(st idem.Status) bool {
+	return st == idem.StatusInProgress || st == idem.StatusUnknown
+}
+
+// newClaimID draws the random identity of one claim (see claim_id).
+func newClaimID() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("store: claim id: %w", err)
+	}
+	return hex.EncodeToString(b[:]), nil
 }
 
 // settledStatuses are the states a record cannot leave before its window
@@ -179,15 +228,23 @@ func ReadSettledTx(ctx context.Context, q Querier, req idem.BeginRequest) (idem.
 // BeginTx is Begin inside the caller's transaction, for operations whose
 // business writes commit together with the claim.
 func BeginTx(ctx context.Context, tx Querier, req idem.BeginRequest) (idem.Decision, error) {
+	return beginTx(ctx, tx, req, "")
+}
+
+// beginTx claims under claim, the claim's random id ("" records none). A
+// record that claim already holds (an earlier run of this same claim whose
+// COMMIT went unanswered did commit) is this claim's: it is returned as
+// granted, never decided against as someone else's.
+func beginTx(ctx context.Context, tx Querier, req idem.BeginRequest, claim string) (idem.Decision, error) {
 	row := tx.QueryRow(ctx, `INSERT INTO idempotency_records
 		(tenant_id, operation_name, idempotency_key, request_hash, hash_version, status, checkpoint,
-		 owner, fencing_token, locked_until, home_region, created_at, updated_at, expires_at)
+		 owner, fencing_token, locked_until, home_region, created_at, updated_at, expires_at, claim_id)
 		VALUES ($1, $2, $3, $4, $5, 'IN_PROGRESS', 'RECEIVED', $6, 1,
-		 now() + $7::INT8 * INTERVAL '1 millisecond', $8, now(), now(), now() + $9::INT8 * INTERVAL '1 millisecond')
+		 now() + $7::INT8 * INTERVAL '1 millisecond', $8, now(), now(), now() + $9::INT8 * INTERVAL '1 millisecond', $10)
 		ON CONFLICT DO NOTHING
 		RETURNING `+recordColumns,
 		req.Tenant, req.Operation, req.Key, req.RequestHashes[0], req.HashVersion,
-		req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds())
+		req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds(), nullable(claim))
 	rec, err := scanRecord(row)
 	switch {
 	case err == nil:
@@ -195,20 +252,36 @@ func BeginTx(ctx context.Context, tx Querier, req idem.BeginRequest) (idem.Decis
 	case !errors.Is(err, pgx.ErrNoRows):
 		return idem.Decision{}, fmt.Errorf("claim: %w", err)
 	}
-	return DecideExisting(ctx, tx, req)
+	return decideExisting(ctx, tx, req, claim)
 }
 
 // DecideExisting reads the existing record of req's scope and applies
 // idem.Decide at the store's time, taking ownership when the decision allows.
 func DecideExisting(ctx context.Context, tx Querier, req idem.BeginRequest) (idem.Decision, error) {
-	var now time.Time
-	rec, err := scanRecord(tx.QueryRow(ctx, `SELECT `+recordColumns+`, now()
+	return decideExisting(ctx, tx, req, "")
+}
+
+func decideExisting(ctx context.Context, tx Querier, req idem.BeginRequest, claim string) (idem.Decision, error) {
+	var (
+		now    time.Time
+		holder *string
+	)
+	rec, err := scanRecord(tx.QueryRow(ctx, `SELECT `+recordColumns+`, now(), claim_id
 		FROM idempotency_records WHERE tenant_id = $1 AND operation_name = $2 AND idempotency_key = $3`,
-		req.Tenant, req.Operation, req.Key), &now)
+		req.Tenant, req.Operation, req.Key), &now, &holder)
 	if err != nil {
 		// No row after a conflicting insert means it was deleted in between
 		// (cleanup); the serializable retry sorts it out.
 		return idem.Decision{}, fmt.Errorf("read existing record: %w", err)
+	}
+	if claim != "" && holder != nil && *holder == claim && rec.Status == idem.StatusInProgress {
+		// This claim's own earlier run committed. It was an insert (the
+		// record's first attempt, still at RECEIVED) or a takeover.
+		outcome := idem.OutcomeRecover
+		if rec.Attempts == 1 && rec.Checkpoint == idem.CheckpointReceived {
+			outcome = idem.OutcomeExecute
+		}
+		return idem.Decision{Outcome: outcome, Lease: leaseOf(rec), Record: rec}, nil
 	}
 	outcome := idem.Decide(rec, req.RequestHashes, now)
 	var taken *idem.Record
@@ -224,10 +297,11 @@ func DecideExisting(ctx context.Context, tx Querier, req idem.BeginRequest) (ide
 		taken, err = scanRecord(tx.QueryRow(ctx, `UPDATE idempotency_records SET
 			status = 'IN_PROGRESS', owner = $5,
 			fencing_token = CASE WHEN $7::INT8 > 0 THEN $7::INT8 ELSE fencing_token + 1 END,
-			locked_until = now() + $6::INT8 * INTERVAL '1 millisecond', attempts = attempts + 1, updated_at = now()
+			locked_until = now() + $6::INT8 * INTERVAL '1 millisecond', attempts = attempts + 1, updated_at = now(),
+			claim_id = $8
 			WHERE tenant_id = $1 AND operation_name = $2 AND idempotency_key = $3 AND fencing_token = $4
 			RETURNING `+recordColumns,
-			req.Tenant, req.Operation, req.Key, rec.FencingToken, req.Owner, req.LockFor.Milliseconds(), req.FencingToken))
+			req.Tenant, req.Operation, req.Key, rec.FencingToken, req.Owner, req.LockFor.Milliseconds(), req.FencingToken, nullable(claim)))
 	case idem.OutcomeExpired:
 		taken, err = scanRecord(tx.QueryRow(ctx, `UPDATE idempotency_records SET
 			request_hash = $5, hash_version = $6, status = 'IN_PROGRESS', checkpoint = 'RECEIVED',
@@ -235,11 +309,12 @@ func DecideExisting(ctx context.Context, tx Querier, req idem.BeginRequest) (ide
 			locked_until = now() + $8::INT8 * INTERVAL '1 millisecond', attempts = 1, generation = generation + 1,
 			response_status = NULL, response_headers = NULL, response_body = NULL, response_schema_version = NULL,
 			resource_type = NULL, resource_id = NULL, error_code = NULL, home_region = $9,
-			created_at = now(), updated_at = now(), expires_at = now() + $10::INT8 * INTERVAL '1 millisecond'
+			created_at = now(), updated_at = now(), expires_at = now() + $10::INT8 * INTERVAL '1 millisecond',
+			claim_id = $11
 			WHERE tenant_id = $1 AND operation_name = $2 AND idempotency_key = $3 AND fencing_token = $4
 			RETURNING `+recordColumns,
 			req.Tenant, req.Operation, req.Key, rec.FencingToken, req.RequestHashes[0], req.HashVersion,
-			req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds()))
+			req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds(), nullable(claim)))
 	default:
 		return idem.Decision{Outcome: outcome, Record: rec}, nil
 	}
@@ -330,21 +405,49 @@ func FailTx(ctx context.Context, q Querier, lease idem.Lease, f idem.Failure) er
 
 // Checkpoint implements idem.Coordinator.
 func (s *Store) Checkpoint(ctx context.Context, lease idem.Lease, cp idem.Checkpoint) error {
-	return s.wrapTx(ctx, "checkpoint", func(tx pgx.Tx) error { return CheckpointTx(ctx, tx, lease, cp, 0) })
+	return s.fencedWrite(ctx, "checkpoint", lease, func(tx pgx.Tx) error { return CheckpointTx(ctx, tx, lease, cp, 0) },
+		func(r *idem.Record) bool { return r.Checkpoint == cp && openStatus(r.Status) })
 }
 
 // Complete implements idem.Coordinator.
 func (s *Store) Complete(ctx context.Context, lease idem.Lease, c idem.Completion) error {
-	return s.wrapTx(ctx, "complete", func(tx pgx.Tx) error { return CompleteTx(ctx, tx, lease, c) })
+	return s.fencedWrite(ctx, "complete", lease, func(tx pgx.Tx) error { return CompleteTx(ctx, tx, lease, c) },
+		func(r *idem.Record) bool { return r.Status == idem.StatusCompleted })
 }
 
 // Fail implements idem.Coordinator.
 func (s *Store) Fail(ctx context.Context, lease idem.Lease, f idem.Failure) error {
-	return s.wrapTx(ctx, "fail", func(tx pgx.Tx) error { return FailTx(ctx, tx, lease, f) })
+	return s.fencedWrite(ctx, "fail", lease, func(tx pgx.Tx) error { return FailTx(ctx, tx, lease, f) },
+		func(r *idem.Record) bool { return r.Status == f.Status })
 }
 
-func (s *Store) wrapTx(ctx context.Context, what string, fn func(pgx.Tx) error) error {
-	if err := s.ExecTx(ctx, fn); err != nil {
+// fencedWrite runs fn, a write under lease. When its COMMIT goes unanswered
+// the record is read back: written (its token is still lease's and it shows
+// what fn writes) is success; still open under lease's token means the
+// commit did not happen and fn runs again (fenced as always); anything else
+// is idem.ErrFenced, as fn itself would have found.
+func (s *Store) fencedWrite(ctx context.Context, what string, lease idem.Lease, fn func(pgx.Tx) error, written func(*idem.Record) bool) error {
+	err := s.ExecTx(ctx, fn)
+	for attempt := 1; errors.Is(err, ErrCommitUnknown) && attempt <= resolveAttempts; attempt++ {
+		if perr := pause(ctx, attempt); perr != nil {
+			break
+		}
+		s.logger.WarnContext(ctx, "record write commit outcome unknown; reading it back", "write", what, "attempt", attempt)
+		rec, rerr := GetTx(ctx, s.pool, lease.Scope)
+		switch {
+		case errors.Is(rerr, idem.ErrRecordNotFound):
+			err = idem.ErrFenced
+		case rerr != nil:
+			// Still unreachable: the outcome stays unknown.
+		case rec.FencingToken == lease.Token && written(rec):
+			return nil
+		case rec.FencingToken == lease.Token && openStatus(rec.Status):
+			err = s.ExecTx(ctx, fn)
+		default:
+			err = idem.ErrFenced
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("store: %s: %w", what, err)
 	}
 	return nil

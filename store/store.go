@@ -122,6 +122,9 @@ func (s *Store) ExecTx(ctx context.Context, fn func(pgx.Tx) error) (err error) {
 		if err == nil {
 			return nil
 		}
+		if c.commitErr != nil && ambiguous(c.commitErr) {
+			return unavailable(fmt.Errorf("%w: %w", ErrCommitUnknown, c.commitErr))
+		}
 		if !retryable(err) || attempt >= s.txAttempts {
 			break
 		}
@@ -144,6 +147,23 @@ func (s *Store) ExecTx(ctx context.Context, fn func(pgx.Tx) error) (err error) {
 			Err: fmt.Errorf("store: transaction lost %d conflicts in a row: %w", s.txAttempts, err)}
 	}
 	return err
+}
+
+// ErrCommitUnknown marks an error of ExecTx whose transaction may or may not
+// have committed: the connection failed after COMMIT was sent and before
+// its answer came back. The error is also STORE_UNAVAILABLE (an *idem.Error);
+// callers that can tell what the transaction did by reading it back (Begin by
+// its claim id, Checkpoint, Complete and Fail by the record under their
+// lease) do so instead of answering a failure for a write that happened.
+var ErrCommitUnknown = errors.New("store: the transaction's commit outcome is unknown")
+
+// ambiguous reports whether a COMMIT that failed with err may have committed:
+// the server did not answer it (a PostgreSQL error is an answer, and a
+// definite abort). pgconn.SafeToRetry cannot tell here: a connection that
+// drops while the COMMIT's answer is awaited is reported as "conn closed",
+// which it calls safe to retry although the COMMIT went out.
+func ambiguous(err error) bool {
+	return sqlState(err) == ""
 }
 
 // commitKeeper begins transactions whose Commit error is remembered.

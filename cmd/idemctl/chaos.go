@@ -63,7 +63,6 @@ func chaosOptions(args []string, env *Env) (chaos.Options, error) {
 	stuck := fs.Duration("stuck-bound", chaos.DefaultStuckBound, "how long after the traffic every open record and backlog must settle")
 	idemd := fs.String("idemd", "", "idemd binary (default: next to idemctl, then ./bin, then PATH)")
 	etcd := fs.String("etcd", "", "etcd binary (default: next to idemctl, then ./bin, then PATH)")
-	strictRegional := fs.Bool("strict-regional-effects", false, "fail, instead of warn, on the region-local trade-off the README documents: after a failover, a payment's ledger entries and receipt produced once in each region, and a fresh-key resubmission answered 201 for the same payment")
 	withTLS := fs.Bool("tls", false, "run the clusters with TLS on every link (as idemctl up --tls): nodes forward over mutual TLS through the proxies")
 	verbose := fs.Bool("v", false, "log the cluster's progress to stderr")
 	fs.Usage = func() {
@@ -118,7 +117,7 @@ func chaosOptions(args []string, env *Env) (chaos.Options, error) {
 	opts := chaos.Options{
 		Scenario: *scenario, Duration: *duration, Seed: *seed, OutDir: *out, Clients: *clients,
 		Regions: regionList, NodesPerRegion: *nodes, Break: *brk, MinRate: *minRate, StuckBound: *stuck,
-		Idemd: *idemd, Etcd: *etcd, StrictRegionalEffects: *strictRegional, TLS: *withTLS,
+		Idemd: *idemd, Etcd: *etcd, TLS: *withTLS,
 	}
 	if *verbose {
 		opts.Logger = slog.New(slog.NewTextHandler(env.Stderr, nil))

@@ -9,9 +9,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/idemcoord/idem/failover"
 	"github.com/idemcoord/idem/internal/cli"
 	"github.com/idemcoord/idem/routing"
 	"github.com/idemcoord/idem/store"
@@ -133,27 +133,19 @@ func regionFailover(ctx context.Context, args []string, env *Env) error {
 		return err
 	}
 	defer c.Close()
-	deadline := time.Now().Add(*wait)
-	for {
-		mv, err := routing.MoveRegion(ctx, c, *from, *to, time.Now())
-		if err == nil {
-			fmt.Fprintf(env.Stderr, "%s's tenants are served by %s from epoch %d; run 'idemctl region handover --from %s --to %s' once %s's store is reachable\n",
-				*from, *to, mv.Epoch, mv.From, *to, mv.From)
-			return printJSON(env, mv)
+	said := false
+	mv, err := failover.Move(ctx, c, *from, *to, *wait, func() {
+		if !said {
+			fmt.Fprintf(env.Stderr, "waiting for %s's leases to expire...\n", *from)
+			said = true
 		}
-		if !errors.Is(err, routing.ErrRegionAlive) {
-			return err
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%w after %v: a failover waits until the region has stopped serving (a partitioned region stops on its own once its lease runs out)", err, *wait)
-		}
-		fmt.Fprintf(env.Stderr, "waiting for %s's leases to expire...\n", *from)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Second):
-		}
+	})
+	if err != nil {
+		return err
 	}
+	fmt.Fprintf(env.Stderr, "%s's tenants are served by %s from epoch %d; run 'idemctl region handover --from %s --to %s' once %s's store is reachable\n",
+		*from, *to, mv.Epoch, mv.From, *to, mv.From)
+	return printJSON(env, mv)
 }
 
 // regionFailback makes --region serve its own tenants again after a
@@ -200,11 +192,6 @@ func regionHandover(ctx context.Context, args []string, env *Env) error {
 		return err
 	}
 	defer c.Close()
-	m, err := routing.NewMap(ctx, c, nil)
-	if err != nil {
-		return err
-	}
-	defer m.Close()
 	src, err := store.Open(ctx, *fromURL, store.Options{})
 	if err != nil {
 		return err
@@ -215,79 +202,15 @@ func regionHandover(ctx context.Context, args []string, env *Env) error {
 		return err
 	}
 	defer dst.Close()
-	type tenantReport struct {
-		Tenant string `json:"tenant"`
-		store.HandoverReport
-	}
-	// The tenants: those with a placement of their own, and those the old
-	// store holds records of (tenants homed by the default rule are named
-	// nowhere else).
-	tenants := map[string]bool{}
-	for _, p := range m.Placements() {
-		tenants[p.Tenant] = true
-	}
-	held, err := storeTenants(ctx, src)
+	rep, err := failover.Handover(ctx, c, *from, *to, src, dst)
 	if err != nil {
 		return err
 	}
-	for _, t := range held {
-		tenants[t] = true
-	}
-	names := make([]string, 0, len(tenants))
-	for t := range tenants {
-		names = append(names, t)
-	}
-	sort.Strings(names)
-	reports := []tenantReport{}
-	conflicts := 0
-	for _, tenant := range names {
-		p, ok := m.Placement(tenant)
-		if !ok || p.Region != *to {
-			continue
-		}
-		f, ok := m.Failover(tenant)
-		if !ok || f.To != *to || (f.From != *from && f.Region != *from) {
-			continue
-		}
-		rep, err := store.Handover(ctx, src, dst, tenant)
-		if err != nil {
-			return err
-		}
-		if f.Region == "" {
-			if err := routing.MarkHandedOver(ctx, c, tenant); err != nil {
-				return err
-			}
-		}
-		conflicts += len(rep.Conflicts)
-		reports = append(reports, tenantReport{Tenant: tenant, HandoverReport: rep})
-	}
-	// One mark per region move: it ends the uncertainty of every tenant the
-	// move took to --to, whatever their number.
-	for _, mv := range m.RegionMoves() {
-		if mv.ServedBy == *to && (mv.From == *from || mv.Region == *from) && !mv.HandedOver {
-			if err := routing.MarkRegionHandedOver(ctx, c, mv); err != nil {
-				return err
-			}
-		}
-	}
-	if err := printJSON(env, reports); err != nil {
+	if err := printJSON(env, rep.Tenants); err != nil {
 		return err
 	}
-	if conflicts > 0 {
-		return fmt.Errorf("%d conflicting records: both regions hold them with different meanings (listed above); the new home's records were kept", conflicts)
+	if rep.Conflicts > 0 {
+		return fmt.Errorf("%d conflicting records: both regions hold them with different meanings (listed above); the new home's records were kept", rep.Conflicts)
 	}
 	return nil
-}
-
-// storeTenants lists the tenants a store holds records or payments of.
-func storeTenants(ctx context.Context, s *store.Store) ([]string, error) {
-	rows, err := s.Pool().Query(ctx, `SELECT tenant_id FROM idempotency_records UNION SELECT tenant_id FROM payments`)
-	if err != nil {
-		return nil, fmt.Errorf("store: list tenants: %w", err)
-	}
-	tenants, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("store: list tenants: %w", err)
-	}
-	return tenants, nil
 }

@@ -56,6 +56,8 @@ func runUp(ctx context.Context, args []string, env *Env) error {
 	withTLS := fs.Bool("tls", false, "TLS everywhere: a throwaway CA and certificates for every node, etcd member and the provider; etcd with client-certificate auth and peer mTLS; nodes forward over mutual TLS; https URLs and the CA's path (caFile) in cluster.json")
 	otlp := fs.String("otlp-endpoint", "", "OTLP gRPC collector every node exports its traces to (idemd --otlp-endpoint); empty: tracing off")
 	proxyRoutes := fs.String("proxy-routes", "", "sidecar routes every node makes idempotent and proxies to an upstream (idemd's --proxy-routes)")
+	autoFailover := fs.Duration("auto-failover-after", 0, "automatic failover: the nodes move a region's tenants once it has had no live node this long (idemd --auto-failover-after; 0: off, operators run idemctl region failover)")
+	leaseTTL := fs.Duration("region-lease-ttl", cluster.DefaultRegionLeaseTTL, "the nodes' region lease TTL (idemd --region-lease-ttl): how soon a dead region's tenants can move")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: idemctl up [flags]\n\nStarts PostgreSQL, etcd, the provider simulator and idemd nodes locally and runs until interrupted.\nBuild the binaries first, from the module root: %s\n\nflags:\n", cluster.BuildCommand)
 		fs.PrintDefaults()
@@ -90,6 +92,9 @@ func runUp(ctx context.Context, args []string, env *Env) error {
 	}
 	if *window < 0 {
 		return usageError{fmt.Errorf("--replay-window %v is negative", *window)}
+	}
+	if *autoFailover < 0 || *leaseTTL <= 0 {
+		return usageError{errors.New("--auto-failover-after must not be negative and --region-lease-ttl must be positive")}
 	}
 	if _, err := sidecar.ParseRoutes(*proxyRoutes); err != nil {
 		return usageError{fmt.Errorf("--proxy-routes: %w", err)}
@@ -126,8 +131,12 @@ func runUp(ctx context.Context, args []string, env *Env) error {
 	if *otlp != "" {
 		nodeArgs = []string{"--otlp-endpoint", *otlp}
 	}
+	if *autoFailover > 0 {
+		nodeArgs = append(nodeArgs, "--auto-failover-after", autoFailover.String())
+	}
 	c, err := cluster.Start(startCtx, cluster.Config{
 		ExtraNodeArgs:  nodeArgs,
+		RegionLeaseTTL: *leaseTTL,
 		StateDir:       *stateDir,
 		Regions:        regionList,
 		NodesPerRegion: *nodes,

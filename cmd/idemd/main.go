@@ -23,6 +23,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idemcoord/idem/engine"
@@ -30,6 +31,7 @@ import (
 	"github.com/idemcoord/idem/internal/etcdclient"
 	"github.com/idemcoord/idem/internal/telemetry"
 	"github.com/idemcoord/idem/internal/tlsutil"
+	"github.com/idemcoord/idem/outbox"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/provider"
 	"github.com/idemcoord/idem/region"
@@ -65,7 +67,13 @@ type Main struct {
 	Listen      string
 	Region      string
 	DatabaseURL string
-	AuthTokens  map[string]string
+	// EffectsDatabaseURL is a database every region sees, where the
+	// ledger and receipt-email consumers claim each effect before they
+	// produce it (outbox.EffectGuard). Empty: in global store mode the
+	// store itself; in region-local mode no guard (each region's inbox
+	// dedupes only its own deliveries).
+	EffectsDatabaseURL string
+	AuthTokens         map[string]string
 	// Migrate applies the store's migrations at start (--migrate). With
 	// false, the node checks that they have been applied (by idemctl
 	// migrate, as a role that owns the schema) and refuses to start
@@ -125,6 +133,7 @@ type Main struct {
 	logger     *slog.Logger
 	getenv     func(string) string
 	store      *store.Store
+	effects    *pgxpool.Pool
 	server     *region.Server
 	etcd       *clientv3.Client
 	routes     *routing.Map
@@ -148,6 +157,7 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	fs.StringVar(&m.Listen, "listen", region.DefaultAddr, "address to serve HTTP on")
 	fs.StringVar(&m.Region, "region", "local", "name of this node's region")
 	fs.StringVar(&m.DatabaseURL, "database-url", "", "PostgreSQL or CockroachDB URL of the idempotency store (required)")
+	fs.StringVar(&m.EffectsDatabaseURL, "effects-database-url", "", "database every region sees where consumer effects (ledger entries, receipt emails) are claimed once across regions; default: the store in global mode, none in region-local mode")
 	tokensFile := fs.String("auth-tokens-file", "", "file of bearer tokens and their tenants, one token=tenant per line (# comments); or IDEM_AUTH_TOKENS=token=tenant,token2=tenant2")
 	fs.BoolVar(&m.Migrate, "migrate", true, "apply the store's migrations at start; false: only check that 'idemctl migrate' applied them (the node's role then needs no DDL privilege)")
 	fs.DurationVar(&m.ReplayWindow, "replay-window", payments.DefaultWindow, "how long a key's record answers retries")
@@ -373,6 +383,9 @@ func (m *Main) Run(ctx context.Context) error {
 	} else if err := payments.CheckMigrated(ctx, st); err != nil {
 		return err
 	}
+	if err := m.openEffectGuard(ctx); err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", m.Listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
@@ -486,7 +499,12 @@ func (m *Main) joinRegion(ctx context.Context, ln net.Listener, https bool) (*ro
 	if m.AutoFailoverAfter > 0 {
 		actx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		m.stopAuto, m.autoDone = cancel, make(chan struct{})
+		// The election is held as long as a region lease, and regions are
+		// looked at twice per --auto-failover-after (at most every second):
+		// a dead region is moved about a lease TTL plus
+		// --auto-failover-after after its last keepalive.
 		af := &routing.AutoFailover{Client: cli, Map: m.routes, Region: m.Region, After: m.AutoFailoverAfter,
+			SessionTTL: m.RegionLeaseTTL, Interval: min(time.Second, max(m.AutoFailoverAfter/2, 100*time.Millisecond)),
 			Targets: m.FailoverTargets, Logger: m.logger, Now: m.faults.now}
 		go func() { defer close(m.autoDone); _ = af.Run(actx) }()
 	}
@@ -521,5 +539,30 @@ func (m *Main) Close() error {
 	if m.store != nil {
 		m.store.Close()
 	}
+	if m.effects != nil {
+		m.effects.Close()
+	}
 	return errors.Join(err, m.stopOps(ctx))
+}
+
+// openEffectGuard sets m.Workers.EffectGuard: on EffectsDatabaseURL when
+// set, on the store in global store mode, none otherwise.
+func (m *Main) openEffectGuard(ctx context.Context) error {
+	pool := m.store.Pool()
+	switch {
+	case m.EffectsDatabaseURL != "":
+		p, err := pgxpool.New(ctx, m.EffectsDatabaseURL)
+		if err != nil {
+			return fmt.Errorf("effects database: %w", err)
+		}
+		m.effects, pool = p, p
+	case m.StoreMode != routing.Global:
+		return nil
+	}
+	g, err := outbox.NewEffectGuard(ctx, pool, m.Region)
+	if err != nil {
+		return fmt.Errorf("effects database: %w", err)
+	}
+	m.Workers.EffectGuard = g
+	return nil
 }

@@ -1,0 +1,71 @@
+package chaos
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestComputeDrill: the RTO of each tenant homed in the failed region is
+// the end of its first final answer sent after the fault; tenants of other
+// regions are left out; a tenant never answered again fails the bound; the
+// integrity figures come from the checks' violations.
+func TestComputeDrill(t *testing.T) {
+	s := func(x float64) time.Duration { return time.Duration(x * float64(time.Second)) }
+	ops := []*Op{
+		{Tenant: "tenant-a", Start: s(9), End: s(9.5), Status: 201, Node: "eu-west-0"},         // before the fault
+		{Tenant: "tenant-a", Start: s(10.5), End: s(11), Status: 503, Node: "us-east-0"},       // not final
+		{Tenant: "tenant-a", Start: s(12), End: s(14.5), Status: 201, Node: "us-east-1"},       // first final: 4.5s
+		{Tenant: "tenant-a", Start: s(13), End: s(14), Status: 409, ErrorCode: codeInProgress}, // not final
+		{Tenant: "tenant-a", Start: s(15), End: s(15.1), Status: 201, Node: "us-east-0"},
+		{Tenant: "tenant-c", Start: s(10.2), End: s(13), Status: 402, Node: "us-east-0"},   // 3s
+		{Tenant: "tenant-b", Start: s(10.1), End: s(10.2), Status: 201, Node: "us-east-0"}, // other region
+	}
+	homes := map[string]string{"tenant-a": "eu-west", "tenant-b": "us-east", "tenant-c": "eu-west"}
+	checks := []CheckResult{{Name: CheckSingleEmail, Violations: 2}, {Name: CheckAckedNotLost}}
+	d := computeDrill(drillInput{fault: "f", region: "eu-west", failover: FailoverAuto, at: 10, homes: homes, ops: ops, checks: checks, bound: 6 * time.Second})
+	if len(d.Tenants) != 2 || d.Tenants[0].Tenant != "tenant-a" || d.Tenants[0].Seconds != 4.5 || d.Tenants[0].Node != "us-east-1" ||
+		d.Tenants[1].Tenant != "tenant-c" || d.Tenants[1].Seconds != 3 {
+		t.Fatalf("tenants = %+v, want tenant-a 4.5s (us-east-1) and tenant-c 3s", d.Tenants)
+	}
+	if d.RTOMaxSeconds != 4.5 || !d.Figures[0].Met {
+		t.Errorf("RTO max %v met %v, want 4.5 within 6", d.RTOMaxSeconds, d.Figures[0].Met)
+	}
+	if d.DuplicateEmails != 2 || d.Passed {
+		t.Errorf("duplicate emails %d, passed %v; want 2 and a failed drill", d.DuplicateEmails, d.Passed)
+	}
+	if c := drillCheck(d, clean0(homes, ops)); c.Passed || c.Violations != 1 {
+		t.Errorf("drill check passed %v with %d violations, want 1 (the emails)", c.Passed, c.Violations)
+	}
+
+	tight := computeDrill(drillInput{region: "eu-west", at: 10, homes: homes, ops: ops, bound: 4 * time.Second})
+	if tight.Figures[0].Met || tight.Passed {
+		t.Error("an RTO of 4.5s met a 4s bound")
+	}
+	never := computeDrill(drillInput{region: "eu-west", at: 20, homes: homes, ops: ops, bound: time.Minute})
+	if never.RTOMaxSeconds != -1 || never.Passed {
+		t.Errorf("no answer after the fault: RTO max %v passed %v, want -1 and a failure", never.RTOMaxSeconds, never.Passed)
+	}
+	clean := computeDrill(drillInput{region: "eu-west", at: 10, homes: homes, ops: ops, bound: 6 * time.Second})
+	if !clean.Passed {
+		t.Errorf("clean drill failed: %+v", clean.Figures)
+	}
+
+	// The report shows the figures at the top of the page.
+	rep := &Report{Scenarios: []ScenarioReport{{Name: "region-auto-failover", Drill: d, Drills: []*Drill{d}}}}
+	var buf bytes.Buffer
+	if err := rep.WriteHTML(&buf); err != nil {
+		t.Fatal(err)
+	}
+	page := buf.String()
+	top := strings.Index(page, "Failover drill")
+	if top < 0 || top > strings.Index(page, `<h2 id="region-auto-failover"`) || !strings.Contains(page, "4.50s") {
+		t.Error("report.html has no drill figures above the scenario's section")
+	}
+}
+
+// clean0 is a drill that meets every bound.
+func clean0(homes map[string]string, ops []*Op) *Drill {
+	return computeDrill(drillInput{region: "eu-west", at: 10, homes: homes, ops: ops, bound: time.Minute})
+}

@@ -1,0 +1,150 @@
+// Package failover is the region failover procedure, in one place for every
+// caller: the operator's "idemctl region failover" and "region handover",
+// the chaos harness's region faults and "idemctl drill".
+//
+// A failover is two steps. [Move] waits until the failed region has no live
+// node in etcd (its nodes stopped, or their leases lapsed: a partitioned
+// region stops serving on its own at its local lease deadline) and then
+// moves its tenants to another region with one conditional etcd write
+// (routing.MoveRegion), which re-checks that the region is still without a
+// live node. [Handover], once the failed region's store is reachable again,
+// merges its records of the moved tenants into the new home's store
+// (store.Handover, idempotent, conflicts reported) and ends their
+// uncertainty window. Automatic failover (idemd --auto-failover-after,
+// routing.AutoFailover) performs the same move from inside the cluster.
+package failover
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/idemcoord/idem/routing"
+	"github.com/idemcoord/idem/store"
+)
+
+// PollInterval is how often Move re-checks a region that is still alive.
+const PollInterval = 200 * time.Millisecond
+
+// Move moves the tenants of region from to region to once from has no live
+// node left in etcd, waiting up to wait for its leases to lapse; waiting,
+// if set, is called once per check that found from still alive. It returns
+// the move (its Epoch is the tenants' new epoch). After wait it fails with
+// an error wrapping routing.ErrRegionAlive.
+func Move(ctx context.Context, cli *clientv3.Client, from, to string, wait time.Duration, waiting func()) (routing.RegionMove, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		mv, err := routing.MoveRegion(ctx, cli, from, to, time.Now())
+		if err == nil {
+			return mv, nil
+		}
+		if !errors.Is(err, routing.ErrRegionAlive) {
+			return routing.RegionMove{}, err
+		}
+		if time.Now().After(deadline) {
+			return routing.RegionMove{}, fmt.Errorf("failover: %w after %v: a failover waits until the region has stopped serving (a partitioned region stops on its own once its lease runs out)", err, wait)
+		}
+		if waiting != nil {
+			waiting()
+		}
+		select {
+		case <-ctx.Done():
+			return routing.RegionMove{}, ctx.Err()
+		case <-time.After(PollInterval):
+		}
+	}
+}
+
+// TenantReport is the handover of one tenant.
+type TenantReport struct {
+	Tenant string `json:"tenant"`
+	store.HandoverReport
+}
+
+// Report is what Handover did.
+type Report struct {
+	Tenants []TenantReport `json:"tenants"`
+	// Conflicts counts records both stores hold with different meanings
+	// (the new home's were kept).
+	Conflicts int `json:"conflicts"`
+}
+
+// Handover merges src's records (the store of region from) of the tenants
+// now served by region to, because of a failover from from, into dst (to's
+// store), and marks them handed over in etcd: to stops treating their keys
+// it has no record of as uncertain. Tenants are those with a placement of
+// their own and those src holds records of (tenants homed by the default
+// rule are named nowhere else). It is idempotent.
+func Handover(ctx context.Context, cli *clientv3.Client, from, to string, src, dst *store.Store) (Report, error) {
+	rep := Report{Tenants: []TenantReport{}}
+	m, err := routing.NewMap(ctx, cli, nil)
+	if err != nil {
+		return rep, err
+	}
+	defer m.Close()
+	tenants := map[string]bool{}
+	for _, p := range m.Placements() {
+		tenants[p.Tenant] = true
+	}
+	held, err := storeTenants(ctx, src)
+	if err != nil {
+		return rep, err
+	}
+	for _, t := range held {
+		tenants[t] = true
+	}
+	names := make([]string, 0, len(tenants))
+	for t := range tenants {
+		names = append(names, t)
+	}
+	sort.Strings(names)
+	for _, tenant := range names {
+		p, ok := m.Placement(tenant)
+		if !ok || p.Region != to {
+			continue
+		}
+		f, ok := m.Failover(tenant)
+		if !ok || f.To != to || (f.From != from && f.Region != from) {
+			continue
+		}
+		tr, err := store.Handover(ctx, src, dst, tenant)
+		if err != nil {
+			return rep, err
+		}
+		if f.Region == "" {
+			if err := routing.MarkHandedOver(ctx, cli, tenant); err != nil {
+				return rep, err
+			}
+		}
+		rep.Conflicts += len(tr.Conflicts)
+		rep.Tenants = append(rep.Tenants, TenantReport{Tenant: tenant, HandoverReport: tr})
+	}
+	// One mark per region move: it ends the uncertainty of every tenant the
+	// move took to to, whatever their number.
+	for _, mv := range m.RegionMoves() {
+		if mv.ServedBy == to && (mv.From == from || mv.Region == from) && !mv.HandedOver {
+			if err := routing.MarkRegionHandedOver(ctx, cli, mv); err != nil {
+				return rep, err
+			}
+		}
+	}
+	return rep, nil
+}
+
+// storeTenants lists the tenants a store holds records or payments of.
+func storeTenants(ctx context.Context, s *store.Store) ([]string, error) {
+	rows, err := s.Pool().Query(ctx, `SELECT tenant_id FROM idempotency_records UNION SELECT tenant_id FROM payments`)
+	if err != nil {
+		return nil, fmt.Errorf("failover: list tenants: %w", store.Unavailable(err))
+	}
+	tenants, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("failover: list tenants: %w", err)
+	}
+	return tenants, nil
+}

@@ -1,0 +1,80 @@
+package failover_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/failover"
+	"github.com/idemcoord/idem/internal/etcdtest"
+	"github.com/idemcoord/idem/internal/pgtest"
+	"github.com/idemcoord/idem/internal/storetest"
+	"github.com/idemcoord/idem/routing"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.MainLeakChecked(m)) }
+
+// TestMoveWaitsForTheRegionThenHandsOver: Move refuses while the region
+// has a live node (after its wait, with ErrRegionAlive), moves its tenants
+// once the node left, and Handover copies the old store's records of the
+// moved tenant into the new home's store and marks the move handed over.
+func TestMoveWaitsForTheRegionThenHandsOver(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cli := etcdtest.Start(t).Client(t)
+	if _, err := routing.SetPlacement(ctx, cli, "tenant-a", "eu-west"); err != nil {
+		t.Fatal(err)
+	}
+	member, err := routing.Join(ctx, cli, "eu-west", "eu-west-0", "http://127.0.0.1:1", 2*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waited := 0
+	if _, err := failover.Move(ctx, cli, "eu-west", "us-east", 300*time.Millisecond, func() { waited++ }); !errors.Is(err, routing.ErrRegionAlive) || waited == 0 {
+		t.Fatalf("Move with a live node = %v after %d wait(s), want ErrRegionAlive after waiting", err, waited)
+	}
+	if err := member.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mv, err := failover.Move(ctx, cli, "eu-west", "us-east", 10*time.Second, nil)
+	if err != nil || mv.ServedBy != "us-east" || mv.Epoch == 0 {
+		t.Fatalf("Move after the node left = %+v, %v", mv, err)
+	}
+
+	src, _ := storetest.New(t)
+	dst, _ := storetest.New(t)
+	for _, key := range []string{"k1", "k2"} {
+		if _, err := src.Begin(ctx, idem.BeginRequest{Scope: idem.Scope{Tenant: "tenant-a", Operation: "op", Key: key},
+			RequestHashes: []string{"v2:h"}, HashVersion: 2, Owner: "eu-west-0", LockFor: time.Minute, Window: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rep, err := failover.Handover(ctx, cli, "eu-west", "us-east", src, dst)
+	if err != nil || len(rep.Tenants) != 1 || rep.Tenants[0].Tenant != "tenant-a" || rep.Tenants[0].Copied != 2 {
+		t.Fatalf("Handover = %+v, %v; want tenant-a's 2 records copied", rep, err)
+	}
+	if _, err := dst.Get(ctx, idem.Scope{Tenant: "tenant-a", Operation: "op", Key: "k2"}); err != nil {
+		t.Errorf("the new home lacks k2: %v", err)
+	}
+	moved, found, err := routing.GetRegionMove(ctx, cli, "eu-west")
+	if err != nil || !found {
+		t.Fatalf("region move: %v, %v", found, err)
+	}
+	m, err := routing.NewMap(ctx, cli, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	for _, rm := range m.RegionMoves() {
+		if rm.Region == "eu-west" && rm.Epoch == moved.Epoch && !rm.HandedOver {
+			t.Error("the move is not marked handed over")
+		}
+	}
+	again, err := failover.Handover(ctx, cli, "eu-west", "us-east", src, dst)
+	if err != nil || again.Conflicts != 0 || again.Tenants[0].Identical != 2 {
+		t.Errorf("second Handover = %+v, %v; want the records found identical", again, err)
+	}
+}

@@ -1,0 +1,45 @@
+package payments_test
+
+import (
+	"bytes"
+	"context"
+	"testing"
+
+	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/internal/commitcut"
+	"github.com/idemcoord/idem/internal/storetest"
+	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/store"
+)
+
+// TestCreateResolvesAnAmbiguousCommit loses the answer to the COMMIT of the
+// one transaction that stores a payment and its record (no provider), while
+// the store commits it: Create must answer the stored payment, not a
+// failure, and one payment exists.
+func TestCreateResolvesAnAmbiguousCommit(t *testing.T) {
+	ctx := context.Background()
+	direct, dbURL := storetest.New(t)
+	cut := commitcut.New(t, dbURL)
+	st, err := store.Open(ctx, cut.URL, store.Options{MaxConns: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	svc := payments.NewService(st, payments.Config{})
+
+	cut.Arm(1)
+	res, err := svc.Create(ctx, payments.Request{Tenant: "tenant-a", Key: "k1", Body: []byte(article)})
+	if !cut.Cut() {
+		t.Fatal("no COMMIT lost its answer; the test injected nothing")
+	}
+	if err != nil || res.Response.Status != 201 {
+		t.Fatalf("Create with its COMMIT's answer lost = %+v, %v; want the stored payment", res, err)
+	}
+	if n := storetest.Count(t, direct, `SELECT count(*) FROM payments WHERE tenant_id = 'tenant-a'`); n != 1 {
+		t.Errorf("payments = %d, want 1", n)
+	}
+	rec, err := direct.Get(ctx, idem.Scope{Tenant: "tenant-a", Operation: payments.Operation, Key: "k1"})
+	if err != nil || rec.Status != idem.StatusCompleted || rec.Response == nil || !bytes.Equal(rec.Response.Body, res.Response.Body) {
+		t.Errorf("record = %+v, %v; want COMPLETED with the answer given", rec, err)
+	}
+}
