@@ -23,7 +23,6 @@ import (
 	"github.com/idemcoord/idem/failover"
 	"github.com/idemcoord/idem/provider"
 	"github.com/idemcoord/idem/routing"
-	"github.com/idemcoord/idem/store"
 )
 
 // DrillOptions configure RunDrill: a failover drill against a cluster that
@@ -243,23 +242,9 @@ func runDrill(ctx context.Context, opts DrillOptions) (*ScenarioReport, error) {
 	defer progress.stop()
 	progress.attach(w, start)
 
-	trafficCtx, stopTraffic := context.WithCancel(ctx)
+	trafficCtx, drainCtx, stopTraffic, stopDrain := startTraffic(ctx)
 	defer stopTraffic()
-	drainCtx, stopDrain := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopDrain()
-	go func() {
-		select {
-		case <-ctx.Done():
-		case <-drainCtx.Done():
-		case <-trafficCtx.Done():
-			select {
-			case <-ctx.Done():
-			case <-drainCtx.Done():
-			case <-time.After(DefaultDrain):
-			}
-		}
-		stopDrain()
-	}()
 	var wg sync.WaitGroup
 	wg.Go(func() { w.run(trafficCtx, drainCtx) })
 
@@ -481,17 +466,7 @@ func (f *commandFault) heal(ctx context.Context) error {
 			toURL = r.DatabaseURL
 		}
 	}
-	src, err := store.Open(ctx, fromURL, store.Options{})
-	if err != nil {
-		return fmt.Errorf("handover: %w", err)
-	}
-	defer src.Close()
-	dst, err := store.Open(ctx, toURL, store.Options{})
-	if err != nil {
-		return fmt.Errorf("handover: %w", err)
-	}
-	defer dst.Close()
-	rep, err := failover.Handover(ctx, f.cli, f.opts.Region, f.moved.ServedBy, src, dst)
+	rep, err := failover.HandoverURLs(ctx, f.cli, f.opts.Region, f.moved.ServedBy, fromURL, toURL)
 	if err != nil {
 		return fmt.Errorf("handover: %w", err)
 	}

@@ -20,7 +20,6 @@ import (
 	"github.com/idemcoord/idem/failover"
 	"github.com/idemcoord/idem/provider"
 	"github.com/idemcoord/idem/routing"
-	"github.com/idemcoord/idem/store"
 )
 
 // Fault is one failure the harness injects into a running cluster and
@@ -560,17 +559,7 @@ func handover(ctx context.Context, c *cluster.Cluster, from, to string, n *notes
 			toURL = r.DatabaseURL
 		}
 	}
-	src, err := store.Open(ctx, fromURL, store.Options{})
-	if err != nil {
-		return fmt.Errorf("chaos: handover: %w", err)
-	}
-	defer src.Close()
-	dst, err := store.Open(ctx, toURL, store.Options{})
-	if err != nil {
-		return fmt.Errorf("chaos: handover: %w", err)
-	}
-	defer dst.Close()
-	rep, err := failover.Handover(ctx, c.EtcdClient(), from, to, src, dst)
+	rep, err := failover.HandoverURLs(ctx, c.EtcdClient(), from, to, fromURL, toURL)
 	if err != nil {
 		return fmt.Errorf("chaos: handover %s -> %s: %w", from, to, err)
 	}

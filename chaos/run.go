@@ -336,25 +336,9 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 	}
 
 	// Traffic.
-	trafficCtx, stopTraffic := context.WithCancel(ctx)
+	trafficCtx, drainCtx, stopTraffic, stopDrain := startTraffic(ctx)
 	defer stopTraffic()
-	drainCtx, stopDrain := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopDrain()
-	go func() {
-		// The drain outlives the traffic by at most DefaultDrain, and ends
-		// with the caller's context (or when the scenario returns).
-		select {
-		case <-ctx.Done():
-		case <-drainCtx.Done():
-		case <-trafficCtx.Done():
-			select {
-			case <-ctx.Done():
-			case <-drainCtx.Done():
-			case <-time.After(DefaultDrain):
-			}
-		}
-		stopDrain()
-	}()
 	var wg sync.WaitGroup
 	wg.Go(func() { w.run(trafficCtx, drainCtx) })
 	var sct *sidecarTraffic
@@ -465,6 +449,28 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 	stop()
 	sr.Elapsed = time.Since(began).Round(time.Millisecond).String()
 	return sr, nil
+}
+
+// startTraffic returns the workload's two contexts: calls are sent until
+// stopTraffic (or ctx's end), and calls in flight then drain for at most
+// DefaultDrain, until ctx ends or stopDrain is called.
+func startTraffic(ctx context.Context) (trafficCtx, drainCtx context.Context, stopTraffic, stopDrain context.CancelFunc) {
+	trafficCtx, stopTraffic = context.WithCancel(ctx)
+	drainCtx, stopDrain = context.WithCancel(context.WithoutCancel(ctx))
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-drainCtx.Done():
+		case <-trafficCtx.Done():
+			select {
+			case <-ctx.Done():
+			case <-drainCtx.Done():
+			case <-time.After(DefaultDrain):
+			}
+		}
+		stopDrain()
+	}()
+	return trafficCtx, drainCtx, stopTraffic, stopDrain
 }
 
 // runStep injects and heals one fault, checking health before and after.

@@ -74,6 +74,22 @@ type Report struct {
 	Conflicts int `json:"conflicts"`
 }
 
+// HandoverURLs is Handover between the stores at fromURL (region from's)
+// and toURL (region to's), each opened for the handover and closed after.
+func HandoverURLs(ctx context.Context, cli *clientv3.Client, from, to, fromURL, toURL string) (Report, error) {
+	src, err := store.Open(ctx, fromURL, store.Options{})
+	if err != nil {
+		return Report{}, fmt.Errorf("failover: handover: store of %s: %w", from, err)
+	}
+	defer src.Close()
+	dst, err := store.Open(ctx, toURL, store.Options{})
+	if err != nil {
+		return Report{}, fmt.Errorf("failover: handover: store of %s: %w", to, err)
+	}
+	defer dst.Close()
+	return Handover(ctx, cli, from, to, src, dst)
+}
+
 // Handover merges src's records (the store of region from) of the tenants
 // now served by region to, because of a failover from from, into dst (to's
 // store), and marks them handed over in etcd: to stops treating their keys

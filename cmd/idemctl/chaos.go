@@ -14,7 +14,6 @@ import (
 
 	"github.com/idemcoord/idem/chaos"
 	"github.com/idemcoord/idem/cluster"
-	"github.com/idemcoord/idem/internal/cli"
 )
 
 // errChaosFailed is returned when a chaos run completes but a check failed
@@ -72,17 +71,8 @@ func chaosOptions(args []string, env *Env) (chaos.Options, error) {
 			"Exits 1 when a check fails or the run is invalid. Build the binaries first, idemd with fault injection: %s\n\nflags:\n", chaos.BuildCommand)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return chaos.Options{}, err
-		}
-		return chaos.Options{}, usageError{err}
-	}
-	if err := cli.ApplyEnv(fs, env.Getenv); err != nil {
-		return chaos.Options{}, usageError{err}
-	}
-	if fs.NArg() > 0 {
-		return chaos.Options{}, usageError{fmt.Errorf("unexpected arguments: %q", fs.Args())}
+	if err := parseFlags(fs, args, env); err != nil {
+		return chaos.Options{}, err
 	}
 	if *scenario == "" {
 		return chaos.Options{}, usageError{errors.New("--scenario is required (see idemctl chaos list)")}

@@ -13,7 +13,6 @@ import (
 
 	"github.com/idemcoord/idem/chaos"
 	"github.com/idemcoord/idem/cluster"
-	"github.com/idemcoord/idem/internal/cli"
 )
 
 // errDrillFailed is returned when a drill ran but a check or a drill
@@ -48,17 +47,8 @@ func runDrill(ctx context.Context, args []string, env *Env) error {
 			"duplicate effects, records stuck) at the top of report.html. Exits 1 when a check or a figure misses its bound.\n\nflags:\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return usageError{err}
-	}
-	if err := cli.ApplyEnv(fs, env.Getenv); err != nil {
-		return usageError{err}
-	}
-	if fs.NArg() > 0 {
-		return usageError{fmt.Errorf("unexpected arguments: %q", fs.Args())}
+	if err := parseFlags(fs, args, env); err != nil {
+		return err
 	}
 	if *clusterFile == "" || *region == "" || strings.TrimSpace(*inject) == "" {
 		return usageError{errors.New("--cluster, --region and --inject are required")}

@@ -13,6 +13,8 @@ import (
 	"os/signal"
 	"sort"
 	"syscall"
+
+	"github.com/idemcoord/idem/internal/cli"
 )
 
 // command is one idemctl subcommand.
@@ -91,4 +93,23 @@ func usage(w io.Writer, cmds map[string]command) {
 		fmt.Fprintf(w, "  %-11s %s\n", n, cmds[n].summary)
 	}
 	fmt.Fprintln(w, "\nEvery flag can also be set as IDEM_<FLAG> (--database-url as IDEM_DATABASE_URL).")
+}
+
+// parseFlags parses args into fs, then the IDEM_* environment for flags not
+// given, and refuses positional arguments. A malformed flag is a
+// usageError (exit 2); -h is flag.ErrHelp.
+func parseFlags(fs *flag.FlagSet, args []string, env *Env) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err}
+	}
+	if err := cli.ApplyEnv(fs, env.Getenv); err != nil {
+		return usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("unexpected arguments: %q", fs.Args())}
+	}
+	return nil
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/idemcoord/idem/failover"
 	"github.com/idemcoord/idem/internal/cli"
 	"github.com/idemcoord/idem/routing"
-	"github.com/idemcoord/idem/store"
 )
 
 // runRegion: idemctl region status|failover|failback|handover.
@@ -192,17 +191,7 @@ func regionHandover(ctx context.Context, args []string, env *Env) error {
 		return err
 	}
 	defer c.Close()
-	src, err := store.Open(ctx, *fromURL, store.Options{})
-	if err != nil {
-		return err
-	}
-	defer src.Close()
-	dst, err := store.Open(ctx, *toURL, store.Options{})
-	if err != nil {
-		return err
-	}
-	defer dst.Close()
-	rep, err := failover.Handover(ctx, c, *from, *to, src, dst)
+	rep, err := failover.HandoverURLs(ctx, c, *from, *to, *fromURL, *toURL)
 	if err != nil {
 		return err
 	}

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/idemcoord/idem/cluster"
-	"github.com/idemcoord/idem/internal/cli"
 	"github.com/idemcoord/idem/internal/pgserver"
 	"github.com/idemcoord/idem/sidecar"
 )
@@ -62,17 +61,8 @@ func runUp(ctx context.Context, args []string, env *Env) error {
 		fmt.Fprintf(fs.Output(), "usage: idemctl up [flags]\n\nStarts PostgreSQL, etcd, the provider simulator and idemd nodes locally and runs until interrupted.\nBuild the binaries first, from the module root: %s\n\nflags:\n", cluster.BuildCommand)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return usageError{err}
-	}
-	if err := cli.ApplyEnv(fs, env.Getenv); err != nil {
-		return usageError{err}
-	}
-	if fs.NArg() > 0 {
-		return usageError{fmt.Errorf("unexpected arguments: %q", fs.Args())}
+	if err := parseFlags(fs, args, env); err != nil {
+		return err
 	}
 	regionList := upSplitList(*regions)
 	if len(regionList) == 0 {

@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -459,19 +458,7 @@ func (m *Member) Start() error {
 	// SIGTERM if the starting thread dies: Patroni then stops its server.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: m.cred, Pdeathsig: syscall.SIGTERM}
 	exited := make(chan struct{})
-	started := make(chan error, 1)
-	go func() {
-		defer close(exited)
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		_ = cmd.Wait()
-	}()
-	if err := <-started; err != nil {
+	if err := pgserver.StartLocked(cmd, func(error) {}, exited); err != nil {
 		return fmt.Errorf("pgha: start patroni for %s: %w", m.Name, err)
 	}
 	m.cmd, m.exited = cmd, exited

@@ -415,13 +415,13 @@ func sysProcAttr(cred *syscall.Credential) *syscall.SysProcAttr {
 	}
 }
 
-// startLocked starts cmd from a goroutine locked to its OS thread and keeps
+// StartLocked starts cmd from a goroutine locked to its OS thread and keeps
 // that thread until cmd has been reaped. Pdeathsig fires when the thread
 // that forked the child exits, and Go ends a thread when a goroutine exits
 // while locked to it; a thread locked to us cannot be handed to such a
 // goroutine, so only the death of this process kills the child. wait is
 // called with cmd.Wait's result, then done is closed.
-func startLocked(cmd *exec.Cmd, wait func(error), done chan<- struct{}) error {
+func StartLocked(cmd *exec.Cmd, wait func(error), done chan<- struct{}) error {
 	started := make(chan error, 1)
 	go func() {
 		defer close(done)
@@ -458,7 +458,7 @@ func (s *Server) initdb(ctx context.Context, binDir string, cred *syscall.Creden
 	cmd.WaitDelay = time.Second
 	var waitErr error
 	done := make(chan struct{})
-	if err := startLocked(cmd, func(err error) { waitErr = err }, done); err != nil {
+	if err := StartLocked(cmd, func(err error) { waitErr = err }, done); err != nil {
 		return fmt.Errorf("pgserver: initdb: %w", err)
 	}
 	<-done
@@ -540,7 +540,7 @@ func (s *Server) startPostgres(ctx context.Context, binDir string, cred *syscall
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = sysProcAttr(cred)
 	var waitErr error
-	if err := startLocked(cmd, func(err error) { waitErr = err }, s.exited); err != nil {
+	if err := StartLocked(cmd, func(err error) { waitErr = err }, s.exited); err != nil {
 		return fmt.Errorf("pgserver: start postgres: %w", err)
 	}
 	s.cmd, s.port = cmd, port
