@@ -43,28 +43,65 @@ const (
 // CheckInfo names and describes a check.
 type CheckInfo struct{ Name, Description string }
 
+// check is one row of the checks' table: its name, what it holds, and the
+// function that judges a run (nil for drill-bounds, which the run computes
+// from its drill figures).
+type check struct {
+	name        string
+	run         func(*checkInput) CheckResult
+	description string
+}
+
+// checkTable is every check, in report order: the one place a check is
+// declared.
+func checkTable() []check {
+	return []check{
+		{CheckFaults, checkFaults,
+			"every fault found the cluster healthy, was injected and healed, and the cluster was healthy again after it"},
+		{CheckSingleCharge, checkSingleCharge,
+			"the provider charged each provider key at most once, and each merchant reference through at most one payment"},
+		{CheckSinglePayment, checkSinglePayment,
+			"at most one payment (derived payment id) per tenant, account and merchant reference, over every region's store"},
+		{CheckSingleLedgerEntry, checkSingleLedger,
+			"at most one ledger entry per entry type and payment, over every region's store"},
+		{CheckSingleEmail, checkSingleEmail,
+			"at most one receipt notification and one sent email per payment, over every region's store"},
+		{CheckAckedNotLost, checkAckedNotLost,
+			"every acknowledged payment (201) exists in a store and, with a provider, was charged exactly once"},
+		{CheckAnswerMatches, checkAnswerMatches,
+			"every 201 describes its payment as stored: id, account, amount, currency, merchant reference, channel, and (schema v3) createdAt = the payment's creation time"},
+		{CheckIdenticalAnswers, checkIdenticalAnswers,
+			"every final answer for one key (201, 402, 409 duplicate reference) is byte-identical"},
+		{CheckReusedNotExecuted, checkReusedNotExecuted,
+			"a key reused with a different command never executed it: 409 key reused, and its amount is in no payment"},
+		{CheckNoFalseKeyReuse, checkNoFalseKeyReuse,
+			"the same command retried (re-serialised, another region) never got 409 IDEMPOTENCY_KEY_REUSED_WITH_DIFFERENT_REQUEST"},
+		{CheckDuplicateReference, checkDuplicateReference,
+			"a command resent with fresh keys executed once: one key got 201, the others 409 DUPLICATE_MERCHANT_REFERENCE naming that payment"},
+		{CheckNoStuckRecords, checkNoStuck,
+			"after the faults healed, no record stayed IN_PROGRESS or UNKNOWN_REQUIRES_RECOVERY, and every outbox, queue and email backlog drained, within the bound"},
+		{CheckNoInternalErrors, checkNoInternal,
+			"no call was answered 500 INTERNAL"},
+		{CheckSweepReplays, checkSweep,
+			"after the faults healed, every answered command resent once more got a replay of its answer"},
+		{CheckSidecarSingleExecution, checkSidecarSingleExecution,
+			"the upstream behind the sidecar route executed each derived key at most once, and exactly once for a command answered 2xx"},
+		{CheckSidecarIdenticalAnswers, checkSidecarIdenticalAnswers,
+			"every 2xx answer of one sidecar command is byte-identical, the sweep's resend replays it, and no retry was refused as a different request"},
+		{CheckDrillBounds, nil,
+			"a failover-type scenario's drill figures met their bounds: RTO of the failed region's tenants at most the region lease TTL (plus --auto-failover-after) + 3s; no acknowledged answer lost, no duplicate charge, payment, ledger entry or email, no record stuck"},
+		{CheckLinearizable, checkLinearizability,
+			"per key, the history is linearizable against a register model (unbound → bound to one command → answered once; ambiguous calls may or may not take effect) — porcupine"},
+	}
+}
+
 // Checks describes every check, in report order.
 func Checks() []CheckInfo {
-	return []CheckInfo{
-		{CheckFaults, "every fault found the cluster healthy, was injected and healed, and the cluster was healthy again after it"},
-		{CheckSingleCharge, "the provider charged each provider key at most once, and each merchant reference through at most one payment"},
-		{CheckSinglePayment, "at most one payment (derived payment id) per tenant, account and merchant reference, over every region's store"},
-		{CheckSingleLedgerEntry, "at most one ledger entry per entry type and payment, over every region's store"},
-		{CheckSingleEmail, "at most one receipt notification and one sent email per payment, over every region's store"},
-		{CheckAckedNotLost, "every acknowledged payment (201) exists in a store and, with a provider, was charged exactly once"},
-		{CheckAnswerMatches, "every 201 describes its payment as stored: id, account, amount, currency, merchant reference, channel, and (schema v3) createdAt = the payment's creation time"},
-		{CheckIdenticalAnswers, "every final answer for one key (201, 402, 409 duplicate reference) is byte-identical"},
-		{CheckReusedNotExecuted, "a key reused with a different command never executed it: 409 key reused, and its amount is in no payment"},
-		{CheckNoFalseKeyReuse, "the same command retried (re-serialised, another region) never got 409 IDEMPOTENCY_KEY_REUSED_WITH_DIFFERENT_REQUEST"},
-		{CheckDuplicateReference, "a command resent with fresh keys executed once: one key got 201, the others 409 DUPLICATE_MERCHANT_REFERENCE naming that payment"},
-		{CheckNoStuckRecords, "after the faults healed, no record stayed IN_PROGRESS or UNKNOWN_REQUIRES_RECOVERY, and every outbox, queue and email backlog drained, within the bound"},
-		{CheckNoInternalErrors, "no call was answered 500 INTERNAL"},
-		{CheckSweepReplays, "after the faults healed, every answered command resent once more got a replay of its answer"},
-		{CheckSidecarSingleExecution, "the upstream behind the sidecar route executed each derived key at most once, and exactly once for a command answered 2xx"},
-		{CheckSidecarIdenticalAnswers, "every 2xx answer of one sidecar command is byte-identical, the sweep's resend replays it, and no retry was refused as a different request"},
-		{CheckDrillBounds, "a failover-type scenario's drill figures met their bounds: RTO of the failed region's tenants at most the region lease TTL (plus --auto-failover-after) + 3s; no acknowledged answer lost, no duplicate charge, payment, ledger entry or email, no record stuck"},
-		{CheckLinearizable, "per key, the history is linearizable against a register model (unbound → bound to one command → answered once; ambiguous calls may or may not take effect) — porcupine"},
+	var out []CheckInfo
+	for _, c := range checkTable() {
+		out = append(out, CheckInfo{c.name, c.description})
 	}
+	return out
 }
 
 // CheckResult is the verdict of one check.
@@ -120,6 +157,8 @@ type checkInput struct {
 	// sweepHealth is why the cluster was not healthy before the replay
 	// sweep ("" when it was).
 	sweepHealth string
+	// byKey is ops grouped by scoped key (set by runChecks).
+	byKey map[string][]*Op
 }
 
 // result collects a check's counter-examples.
@@ -170,25 +209,12 @@ func (r *result) done(details string, args ...any) CheckResult {
 
 // runChecks runs every check.
 func runChecks(in *checkInput) []CheckResult {
-	byKey := groupByKey(in.ops)
-	out := []CheckResult{
-		checkFaults(in),
-		checkSingleCharge(in),
-		checkSinglePayment(in),
-		checkSingleLedger(in),
-		checkSingleEmail(in),
-		checkAckedNotLost(in, byKey),
-		checkAnswerMatches(in),
-		checkIdenticalAnswers(byKey),
-		checkReusedNotExecuted(in),
-		checkNoFalseKeyReuse(in),
-		checkDuplicateReference(in),
-		checkNoStuck(in),
-		checkNoInternal(in),
-		checkSweep(in),
-		checkSidecarSingleExecution(in),
-		checkSidecarIdenticalAnswers(in),
-		checkLinearizability(in),
+	in.byKey = groupByKey(in.ops)
+	var out []CheckResult
+	for _, c := range checkTable() {
+		if c.run != nil {
+			out = append(out, c.run(in))
+		}
 	}
 	return out
 }
@@ -362,8 +388,9 @@ func checkSingleEmail(in *checkInput) CheckResult {
 	return r.done("%d notification(s), %d email(s) sent", len(notes), sent)
 }
 
-func checkAckedNotLost(in *checkInput, byKey map[string][]*Op) CheckResult {
+func checkAckedNotLost(in *checkInput) CheckResult {
 	r := newResult(CheckAckedNotLost)
+	byKey := in.byKey
 	pays := paymentsByID(in.st)
 	acked := 0
 	for _, k := range sortedKeys(byKey) {
@@ -394,8 +421,9 @@ func checkAckedNotLost(in *checkInput, byKey map[string][]*Op) CheckResult {
 	return r.done("%d acknowledged payment(s)", acked)
 }
 
-func checkIdenticalAnswers(byKey map[string][]*Op) CheckResult {
+func checkIdenticalAnswers(in *checkInput) CheckResult {
 	r := newResult(CheckIdenticalAnswers)
+	byKey := in.byKey
 	checked := 0
 	for _, k := range sortedKeys(byKey) {
 		var first *Op
@@ -589,9 +617,8 @@ func checkLinearizability(in *checkInput) CheckResult {
 	if err != nil {
 		r.fail(CounterExample{Summary: err.Error()})
 	}
-	byKey := groupByKey(in.ops)
 	for _, k := range res.Illegal {
-		ops := byKey[k]
+		ops := in.byKey[k]
 		if len(ops) > 12 {
 			ops = ops[:12]
 		}
@@ -606,11 +633,11 @@ func checkLinearizability(in *checkInput) CheckResult {
 	}
 	switch res.Result {
 	case porcupine.Unknown:
-		return r.done("porcupine timed out after %v (result unknown, counted as passed); %d keys; %s", in.linTimeout, len(byKey), mode)
+		return r.done("porcupine timed out after %v (result unknown, counted as passed); %d keys; %s", in.linTimeout, len(in.byKey), mode)
 	case porcupine.Illegal:
-		return r.done("%d of %d keys not linearizable; %s", len(res.Illegal), len(byKey), mode)
+		return r.done("%d of %d keys not linearizable; %s", len(res.Illegal), len(in.byKey), mode)
 	}
-	return r.done("%d keys, %d calls: linearizable; %s", len(byKey), len(in.ops), mode)
+	return r.done("%d keys, %d calls: linearizable; %s", len(in.byKey), len(in.ops), mode)
 }
 
 // paymentAnswer is a 201 body in schema v2 or v3.
