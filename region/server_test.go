@@ -268,7 +268,25 @@ func TestStaleInProgressTakenOverOnce(t *testing.T) {
 // TestPreferWait: a client that asks to wait gets the final answer of the
 // original request instead of 409.
 func TestPreferWait(t *testing.T) {
-	n := newNode(t)
+	st, _ := storetest.New(t)
+	// The waiting request's polls report themselves and wait to be let go,
+	// so the owner completes while the request is waiting, not before it
+	// arrived.
+	polling := make(chan struct{}, 1)
+	release := make(chan struct{})
+	sleep := func(ctx context.Context, d time.Duration) error {
+		select {
+		case polling <- struct{}{}:
+		default:
+		}
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	n := startNode(t, st, payments.NewService(st, payments.Config{Region: "test", Window: time.Hour, Sleep: sleep}), region.Config{})
 	ctx := context.Background()
 	cmd, _ := payments.ParseCommand([]byte(article), "")
 	hashes, _ := cmd.Fingerprint()
@@ -287,11 +305,16 @@ func TestPreferWait(t *testing.T) {
 	go func() {
 		done <- n.do(http.MethodPost, "/payments", "tok-a", map[string]string{"Idempotency-Key": "wait-1", "Prefer": "wait=10"}, article)
 	}()
-	time.Sleep(100 * time.Millisecond)
+	select {
+	case <-polling: // the request found the record in progress and is waiting
+	case a := <-done:
+		t.Fatalf("with wait, answered before the owner finished: %d %s", a.status, a.body)
+	}
 	final := `{"paymentId":"pay_from_owner"}`
 	if err := n.store.Complete(ctx, owner.Lease, idem.Completion{Response: idem.Response{Status: 201, Body: []byte(final)}}); err != nil {
 		t.Fatal(err)
 	}
+	close(release)
 	a := <-done
 	if a.status != http.StatusCreated || string(a.body) != final || a.header.Get("Idempotent-Replayed") != "true" {
 		t.Errorf("with wait = %d %s, want the owner's 201 %s", a.status, a.body, final)
