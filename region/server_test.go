@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/internal/fakeclock"
 	"github.com/idemcoord/idem/internal/pgtest"
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/payments"
@@ -272,21 +273,8 @@ func TestPreferWait(t *testing.T) {
 	// The waiting request's polls report themselves and wait to be let go,
 	// so the owner completes while the request is waiting, not before it
 	// arrived.
-	polling := make(chan struct{}, 1)
-	release := make(chan struct{})
-	sleep := func(ctx context.Context, d time.Duration) error {
-		select {
-		case polling <- struct{}{}:
-		default:
-		}
-		select {
-		case <-release:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	n := startNode(t, st, payments.NewService(st, payments.Config{Region: "test", Window: time.Hour, Sleep: sleep}), region.Config{})
+	clock := fakeclock.NewStep(time.Now())
+	n := startNode(t, st, payments.NewService(st, payments.Config{Region: "test", Window: time.Hour, Sleep: clock.Sleep}), region.Config{})
 	ctx := context.Background()
 	cmd, _ := payments.ParseCommand([]byte(article), "")
 	hashes, _ := cmd.Fingerprint()
@@ -306,7 +294,7 @@ func TestPreferWait(t *testing.T) {
 		done <- n.do(http.MethodPost, "/payments", "tok-a", map[string]string{"Idempotency-Key": "wait-1", "Prefer": "wait=10"}, article)
 	}()
 	select {
-	case <-polling: // the request found the record in progress and is waiting
+	case <-clock.Sleeping: // the request found the record in progress and is waiting
 	case a := <-done:
 		t.Fatalf("with wait, answered before the owner finished: %d %s", a.status, a.body)
 	}
@@ -314,7 +302,7 @@ func TestPreferWait(t *testing.T) {
 	if err := n.store.Complete(ctx, owner.Lease, idem.Completion{Response: idem.Response{Status: 201, Body: []byte(final)}}); err != nil {
 		t.Fatal(err)
 	}
-	close(release)
+	close(clock.Tick)
 	a := <-done
 	if a.status != http.StatusCreated || string(a.body) != final || a.header.Get("Idempotent-Replayed") != "true" {
 		t.Errorf("with wait = %d %s, want the owner's 201 %s", a.status, a.body, final)

@@ -35,7 +35,12 @@ type AutoFailover struct {
 	SessionTTL time.Duration
 	// Interval is how often the leader looks at the regions. Default 1s.
 	Interval time.Duration
-	// Now is the node's clock. Default time.Now.
+	// Ticks, if set, replaces the Interval ticker: the leader looks at the
+	// regions once per value received, taking it as the time of the look
+	// (a test sends the times of its own clock).
+	Ticks <-chan time.Time
+	// Now is the node's clock, for the time a move records. Default
+	// time.Now. How long a region has been dead is measured between ticks.
 	Now    func() time.Time
 	Logger *slog.Logger
 	// OnMove is called after each region move. Optional.
@@ -81,15 +86,20 @@ func (a *AutoFailover) lead(ctx context.Context) error {
 	}
 	a.Logger.Info("automatic failover: elected", "region", a.Region, "after", a.After)
 	deadSince := map[string]time.Time{}
-	tick := time.NewTicker(a.Interval)
-	defer tick.Stop()
+	ticks := a.Ticks
+	if ticks == nil {
+		tick := time.NewTicker(a.Interval)
+		defer tick.Stop()
+		ticks = tick.C
+	}
 	for {
+		var now time.Time // the tick's time: how long a region has been dead is measured in ticks' times
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-session.Done():
 			return context.Canceled
-		case <-tick.C:
+		case now = <-ticks:
 		}
 		for _, region := range a.Map.HomeRegions() {
 			if len(a.Map.Nodes(region)) > 0 {
@@ -98,10 +108,10 @@ func (a *AutoFailover) lead(ctx context.Context) error {
 			}
 			since, ok := deadSince[region]
 			if !ok {
-				deadSince[region] = a.Now()
+				deadSince[region] = now
 				continue
 			}
-			if a.Now().Sub(since) < a.After {
+			if now.Sub(since) < a.After {
 				continue
 			}
 			to := a.Targets[region]
@@ -116,7 +126,7 @@ func (a *AutoFailover) lead(ctx context.Context) error {
 				a.Logger.Warn("automatic failover failed", "from", region, "to", to, "err", err)
 				continue
 			}
-			a.Logger.Warn("automatic failover", "from", region, "to", to, "epoch", moved.Epoch, "dead_for", a.Now().Sub(since))
+			a.Logger.Warn("automatic failover", "from", region, "to", to, "epoch", moved.Epoch, "dead_for", now.Sub(since))
 			if a.OnMove != nil {
 				a.OnMove(moved)
 			}

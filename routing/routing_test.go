@@ -264,21 +264,67 @@ func TestAutoFailover(t *testing.T) {
 		}
 	}
 	moved := make(chan routing.RegionMove, 4)
+	// The leader's checks are driven by ticks the test sends, carrying the
+	// times of a clock the test moves: a send returns once the leader has
+	// taken the tick, and the next send once it has finished with it.
+	var mu sync.Mutex
+	now := time.Now()
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); defer mu.Unlock(); now = now.Add(d) }
+	ticks := make(chan time.Time)
 	af := &routing.AutoFailover{Client: cli, Map: m, Region: "us-east", After: 1500 * time.Millisecond,
-		OnMove: func(mv routing.RegionMove) { moved <- mv }}
+		Ticks: ticks, Now: clock, OnMove: func(mv routing.RegionMove) { moved <- mv }}
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { _ = af.Run(runCtx); close(done) }()
 	defer func() { cancel(); <-done }()
+	tick := func() {
+		t.Helper()
+		select {
+		case ticks <- clock():
+		case <-ctx.Done():
+			t.Fatal("the automatic failover never took a tick (not elected?)")
+		}
+	}
 
+	// The map has seen both regions' nodes and the placements.
+	if err := m.WaitRevision(ctx, revision(t, cli)); err != nil {
+		t.Fatal(err)
+	}
+	// Every region alive, for twice After: no move.
+	for range 4 {
+		tick()
+		advance(time.Second)
+	}
+	tick()
 	select {
 	case f := <-moved:
 		t.Fatalf("moved %+v while every region was alive", f)
-	case <-time.After(3 * time.Second):
+	default:
 	}
 	if err := eu.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if err := m.WaitRevision(ctx, revision(t, cli)); err != nil {
+		t.Fatal(err)
+	}
+	if n := m.Nodes("eu-west"); len(n) > 0 {
+		t.Fatalf("eu-west's node left, the map still lists %v", n)
+	}
+	// Dead, but not yet for After: no move.
+	tick()
+	advance(time.Second)
+	tick()
+	tick()
+	select {
+	case f := <-moved:
+		t.Fatalf("moved %+v after 1s without a node; After is 1.5s", f)
+	default:
+	}
+	// Dead for After: moved, once.
+	advance(time.Second)
+	tick()
+	tick()
 	select {
 	case f := <-moved:
 		if f.Region != "eu-west" || f.ServedBy != "us-east" {
@@ -287,8 +333,8 @@ func TestAutoFailover(t *testing.T) {
 		if p, _, _ := routing.GetPlacement(ctx, cli, "a"); p.Region != "us-east" {
 			t.Errorf("a is in %s after the automatic failover", p.Region)
 		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("no automatic failover of a dead region")
+	default:
+		t.Fatal("no automatic failover of a region dead for After")
 	}
 	if p, _, _ := routing.GetPlacement(ctx, cli, "b"); p.Region != "us-east" {
 		t.Errorf("b moved to %s", p.Region)
