@@ -86,7 +86,7 @@ func TestRunCountsWhatItWrote(t *testing.T) {
 		t.Errorf("replay suite without replays: %+v", r)
 	}
 	if sc := rep.Suite(bench.SuiteScale); len(sc.Sizes) != 3 || sc.Sizes[0].Rows < 1000 || sc.Sizes[1].Rows < 5000 || sc.Pruned == 0 {
-		t.Errorf("scale: sizes %+v, %d pruned; want the table at 1000, 5000 and 9000 loaded rows and some expired records pruned", sc.Sizes, sc.Pruned)
+		t.Errorf("scale: sizes %+v, %d pruned, %d deleted; want the table at 1000, 5000 and 9000 loaded rows and some expired records pruned", sc.Sizes, sc.Pruned, sc.Deleted)
 	}
 	md := rep.Markdown()
 	for _, want := range []string{"ratio idempotent/baseline", "ratio replay/write", "ratio http idempotent/http baseline", "ratio through the sidecar/upstream direct", "connections opened across the link"} {

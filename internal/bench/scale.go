@@ -214,6 +214,7 @@ func runScale(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, er
 		var wg sync.WaitGroup
 		start := time.Now()
 		var took atomic.Int64
+		var cleanErr error // written by the cleanup goroutine, read after wg.Wait
 		wg.Go(func() {
 			defer func() { took.Store(int64(time.Since(start))) }()
 			// Store.Cleanup's steps and pauses, batch by batch, so that the
@@ -229,7 +230,11 @@ func runScale(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, er
 				for cctx.Err() == nil {
 					n, err := step.run()
 					step.count.Add(int64(n))
-					if err != nil || n < 500 {
+					if err != nil {
+						cleanErr = err
+						return
+					}
+					if n < 500 {
 						break
 					}
 					select {
@@ -244,6 +249,9 @@ func runScale(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, er
 		wg.Wait()
 		if err != nil {
 			return rep, err
+		}
+		if cleanErr != nil {
+			return rep, fmt.Errorf("cleanup beside the claims: %w", cleanErr)
 		}
 		cleanTime += time.Duration(took.Load())
 		cleaning.add(s)
