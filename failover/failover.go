@@ -34,8 +34,10 @@ const PollInterval = 200 * time.Millisecond
 // Move moves the tenants of region from to region to once from has no live
 // node left in etcd, waiting up to wait for its leases to lapse; waiting,
 // if set, is called once per check that found from still alive. It returns
-// the move (its Epoch is the tenants' new epoch). After wait it fails with
-// an error wrapping routing.ErrRegionAlive.
+// the move (its Epoch is the tenants' new epoch). A move that loses a race
+// on the region's key (another move, or a lease lapsing between the read
+// and the transaction) is tried again. After wait it fails with an error
+// wrapping routing.ErrRegionAlive or routing.ErrEpochChanged.
 func Move(ctx context.Context, cli *clientv3.Client, from, to string, wait time.Duration, waiting func()) (routing.RegionMove, error) {
 	deadline := time.Now().Add(wait)
 	for {
@@ -43,7 +45,10 @@ func Move(ctx context.Context, cli *clientv3.Client, from, to string, wait time.
 		if err == nil {
 			return mv, nil
 		}
-		if !errors.Is(err, routing.ErrRegionAlive) {
+		// ErrEpochChanged: the region's key or its liveness changed between
+		// MoveRegion's read and its transaction (a lease lapsing in
+		// between, as a dead region's does); read and check again.
+		if !errors.Is(err, routing.ErrRegionAlive) && !errors.Is(err, routing.ErrEpochChanged) {
 			return routing.RegionMove{}, err
 		}
 		if time.Now().After(deadline) {

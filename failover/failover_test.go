@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -76,5 +77,40 @@ func TestMoveWaitsForTheRegionThenHandsOver(t *testing.T) {
 	again, err := failover.Handover(ctx, cli, "eu-west", "us-east", src, dst)
 	if err != nil || again.Conflicts != 0 || again.Tenants[0].Identical != 2 {
 		t.Errorf("second Handover = %+v, %v; want the records found identical", again, err)
+	}
+}
+
+// TestConcurrentMovesAllSucceed: operators (or a drill and an operator)
+// failing the same dead region over at once race on its key; a loser
+// reads again and moves (the region is dead, so the move is allowed), it
+// does not fail with the epoch its read saw changed.
+func TestConcurrentMovesAllSucceed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cli := etcdtest.Start(t).Client(t)
+	if _, err := routing.SetPlacement(ctx, cli, "tenant-a", "eu-west"); err != nil {
+		t.Fatal(err)
+	}
+	const movers = 8
+	errs := make(chan error, movers)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for range movers {
+		wg.Go(func() {
+			<-start
+			_, err := failover.Move(ctx, cli, "eu-west", "us-east", 10*time.Second, nil)
+			errs <- err
+		})
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("a concurrent Move of a dead region failed: %v", err)
+		}
+	}
+	if mv, found, err := routing.GetRegionMove(ctx, cli, "eu-west"); err != nil || !found || mv.ServedBy != "us-east" {
+		t.Errorf("eu-west's move = %+v, %v, %v; want served by us-east", mv, found, err)
 	}
 }
