@@ -516,6 +516,19 @@ func (e *Engine) claim(ctx context.Context, begin idem.BeginRequest, expect int6
 	case err != nil:
 		return Claim{}, nil, &idem.Error{Code: idem.ECodeUnavailable, Message: "The recovery lock service is unavailable; retry with the same key.", Err: err}
 	}
+	if expect != 0 {
+		// A recoverer's look before the lock may predate another
+		// recoverer's whole takeover (lock, settle, unlock): under the
+		// lock, the record must still be the one it listed.
+		rec, gerr := e.coord.Get(ctx, begin.Scope)
+		if gerr != nil || rec.FencingToken != expect {
+			unlock(ctx, lock)
+			if gerr != nil && !errors.Is(gerr, idem.ErrRecordNotFound) {
+				return Claim{}, nil, gerr
+			}
+			return Claim{Decision: idem.Decision{Outcome: idem.OutcomeInProgress, Record: rec}}, nil, nil
+		}
+	}
 	begin.FencingToken = lock.Token()
 	c, err = claim(ctx, begin)
 	if err == nil && c.Done == nil && c.Decision.Outcome == idem.OutcomeRecover && c.Decision.Lease.Token == 0 {
