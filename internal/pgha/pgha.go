@@ -425,12 +425,21 @@ func (c *Cluster) createDatabase(ctx context.Context, db string) error {
 			}
 			select {
 			case <-ctx.Done():
-				return fmt.Errorf("pgha: database %s on %s: %w (last error: %v)", db, m.Name, ctx.Err(), err)
+				return fmt.Errorf("pgha: database %s on %s: %w (last error: %v)\n%s", db, m.Name, ctx.Err(), err, c.diagnose(m))
 			case <-t.C:
 			}
 		}
 	}
 	return nil
+}
+
+// diagnose describes the cluster as its agents see it and the end of
+// m's log, for an error that gave up waiting on m.
+func (c *Cluster) diagnose(m *Member) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*apiTimeout)
+	defer cancel()
+	st, err := c.Status(ctx)
+	return fmt.Sprintf("cluster status: %+v (error: %v)\nlog of %s:\n%s", st, err, m.Name, logTail(m.LogPath()))
 }
 
 // Start starts the member's agent, which starts (or, after Kill, restarts
