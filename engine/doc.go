@@ -38,9 +38,12 @@
 // FAILED_RETRYABLE lets the next request with the key execute again, and
 // UNKNOWN_REQUIRES_RECOVERY waits for Recover. An error returned by
 // Execute is UNKNOWN_REQUIRES_RECOVERY unless it is wrapped by [Retryable];
-// an Execute that panics leaves the record FAILED_RETRYABLE and the panic
-// goes on. [Engine.RecoverStale] (or [Engine.Run], its loop) runs every
-// registered operation's Recover over the records nobody is working on.
+// so is an Execute that panics (the panic may follow a side effect): the
+// record is left for Recover at once and the panic goes on. Without a
+// Recover, such a record answers OUTCOME_UNKNOWN until an operator settles
+// it; it is never executed again silently. [Engine.RecoverStale] (or
+// [Engine.Run], its loop) runs every registered operation's Recover over
+// the records nobody is working on.
 //
 // An operation whose final write belongs in one transaction with rows of
 // its own (a payment's status and its outbox event) writes the record

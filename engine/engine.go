@@ -708,16 +708,18 @@ func (e *Engine) stored(ans Answer, op Operation, res Result, err error) (Answer
 }
 
 // call runs fn with a deadline at the attempt's lock timeout. A panic
-// releases the record (FAILED_RETRYABLE) and goes on.
+// may come after a side effect, like an unclassified error: the record is
+// left UNKNOWN_REQUIRES_RECOVERY at once (what a crash would leave at the
+// lock timeout, sooner) and the panic goes on.
 func (e *Engine) call(ctx context.Context, op Operation, a *Attempt, fn ExecuteFunc) (res Result, err error) {
 	cctx, cancel := context.WithTimeout(ctx, op.LockTimeout)
 	defer cancel()
 	defer func() {
 		if p := recover(); p != nil {
-			e.opts.Logger.ErrorContext(ctx, "operation panicked; record released for a retry", "operation", op.Name, "panic", fmt.Sprint(p))
-			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
-			defer cancel()
-			e.release(wctx, a, idem.ECodeInternal)
+			e.opts.Logger.ErrorContext(ctx, "operation panicked; record left for recovery", "operation", op.Name, "panic", fmt.Sprint(p))
+			if err := e.markUnknown(ctx, a, op.UnknownCode); err != nil {
+				e.opts.Logger.ErrorContext(ctx, "recording an unknown outcome failed", "operation", op.Name, "err", err)
+			}
 			panic(p)
 		}
 	}()

@@ -135,7 +135,7 @@ func TestContract(t *testing.T) {
 			t.Run("concurrent", func(t *testing.T) { testConcurrent(t, c) })
 			t.Run("in progress and wait", func(t *testing.T) { testWait(t, c) })
 			t.Run("retryable not replayed", func(t *testing.T) { testRetryable(t, c) })
-			t.Run("panic releases", func(t *testing.T) { testPanic(t, c) })
+			t.Run("panic leaves the record for recovery", func(t *testing.T) { testPanic(t, c) })
 			t.Run("unknown and recover", func(t *testing.T) { testUnknown(t, c) })
 			t.Run("stale at received executes again", func(t *testing.T) { testStaleReceived(t, c) })
 			t.Run("expired", func(t *testing.T) { testExpired(t, c) })
@@ -304,13 +304,17 @@ func testRetryable(t *testing.T, c coordinator) {
 
 func testPanic(t *testing.T, c coordinator) {
 	coord, st := c.open(t)
-	var n atomic.Int32
-	e := newEngine(t, coord, engine.Options{}, engine.Operation{Execute: func(context.Context, *engine.Attempt) (engine.Result, error) {
-		if n.Add(1) == 1 {
-			panic("handler bug")
-		}
-		return engine.Result{Response: idem.Response{Status: 201, Body: []byte("ok")}}, nil
-	}})
+	var executed, recovered atomic.Int32
+	e := newEngine(t, coord, engine.Options{}, engine.Operation{
+		Execute: func(context.Context, *engine.Attempt) (engine.Result, error) {
+			executed.Add(1)
+			panic("handler bug") // after a side effect, for all the engine knows
+		},
+		Recover: func(context.Context, *engine.Attempt) (engine.Result, error) {
+			recovered.Add(1)
+			return engine.Result{Response: idem.Response{Status: 201, Body: []byte("found downstream")}}, nil
+		},
+	})
 	ctx := ctxOf(t)
 	h := hashes(t, map[string]any{"amount": "1"})
 	func() {
@@ -322,11 +326,16 @@ func testPanic(t *testing.T, c coordinator) {
 		_, _ = e.Do(ctx, request("k-p", h))
 	}()
 	// Right after the panic, not after the lock timeout (30s here).
-	if rec := record(t, st, "k-p"); rec.Status != idem.StatusFailedRetryable || rec.LockedUntil != nil {
-		t.Fatalf("record after a panic = %s (locked until %v), want FAILED_RETRYABLE at once", rec.Status, rec.LockedUntil)
+	if rec := record(t, st, "k-p"); rec.Status != idem.StatusUnknown || rec.LockedUntil != nil {
+		t.Fatalf("record after a panic = %s (locked until %v), want UNKNOWN_REQUIRES_RECOVERY at once", rec.Status, rec.LockedUntil)
 	}
-	if ans, err := e.Do(ctx, request("k-p", h)); err != nil || ans.Response.Status != 201 || n.Load() != 2 {
+	// The retry is settled by Recover; Execute never runs again.
+	ans, err := e.Do(ctx, request("k-p", h))
+	if err != nil || ans.Response.Status != 201 || string(ans.Response.Body) != "found downstream" {
 		t.Fatalf("retry after panic = %+v, %v", ans, err)
+	}
+	if executed.Load() != 1 || recovered.Load() != 1 {
+		t.Fatalf("after the retry: executed %d, recovered %d; want 1 and 1", executed.Load(), recovered.Load())
 	}
 }
 

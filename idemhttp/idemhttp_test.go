@@ -274,25 +274,37 @@ func TestInProgressAndPreferWait(t *testing.T) {
 	}
 }
 
-func TestPanicReleasesTheKey(t *testing.T) {
+// TestPanicLeavesTheKeyForRecovery: a handler that panics may have acted
+// first, so its key is never executed again: without a Recover every retry
+// answers 202 OUTCOME_UNKNOWN, with one the retry gets what it settles.
+func TestPanicLeavesTheKeyForRecovery(t *testing.T) {
 	var n atomic.Int32
-	var panicked atomic.Bool
+	var verdict atomic.Value
+	verdict.Store(idem.StatusUnknown)
 	f := newFixture(t, func(w http.ResponseWriter, r *http.Request) {
-		if panicked.CompareAndSwap(false, true) {
-			panic("handler bug")
-		}
-		created(&n)(w, r)
-	}, engine.Options{}, idemhttp.Options{LockTimeout: time.Hour})
+		n.Add(1)
+		panic("handler bug")
+	}, engine.Options{}, idemhttp.Options{LockTimeout: time.Hour, Recover: func(_ context.Context, a *engine.Attempt) (engine.Result, error) {
+		s := verdict.Load().(idem.Status)
+		return engine.Result{Status: s, Response: idem.Response{Status: 201, Body: []byte("settled downstream")}}, nil
+	}})
 	if _, err := f.send(context.Background(), "tok-a", "k-p", `{"amount":"1"}`); err == nil {
 		t.Fatal("the panicking request got an answer")
 	}
 	<-f.served
 	// At once, not after the hour-long lock timeout.
-	if rec := f.record(t, "tenant-a", "k-p"); rec.Status != idem.StatusFailedRetryable || rec.LockedUntil != nil {
-		t.Fatalf("record after a panic = %s (locked until %v)", rec.Status, rec.LockedUntil)
+	if rec := f.record(t, "tenant-a", "k-p"); rec.Status != idem.StatusUnknown || rec.LockedUntil != nil {
+		t.Fatalf("record after a panic = %s (locked until %v), want UNKNOWN_REQUIRES_RECOVERY", rec.Status, rec.LockedUntil)
 	}
-	if a := f.post(t, "tok-a", "k-p", `{"amount":"1"}`); a.status != 201 || f.calls.Load() != 2 {
-		t.Fatalf("retry after the panic = %+v (calls %d)", a, f.calls.Load())
+	if a := f.post(t, "tok-a", "k-p", `{"amount":"1"}`); a.status != 202 || errorCode(t, a) != idem.ECodeOutcomeUnknown {
+		t.Fatalf("retry while Recover cannot tell = %+v", a)
+	}
+	verdict.Store(idem.StatusCompleted)
+	if a := f.post(t, "tok-a", "k-p", `{"amount":"1"}`); a.status != 201 || a.body != "settled downstream" {
+		t.Fatalf("retry once Recover knows = %+v", a)
+	}
+	if f.calls.Load() != 1 || n.Load() != 1 {
+		t.Fatalf("the handler ran %d times, want once", f.calls.Load())
 	}
 }
 
