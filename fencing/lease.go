@@ -26,6 +26,9 @@ type options struct {
 	marginSet   bool
 	interval    time.Duration
 	intervalSet bool
+	// attempted, when set, is called after each keepalive attempt has
+	// been applied, with its error: tests wait on it instead of sleeping.
+	attempted func(error)
 }
 
 // WithClock replaces the clock used for the local deadline. The default is
@@ -78,6 +81,8 @@ type Lease struct {
 	margin   time.Duration
 	interval time.Duration
 	now      func() time.Time
+	// attempted: see options.attempted.
+	attempted func(error)
 
 	// ctx is canceled when the lease dies; it bounds keepalive calls and
 	// the keepalive streams of Lockers' sessions.
@@ -148,17 +153,18 @@ func Grant(ctx context.Context, cli *clientv3.Client, ttl time.Duration, opts ..
 
 	lctx, cancel := context.WithCancelCause(cli.Ctx())
 	l := &Lease{
-		cli:      cli,
-		id:       resp.ID,
-		ttl:      granted,
-		margin:   margin,
-		interval: interval,
-		now:      o.now,
-		ctx:      lctx,
-		cancel:   cancel,
-		loopDone: make(chan struct{}),
-		deadline: sent.Add(granted - margin),
-		done:     make(chan struct{}),
+		cli:       cli,
+		id:        resp.ID,
+		ttl:       granted,
+		margin:    margin,
+		interval:  interval,
+		now:       o.now,
+		attempted: o.attempted,
+		ctx:       lctx,
+		cancel:    cancel,
+		loopDone:  make(chan struct{}),
+		deadline:  sent.Add(granted - margin),
+		done:      make(chan struct{}),
 	}
 	l.mu.Lock()
 	l.timer = time.AfterFunc(l.deadline.Sub(l.now()), l.onTimer)
@@ -337,11 +343,16 @@ func (l *Lease) keepAlive() {
 		case isLeaseNotFound(err):
 			l.kill(fmt.Errorf("%w: lease %x not found in etcd (revoked or expired): %w",
 				ErrLeaseExpired, int64(l.id), err))
-			return
 		default:
 			// Transient (etcd unreachable, no leader, timeout): retry
 			// sooner. The local deadline keeps the owner safe meanwhile.
 			wait = l.interval / 4
+		}
+		if l.attempted != nil {
+			l.attempted(err)
+		}
+		if isLeaseNotFound(err) {
+			return
 		}
 		t.Reset(wait)
 	}

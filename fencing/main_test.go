@@ -179,3 +179,35 @@ func streamHook(method string, wrap func(grpc.ClientStream) grpc.ClientStream,
 		return wrap(s), nil
 	}
 }
+
+// keepAlives returns an option that reports each keepalive attempt's
+// error, once the lease has applied it, on the returned channel: tests
+// wait for attempts instead of sleeping through them.
+func keepAlives() (Option, <-chan error) {
+	ch := make(chan error, 1024)
+	return func(o *options) {
+		o.attempted = func(err error) {
+			select {
+			case ch <- err:
+			default:
+			}
+		}
+	}, ch
+}
+
+// waitAttempts waits for n keepalive attempts that succeeded (ok) or
+// failed (!ok), skipping the others.
+func waitAttempts(t *testing.T, attempts <-chan error, n int, ok bool) {
+	t.Helper()
+	giveUp := time.After(10 * time.Second)
+	for n > 0 {
+		select {
+		case err := <-attempts:
+			if (err == nil) == ok {
+				n--
+			}
+		case <-giveUp:
+			t.Fatalf("%d more keepalive attempts (succeeded: %v) never came", n, ok)
+		}
+	}
+}
