@@ -406,17 +406,27 @@ func MoveRegion(ctx context.Context, cli *clientv3.Client, from, to string, now 
 	}
 	mv := RegionMove{Region: from, ServedBy: to, From: prev, At: now.UTC()}
 	val, _ := json.Marshal(regionMoveValue{ServedBy: to, From: prev, At: mv.At})
-	resp, err := cli.Txn(ctx).If(cmps...).Then(clientv3.OpPut(key, string(val))).Commit()
+	// Else reads the key in the transaction itself: unchanged means a
+	// liveness check failed, whatever the regions' leases did since.
+	resp, err := cli.Txn(ctx).If(cmps...).Then(clientv3.OpPut(key, string(val))).Else(clientv3.OpGet(key)).Commit()
 	if err != nil {
 		return RegionMove{}, fmt.Errorf("routing: move %s -> %s: %w", from, to, err)
 	}
 	if !resp.Succeeded {
-		for _, r := range []string{from, prev} {
-			if alive, err := RegionAlive(ctx, cli, r); err == nil && alive {
-				return RegionMove{}, fmt.Errorf("routing: move %s -> %s: %s: %w", from, to, r, ErrRegionAlive)
+		var rev int64
+		if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 {
+			rev = kvs[0].ModRevision
+		}
+		if rev != cur.Epoch {
+			return RegionMove{}, fmt.Errorf("routing: move %s -> %s: %w", from, to, ErrEpochChanged)
+		}
+		alive := from
+		if prev != from {
+			if a, err := RegionAlive(ctx, cli, prev); err == nil && a {
+				alive = prev
 			}
 		}
-		return RegionMove{}, fmt.Errorf("routing: move %s -> %s: %w", from, to, ErrEpochChanged)
+		return RegionMove{}, fmt.Errorf("routing: move %s -> %s: %s: %w", from, to, alive, ErrRegionAlive)
 	}
 	mv.Epoch = resp.Header.Revision
 	return mv, nil
