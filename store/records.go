@@ -88,10 +88,11 @@ func validateBegin(req idem.BeginRequest) error {
 }
 
 // Begin implements idem.Coordinator: it claims the scoped key with one atomic
-// insert, or decides what the existing record allows. A stale, retryable or
-// expired record is taken over by a conditional update that bumps the fencing
-// token, inside the same serializable transaction, so exactly one of many
-// concurrent requests wins it.
+// insert (an implicit transaction of its own, one round trip), or, when the
+// key has a record, decides what that record allows in a serializable
+// transaction. A stale, retryable or expired record is taken over by a
+// conditional update that bumps the fencing token, inside that transaction,
+// so exactly one of many concurrent requests wins it.
 func (s *Store) Begin(ctx context.Context, req idem.BeginRequest) (idem.Decision, error) {
 	ctx, span := telemetry.Start(ctx, "idem.claim", trace.SpanKindInternal)
 	defer span.End()
@@ -108,13 +109,24 @@ func (s *Store) Begin(ctx context.Context, req idem.BeginRequest) (idem.Decision
 	var d idem.Decision
 	run := func(tx pgx.Tx) error {
 		var err error
-		d, err = beginTx(ctx, tx, req, claim)
+		d, err = decideOrClaim(ctx, tx, req, claim)
 		return err
 	}
-	err = s.ExecTx(ctx, run)
-	// A claim whose COMMIT went unanswered may hold the record: run it again.
-	// The insert-first retry finds the record this claim id took (and goes
-	// on with it), or finds it untouched and claims afresh.
+	// A free key is claimed by the insert alone, as an implicit
+	// transaction (one round trip); a key with a record is decided in a
+	// transaction that reads it first.
+	inserted := false
+	err = s.execOne(ctx, func(q Querier) error {
+		var err error
+		d, inserted, err = insertClaim(ctx, q, req, claim)
+		return err
+	})
+	if err == nil && !inserted {
+		err = s.ExecTx(ctx, run)
+	}
+	// A claim whose commit went unanswered may hold the record: decide
+	// again. That finds the record this claim id took (and goes on with
+	// it), or another's record to decide on, or a free key to claim.
 	for attempt := 1; errors.Is(err, ErrCommitUnknown) && attempt <= resolveAttempts; attempt++ {
 		if perr := pause(ctx, attempt); perr != nil {
 			break
@@ -236,6 +248,34 @@ func BeginTx(ctx context.Context, tx Querier, req idem.BeginRequest) (idem.Decis
 // COMMIT went unanswered did commit) is this claim's: it is returned as
 // granted, never decided against as someone else's.
 func beginTx(ctx context.Context, tx Querier, req idem.BeginRequest, claim string) (idem.Decision, error) {
+	d, ok, err := insertClaim(ctx, tx, req, claim)
+	if err != nil || ok {
+		return d, err
+	}
+	return decideExisting(ctx, tx, req, claim)
+}
+
+// decideOrClaim decides what the record that took the key allows (or
+// finds claim's own earlier run), and claims the key if the record has gone
+// meanwhile (cleanup).
+func decideOrClaim(ctx context.Context, tx Querier, req idem.BeginRequest, claim string) (idem.Decision, error) {
+	d, err := decideExisting(ctx, tx, req, claim)
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return d, err
+	}
+	d, ok, err := insertClaim(ctx, tx, req, claim)
+	if err == nil && !ok {
+		// Taken again by a transaction this one cannot see: what
+		// SERIALIZABLE reports as a serialization failure, retried.
+		return idem.Decision{}, &pgconn.PgError{Code: codeSerializationFailure, Message: "store: the key was claimed concurrently"}
+	}
+	return d, err
+}
+
+// insertClaim is the insert-first claim alone, one statement: ok reports
+// that it inserted the record (the key was free), and the decision is to
+// execute.
+func insertClaim(ctx context.Context, tx Querier, req idem.BeginRequest, claim string) (d idem.Decision, ok bool, err error) {
 	row := tx.QueryRow(ctx, `INSERT INTO idempotency_records
 		(tenant_id, operation_name, idempotency_key, request_hash, hash_version, status, checkpoint,
 		 owner, fencing_token, locked_until, home_region, created_at, updated_at, expires_at, claim_id)
@@ -248,11 +288,11 @@ func beginTx(ctx context.Context, tx Querier, req idem.BeginRequest, claim strin
 	rec, err := scanRecord(row)
 	switch {
 	case err == nil:
-		return idem.Decision{Outcome: idem.OutcomeExecute, Lease: leaseOf(rec), Record: rec}, nil
-	case !errors.Is(err, pgx.ErrNoRows):
-		return idem.Decision{}, fmt.Errorf("claim: %w", err)
+		return idem.Decision{Outcome: idem.OutcomeExecute, Lease: leaseOf(rec), Record: rec}, true, nil
+	case errors.Is(err, pgx.ErrNoRows):
+		return idem.Decision{}, false, nil
 	}
-	return decideExisting(ctx, tx, req, claim)
+	return idem.Decision{}, false, fmt.Errorf("claim: %w", err)
 }
 
 // DecideExisting reads the existing record of req's scope and applies
@@ -405,29 +445,30 @@ func FailTx(ctx context.Context, q Querier, lease idem.Lease, f idem.Failure) er
 
 // Checkpoint implements idem.Coordinator.
 func (s *Store) Checkpoint(ctx context.Context, lease idem.Lease, cp idem.Checkpoint) error {
-	return s.fencedWrite(ctx, "checkpoint", lease, func(tx pgx.Tx) error { return CheckpointTx(ctx, tx, lease, cp, 0) },
+	return s.fencedWrite(ctx, "checkpoint", lease, func(q Querier) error { return CheckpointTx(ctx, q, lease, cp, 0) },
 		func(r *idem.Record) bool { return r.Checkpoint == cp && openStatus(r.Status) })
 }
 
 // Complete implements idem.Coordinator.
 func (s *Store) Complete(ctx context.Context, lease idem.Lease, c idem.Completion) error {
-	return s.fencedWrite(ctx, "complete", lease, func(tx pgx.Tx) error { return CompleteTx(ctx, tx, lease, c) },
+	return s.fencedWrite(ctx, "complete", lease, func(q Querier) error { return CompleteTx(ctx, q, lease, c) },
 		func(r *idem.Record) bool { return r.Status == idem.StatusCompleted })
 }
 
 // Fail implements idem.Coordinator.
 func (s *Store) Fail(ctx context.Context, lease idem.Lease, f idem.Failure) error {
-	return s.fencedWrite(ctx, "fail", lease, func(tx pgx.Tx) error { return FailTx(ctx, tx, lease, f) },
+	return s.fencedWrite(ctx, "fail", lease, func(q Querier) error { return FailTx(ctx, q, lease, f) },
 		func(r *idem.Record) bool { return r.Status == f.Status })
 }
 
-// fencedWrite runs fn, a write under lease. When its COMMIT goes unanswered
+// fencedWrite runs fn, a write under lease in one statement (an implicit
+// transaction, see execOne). When its commit goes unanswered
 // the record is read back: written (its token is still lease's and it shows
 // what fn writes) is success; still open under lease's token means the
 // commit did not happen and fn runs again (fenced as always); anything else
 // is idem.ErrFenced, as fn itself would have found.
-func (s *Store) fencedWrite(ctx context.Context, what string, lease idem.Lease, fn func(pgx.Tx) error, written func(*idem.Record) bool) error {
-	err := s.ExecTx(ctx, fn)
+func (s *Store) fencedWrite(ctx context.Context, what string, lease idem.Lease, fn func(Querier) error, written func(*idem.Record) bool) error {
+	err := s.execOne(ctx, fn)
 	for attempt := 1; errors.Is(err, ErrCommitUnknown) && attempt <= resolveAttempts; attempt++ {
 		if perr := pause(ctx, attempt); perr != nil {
 			break
@@ -442,7 +483,7 @@ func (s *Store) fencedWrite(ctx context.Context, what string, lease idem.Lease, 
 		case rec.FencingToken == lease.Token && written(rec):
 			return nil
 		case rec.FencingToken == lease.Token && openStatus(rec.Status):
-			err = s.ExecTx(ctx, fn)
+			err = s.execOne(ctx, fn)
 		default:
 			err = idem.ErrFenced
 		}

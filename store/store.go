@@ -1,8 +1,11 @@
 // Package store keeps idempotency records, and the reference payment domain's
 // tables, on PostgreSQL or CockroachDB through pgx.
 //
-// Every transaction runs at SERIALIZABLE through cockroach-go's
-// crdbpgx.ExecuteTx (see [Store.ExecTx]), and every timestamp is taken from the
+// Every transaction runs at SERIALIZABLE: a multi-statement one through
+// cockroach-go's crdbpgx.ExecuteTx (see [Store.ExecTx]), a write that is one
+// statement as an implicit transaction of its own (one round trip instead of
+// five), which the pool's sessions run at SERIALIZABLE whatever the server's
+// default. Every timestamp is taken from the
 // store's clock (now() in SQL), never from a node's clock. The SQL is kept to
 // the subset that both PostgreSQL and CockroachDB accept; CockroachDB-only DDL
 // (REGIONAL BY ROW, row-level TTL) lives in deploy/cockroach.
@@ -66,6 +69,12 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		cfg.MaxConns = opts.MaxConns
 	}
 	cfg.ConnConfig.Tracer = queryTracer{}
+	// Single-statement writes run as implicit transactions (execOne): at
+	// SERIALIZABLE like every other, whatever the server's default.
+	if cfg.ConnConfig.RuntimeParams == nil {
+		cfg.ConnConfig.RuntimeParams = map[string]string{}
+	}
+	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "serializable"
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("store: connect: %w", err)
@@ -134,6 +143,55 @@ func (s *Store) ExecTx(ctx context.Context, fn func(pgx.Tx) error) (err error) {
 		case <-time.After(retryPause(attempt)):
 		}
 	}
+	return s.txFailure(err)
+}
+
+// execOne runs fn, which must send exactly one statement through q, as an
+// implicit transaction: one round trip, where ExecTx takes five (BEGIN,
+// SAVEPOINT, the statement, RELEASE, COMMIT). Sessions run at SERIALIZABLE
+// (see Open), serialization failures and deadlocks are retried as ExecTx
+// retries them, and errors are classified alike. A statement whose answer
+// is lost after it was sent may have committed, as a lost COMMIT may: that
+// error wraps ErrCommitUnknown.
+func (s *Store) execOne(ctx context.Context, fn func(Querier) error) (err error) {
+	ctx, span := telemetry.Start(ctx, "store.exec", trace.SpanKindInternal)
+	defer func() { endSpan(span, err) }()
+	for attempt := 1; ; attempt++ {
+		err = s.execOnce(ctx, fn)
+		if err == nil || errors.Is(err, ErrCommitUnknown) {
+			return err
+		}
+		if !retryable(err) || attempt >= s.txAttempts {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("store: statement: %w", ctx.Err())
+		case <-time.After(retryPause(attempt)):
+		}
+	}
+	return s.txFailure(err)
+}
+
+// execOnce runs fn once on a connection of its own. A failure to get the
+// connection sent nothing; a connection failure after it may have come
+// after the server committed (pgconn may even call a connection dropped
+// while the answer was awaited safe to retry), so it is ErrCommitUnknown.
+func (s *Store) execOnce(ctx context.Context, fn func(Querier) error) error {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	err = fn(conn)
+	if err != nil && sqlState(err) == "" && (isUnavailable(err) || errors.Is(err, context.Canceled)) {
+		return unavailable(fmt.Errorf("%w: %w", ErrCommitUnknown, err))
+	}
+	return err
+}
+
+// txFailure classifies the last error of a transaction that was given up.
+func (s *Store) txFailure(err error) error {
 	if isUnavailable(err) {
 		return unavailable(err)
 	}

@@ -1,9 +1,14 @@
-// Package commitcut loses the answer to a COMMIT on purpose, for tests of
+// Package commitcut loses the answer to a commit on purpose, for tests of
 // ambiguous commits: a toxiproxy proxy (in process) in front of a PostgreSQL
 // server, carrying a toxic on the server-to-client stream that, at the armed
-// COMMIT answer, drops it and closes the client's connection. The server
+// commit's answer, drops it and closes the client's connection. The server
 // answered, so the transaction committed; the client sees its connection
-// fail with COMMIT in flight and cannot know the outcome.
+// fail with the commit in flight and cannot know the outcome.
+//
+// A commit is a COMMIT, or a write statement that is a transaction of its
+// own: its CommandComplete (INSERT, UPDATE or DELETE of at least one row)
+// followed by ReadyForQuery with the idle status, which the server sends
+// once it has committed.
 //
 // toxiproxy instantiates toxics from a process-wide registry by type name,
 // so the toxic type is registered once per process and each proxy's state
@@ -12,8 +17,10 @@ package commitcut
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -35,13 +42,52 @@ var (
 // commitAnswer is the server's CommandComplete message for COMMIT.
 var commitAnswer = []byte("C\x00\x00\x00\x0bCOMMIT\x00")
 
+// idle is ReadyForQuery with the status "not in a transaction block".
+var idle = []byte("Z\x00\x00\x00\x05I")
+
+// isCommit reports whether chunk answers a commit: a COMMIT, or a write
+// of at least one row that ended its implicit transaction.
+func isCommit(chunk []byte) bool {
+	if bytes.Contains(chunk, commitAnswer) {
+		return true
+	}
+	for i := 0; i+5 <= len(chunk); i++ {
+		if chunk[i] != 'C' {
+			continue
+		}
+		n := int(binary.BigEndian.Uint32(chunk[i+1 : i+5]))
+		end := i + 1 + n
+		if n < 5 || end > len(chunk) || chunk[end-1] != 0 {
+			continue
+		}
+		tag := string(chunk[i+5 : end-1])
+		if writeTag(tag) && bytes.HasPrefix(chunk[end:], idle) {
+			return true
+		}
+	}
+	return false
+}
+
+// writeTag reports whether a CommandComplete tag is a write of at least
+// one row ("INSERT 0 1", "UPDATE 3", "DELETE 1").
+func writeTag(tag string) bool {
+	f := strings.Fields(tag)
+	switch {
+	case len(f) == 3 && f[0] == "INSERT":
+		return f[2] != "0"
+	case len(f) == 2 && (f[0] == "UPDATE" || f[0] == "DELETE"):
+		return f[1] != "0"
+	}
+	return false
+}
+
 // Cut is one proxy and its arming state.
 type Cut struct {
 	// URL is the database URL through the proxy.
 	URL string
 
 	mu      sync.Mutex
-	armedAt int // the COMMIT answer (1-based, counted from arming) to drop; 0: disarmed
+	armedAt int // the commit answer (1-based, counted from arming) to drop; 0: disarmed
 	seen    int
 	done    chan struct{}
 }
@@ -74,7 +120,7 @@ func New(tb testing.TB, dbURL string) *Cut {
 	return c
 }
 
-// Arm makes the n-th COMMIT answer from now get lost (n >= 1). The channel
+// Arm makes the n-th commit's answer from now get lost (n >= 1). The channel
 // it returns is closed when that happened.
 func (c *Cut) Arm(n int) <-chan struct{} {
 	c.mu.Lock()
@@ -83,7 +129,7 @@ func (c *Cut) Arm(n int) <-chan struct{} {
 	return c.done
 }
 
-// Cut reports whether the armed COMMIT answer was dropped.
+// Cut reports whether the armed commit's answer was dropped.
 func (c *Cut) Cut() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -95,11 +141,11 @@ func (c *Cut) Cut() bool {
 	}
 }
 
-// drop counts a COMMIT answer in chunk and reports whether it is the armed one.
+// drop counts a commit's answer in chunk and reports whether it is the armed one.
 func (c *Cut) drop(chunk []byte) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.armedAt == 0 || !bytes.Contains(chunk, commitAnswer) {
+	if c.armedAt == 0 || !isCommit(chunk) {
 		return false
 	}
 	c.seen++
