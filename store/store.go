@@ -2,7 +2,8 @@
 // tables, on PostgreSQL or CockroachDB through pgx.
 //
 // Every transaction runs at SERIALIZABLE: a multi-statement one through
-// cockroach-go's crdbpgx.ExecuteTx (see [Store.ExecTx]), a write that is one
+// cockroach-go's crdbpgx.ExecuteTx on CockroachDB and as BEGIN, its
+// statements and COMMIT on PostgreSQL (see [Store.ExecTx]), a write that is one
 // statement as an implicit transaction of its own (one round trip instead of
 // five), which the pool's sessions run at SERIALIZABLE whatever the server's
 // default. Every timestamp is taken from the
@@ -19,6 +20,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/cockroach-go/v2/crdb"
@@ -55,7 +57,16 @@ type Store struct {
 	logger     *slog.Logger
 	txAttempts int
 	replayRead bool
+	// server is what the pool's connections talk to, learnt from the
+	// first connection: 0 not yet known, serverPostgres or
+	// serverCockroach.
+	server atomic.Int32
 }
+
+const (
+	serverPostgres int32 = iota + 1
+	serverCockroach
+)
 
 // Open connects to the database at url. It does not apply migrations; call
 // Migrate.
@@ -112,7 +123,9 @@ func (s *Store) Ping(ctx context.Context) error {
 // and crdb ignores the COMMIT error because on CockroachDB RELEASE has already
 // committed, while on PostgreSQL COMMIT is where SSI may still abort. ExecTx
 // therefore keeps the commit error and starts a fresh transaction (with a
-// jittered, growing pause) whenever the failure is retryable, up to Options.TxAttempts.
+// jittered, growing pause) whenever the failure is retryable, up to
+// Options.TxAttempts. On PostgreSQL, where the savepoint buys nothing, a
+// transaction is BEGIN, fn's statements and COMMIT: two round trips fewer.
 //
 // fn may run several times and must have no effect outside the database.
 // Errors from fn are returned unchanged when not retryable; connection
@@ -124,7 +137,11 @@ func (s *Store) ExecTx(ctx context.Context, fn func(pgx.Tx) error) (err error) {
 	defer func() { endSpan(span, err) }()
 	for attempt := 1; ; attempt++ {
 		c := &commitKeeper{pool: s.pool}
-		err = crdbpgx.ExecuteTx(crdb.WithMaxRetries(ctx, 1), c, pgx.TxOptions{IsoLevel: pgx.Serializable}, fn)
+		if s.cockroach(ctx) {
+			err = crdbpgx.ExecuteTx(crdb.WithMaxRetries(ctx, 1), c, pgx.TxOptions{IsoLevel: pgx.Serializable}, fn)
+		} else {
+			err = c.run(ctx, fn)
+		}
 		if err == nil {
 			err = c.commitErr
 		}
@@ -221,7 +238,46 @@ var ErrCommitUnknown = errors.New("store: the transaction's commit outcome is un
 // drops while the COMMIT's answer is awaited is reported as "conn closed",
 // which it calls safe to retry although the COMMIT went out.
 func ambiguous(err error) bool {
-	return sqlState(err) == ""
+	// ErrTxCommitRollback is the server's answer too: it rolled back.
+	return sqlState(err) == "" && !errors.Is(err, pgx.ErrTxCommitRollback)
+}
+
+// cockroach reports whether the store is CockroachDB, which announces
+// itself with the crdb_version parameter at connection start. It is learnt
+// once; until a connection can be had it says no (the transaction that
+// follows fails to connect anyway).
+func (s *Store) cockroach(ctx context.Context) bool {
+	switch s.server.Load() {
+	case serverPostgres:
+		return false
+	case serverCockroach:
+		return true
+	}
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return false
+	}
+	defer conn.Release()
+	server := serverPostgres
+	if conn.Conn().PgConn().ParameterStatus("crdb_version") != "" {
+		server = serverCockroach
+	}
+	s.server.Store(server)
+	return server == serverCockroach
+}
+
+// run is one PostgreSQL transaction: BEGIN, fn, COMMIT (whose error is
+// kept), or ROLLBACK when fn fails.
+func (c *commitKeeper) run(ctx context.Context, fn func(pgx.Tx) error) error {
+	tx, err := c.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.Serializable})
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return err
+	}
+	return tx.Commit(ctx)
 }
 
 // commitKeeper begins transactions whose Commit error is remembered.

@@ -1,0 +1,89 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/internal/storetest"
+	"github.com/idemcoord/idem/store"
+)
+
+// statements runs fn under a recorded span and returns the verbs of the
+// statements it sent, in order (the store gives each statement a span).
+func statements(t *testing.T, fn func(ctx context.Context)) []string {
+	t.Helper()
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	ctx, root := tp.Tracer("test").Start(context.Background(), "root")
+	fn(ctx)
+	root.End()
+	var verbs []string
+	for _, s := range exp.GetSpans() {
+		if v, ok := strings.CutPrefix(s.Name, "db "); ok {
+			verbs = append(verbs, v)
+		}
+	}
+	// Spans are exported as they end; statements end in the order sent.
+	return verbs
+}
+
+// TestRoundTrips pins the statements of the hot path on PostgreSQL: a
+// fresh key's claim is the fast-path read and the insert, a checkpoint or a
+// completion is its update alone (each an implicit transaction), and a
+// transaction is BEGIN, its statements and COMMIT, without CockroachDB's
+// savepoint.
+func TestRoundTrips(t *testing.T) {
+	st, _ := storetest.New(t)
+	var d idem.Decision
+	for _, tc := range []struct {
+		name string
+		fn   func(ctx context.Context) error
+		want []string
+	}{
+		{"claim of a fresh key", func(ctx context.Context) (err error) {
+			d, err = st.Begin(ctx, beginReq("rt-1", "v1:a"))
+			return err
+		}, []string{"SELECT", "INSERT"}},
+		{"checkpoint", func(ctx context.Context) error { return st.Checkpoint(ctx, d.Lease, cpCreated) }, []string{"UPDATE"}},
+		{"completion", func(ctx context.Context) error { return st.Complete(ctx, d.Lease, completion(`{"ok":1}`)) }, []string{"UPDATE"}},
+		{"transaction", func(ctx context.Context) error {
+			return st.ExecTx(ctx, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, "SELECT 1")
+				return err
+			})
+		}, []string{"BEGIN", "SELECT", "COMMIT"}},
+	} {
+		var err error
+		got := statements(t, func(ctx context.Context) { err = tc.fn(ctx) })
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s sent %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestExecTxSwallowedErrorIsDefinite: a transaction whose function
+// swallowed a statement's error is rolled back by the server at COMMIT;
+// that is an answer, not a commit of unknown outcome.
+func TestExecTxSwallowedErrorIsDefinite(t *testing.T) {
+	st, _ := storetest.New(t)
+	ctx := context.Background()
+	err := st.ExecTx(ctx, func(tx pgx.Tx) error {
+		_, _ = tx.Exec(ctx, "SELECT * FROM no_such_table")
+		return nil
+	})
+	if !errors.Is(err, pgx.ErrTxCommitRollback) || errors.Is(err, store.ErrCommitUnknown) {
+		t.Fatalf("ExecTx = %v, want ErrTxCommitRollback, not ErrCommitUnknown", err)
+	}
+}
