@@ -119,7 +119,8 @@ type Config struct {
 	// primary; cluster.json lists the members (store.members). Its data is
 	// in <StateDir>/store-ha, new at every Start; it starts once etcd
 	// runs (the tenants are placed meanwhile). It needs the Debian
-	// package "patroni"; it does not work with TLS or DatabaseURL.
+	// package "patroni"; it does not work with DatabaseURL. With TLS every
+	// link of the store is TLS too (see pgha.Options.TLS).
 	// Default false: one PostgreSQL server.
 	StoreHA bool
 
@@ -271,8 +272,6 @@ func (cfg *Config) setDefaults() error {
 			return errors.New("cluster: StoreHA needs etcd (EtcdMembers)")
 		case cfg.DatabaseURL != "":
 			return errors.New("cluster: StoreHA starts its own store; DatabaseURL must be empty")
-		case cfg.TLS:
-			return errors.New("cluster: StoreHA does not support TLS yet")
 		case len(cfg.Regions) < 2:
 			return errors.New("cluster: StoreHA needs at least two regions (one store member each)")
 		}

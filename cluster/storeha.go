@@ -58,6 +58,17 @@ func (c *Cluster) startStoreHA(ctx context.Context, cfg *Config) (map[string]str
 		hosts = append(hosts, m.Addr())
 	}
 	opts := pgha.Options{Dir: dir, EtcdHosts: hosts, Database: GlobalDatabase, Logger: c.log}
+	if c.tls != nil {
+		// Each member's certificate, from the cluster's CA, serves its
+		// PostgreSQL and authenticates its agent to etcd.
+		opts.TLS = func(member string) (pgha.TLSFiles, error) {
+			cert, key, err := c.tls.issue(member, nil)
+			if err != nil {
+				return pgha.TLSFiles{}, err
+			}
+			return pgha.TLSFiles{CAFile: c.tls.ca.CertFile, CertFile: cert, KeyFile: key}, nil
+		}
+	}
 	for _, r := range cfg.Regions {
 		spec := pgha.MemberSpec{Name: StoreMemberName(r), Region: r}
 		if c.net != nil {

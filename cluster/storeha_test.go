@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemcoord/idem/cluster"
 	"github.com/idemcoord/idem/internal/pgha"
 )
@@ -120,5 +122,79 @@ func TestStoreHA(t *testing.T) {
 	assertGone(t, pids)
 	if _, err := pgha.Start(context.Background(), pgha.Options{}); err == nil || errors.Is(err, pgha.ErrNotInstalled) {
 		t.Errorf("pgha.Start without members: %v, want a configuration error", err)
+	}
+}
+
+// TestStoreHATLS runs the replicated store with Config.TLS: the nodes
+// reach it over verified TLS, a member refuses a connection without TLS
+// or without the password, and the replicas stream from the primary over TLS (a synchronous standby
+// exists, so replication works at all).
+func TestStoreHATLS(t *testing.T) {
+	if _, err := exec.LookPath("patroni"); err != nil {
+		t.Skip(`patroni is not installed (Debian package "patroni")`)
+	}
+	regions := []string{"eu-west", "us-east", "ap-south"}
+	c := startCluster(t, cluster.Config{
+		StateDir:    stateDir(t),
+		Regions:     regions,
+		EtcdMembers: 1,
+		StoreMode:   cluster.StoreGlobal,
+		StoreHA:     true,
+		TLS:         true,
+	})
+	info := c.Info()
+	for _, r := range info.Regions {
+		u, err := url.Parse(r.DatabaseURL)
+		if err != nil || u.Query().Get("sslmode") != "verify-full" || u.Query().Get("sslrootcert") == "" {
+			t.Errorf("region %s: database URL %s, want sslmode=verify-full with a root certificate", r.Name, u.Redacted())
+		}
+	}
+	first := postPaymentTLS(t, c.ClientTLS(), info.Regions[1].URL, info.Tokens["tenant-a"], "ha-tls-1", "invoice-ha-tls-1")
+	if first.status != http.StatusCreated {
+		t.Fatalf("payment over the TLS store: %d %s", first.status, first.body)
+	}
+
+	store := c.Store()
+	leader, err := store.Leader(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	asSuperuser := func(m *pgha.Member, sslmode string) string {
+		u, err := url.Parse(m.URL("postgres"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.User = url.UserPassword(pgha.Superuser, store.Password())
+		q := u.Query()
+		if sslmode != "" {
+			q.Set("sslmode", sslmode)
+			q.Del("sslrootcert")
+		}
+		u.RawQuery = q.Encode()
+		return u.String()
+	}
+	for _, m := range store.Members() {
+		conn, err := pgx.Connect(t.Context(), asSuperuser(m, "disable"))
+		if err == nil {
+			_ = conn.Close(t.Context())
+			t.Errorf("member %s accepted a connection without TLS", m.Name)
+		}
+	}
+	if conn, err := pgx.Connect(t.Context(), leader.URL("postgres")); err == nil {
+		_ = conn.Close(t.Context())
+		t.Errorf("member %s accepted a TLS connection without a password", leader.Name)
+	}
+	conn, err := pgx.Connect(t.Context(), asSuperuser(leader, ""))
+	if err != nil {
+		t.Fatalf("verified TLS connection to the leader %s: %v", leader.Name, err)
+	}
+	defer conn.Close(context.Background())
+	var encrypted, plain int
+	if err := conn.QueryRow(t.Context(), `SELECT count(*) FILTER (WHERE s.ssl), count(*) FILTER (WHERE NOT s.ssl)
+		FROM pg_stat_replication r JOIN pg_stat_ssl s ON s.pid = r.pid`).Scan(&encrypted, &plain); err != nil {
+		t.Fatal(err)
+	}
+	if encrypted != len(regions)-1 || plain != 0 {
+		t.Errorf("replication connections on the leader: %d over TLS, %d without; want %d and 0", encrypted, plain, len(regions)-1)
 	}
 }

@@ -77,8 +77,8 @@ func runUp(ctx context.Context, args []string, env *Env) error {
 	if *storeMode != cluster.StoreRegionLocal && *storeMode != cluster.StoreGlobal {
 		return usageError{fmt.Errorf("--store-mode %q: want %s or %s", *storeMode, cluster.StoreRegionLocal, cluster.StoreGlobal)}
 	}
-	if *storeHA && (*storeMode != cluster.StoreGlobal || *etcdMembers == 0 || *dbURL != "" || *withTLS) {
-		return usageError{errors.New("--store-ha needs --store-mode global and etcd, and works neither with --database-url nor with --tls")}
+	if *storeHA && (*storeMode != cluster.StoreGlobal || *etcdMembers == 0 || *dbURL != "") {
+		return usageError{errors.New("--store-ha needs --store-mode global and etcd, and does not work with --database-url")}
 	}
 	if *window < 0 {
 		return usageError{fmt.Errorf("--replay-window %v is negative", *window)}

@@ -45,7 +45,6 @@ func TestUp(t *testing.T) {
 			{"up", "--store-mode", "everywhere"},
 			{"up", "--store-ha"},
 			{"up", "--store-mode", "global", "--store-ha", "--etcd-members", "0"},
-			{"up", "--store-mode", "global", "--store-ha", "--tls"},
 			{"up", "--store-mode", "global", "--store-ha", "--database-url", "postgres://x@127.0.0.1/db"},
 			{"up", "--provider=maybe"},
 			{"up", "--no-such-flag"},

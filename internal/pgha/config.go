@@ -17,6 +17,8 @@ type memberConfig struct {
 	Dir, BinDir                 string
 	Password, ReplPassword      string
 	TTL, LoopWait, RetryTimeout int
+	// TLS, if set, is the member's copy of its files (see Options.TLS).
+	TLS *TLSFiles
 }
 
 // q quotes s as a YAML double-quoted scalar.
@@ -33,6 +35,18 @@ func (m memberConfig) yaml() []byte {
 		hosts[i] = q(h)
 	}
 	data := filepath.Join(m.Dir, "data")
+	// Without TLS: plain HTTP to etcd, plain TCP between the members.
+	etcdTLS, hostType, serverSSL, clientSSL := "protocol: http", "host", "", ""
+	if t := m.TLS; t != nil {
+		// etcd verified and authenticating the agent; PostgreSQL refusing
+		// TCP without TLS; replicas (and pg_rewind) verifying the server
+		// they stream from. libpq ignores sslmode on the Unix socket the
+		// agent uses for its own server.
+		etcdTLS = fmt.Sprintf("protocol: https\n  cacert: %s\n  cert: %s\n  key: %s", q(t.CAFile), q(t.CertFile), q(t.KeyFile))
+		hostType = "hostssl"
+		serverSSL = fmt.Sprintf("\n    ssl: \"on\"\n    ssl_cert_file: %s\n    ssl_key_file: %s", q(t.CertFile), q(t.KeyFile))
+		clientSSL = fmt.Sprintf("\n      sslmode: verify-full\n      sslrootcert: %s", q(t.CAFile))
+	}
 	return fmt.Appendf(nil, `scope: %s
 namespace: %s
 name: %s
@@ -43,7 +57,7 @@ restapi:
   connect_address: %s
 etcd3:
   hosts: [%s]
-  protocol: http
+  %s
   use_proxies: true
 bootstrap:
   dcs:
@@ -72,10 +86,6 @@ bootstrap:
     - encoding: UTF8
     - no-locale
     - auth-local: trust
-  pg_hba:
-    - local all all trust
-    - host replication %s 127.0.0.1/32 scram-sha-256
-    - host all all 127.0.0.1/32 scram-sha-256
 postgresql:
   listen: %s
   connect_address: %s
@@ -85,16 +95,20 @@ postgresql:
   use_unix_socket: true
   remove_data_directory_on_rewind_failure: true
   remove_data_directory_on_diverged_timelines: true
+  pg_hba:
+    - local all all trust
+    - %s replication %s 127.0.0.1/32 scram-sha-256
+    - %s all all 127.0.0.1/32 scram-sha-256
   authentication:
     superuser:
       username: %s
-      password: %s
+      password: %s%s
     replication:
       username: %s
-      password: %s
+      password: %s%s
   parameters:
     unix_socket_directories: %s
-    password_encryption: scram-sha-256
+    password_encryption: scram-sha-256%s
 tags:
   nofailover: false
   noloadbalance: false
@@ -103,11 +117,11 @@ tags:
 `,
 		q(m.Scope), q(m.Namespace), q(m.Name),
 		q("127.0.0.1:"+strconv.Itoa(m.APIPort)), q(m.APIAdvertise),
-		strings.Join(hosts, ", "),
+		strings.Join(hosts, ", "), etcdTLS,
 		m.TTL, m.LoopWait, m.RetryTimeout,
-		replicator,
 		q("127.0.0.1:"+strconv.Itoa(m.Port)), q(m.Advertise), q(data), q(m.BinDir), q(filepath.Join(m.Dir, "pgpass")),
-		q(Superuser), q(m.Password), q(replicator), q(m.ReplPassword),
-		q(m.Dir),
+		hostType, replicator, hostType,
+		q(Superuser), q(m.Password), clientSSL, q(replicator), q(m.ReplPassword), clientSSL,
+		q(m.Dir), serverSSL,
 	)
 }

@@ -74,8 +74,18 @@ type Options struct {
 	// Members are the members, at least two. Start bootstraps the cluster
 	// from whichever member wins the race for the initialize key.
 	Members []MemberSpec
-	// EtcdHosts are the etcd client endpoints (host:port, plain HTTP).
+	// EtcdHosts are the etcd client endpoints (host:port; HTTPS with
+	// TLS, plain HTTP without).
 	EtcdHosts []string
+	// TLS, if set, returns the PEM files of the member with the given
+	// name, and turns TLS on for every link of the store: each agent
+	// verifies etcd and authenticates to it with its certificate, each
+	// PostgreSQL server accepts TCP connections (clients, replicas,
+	// pg_rewind) only over TLS, and replicas verify the server they
+	// stream from. URL and Member.URL then verify the servers
+	// (sslmode=verify-full). Start copies the files into the member's
+	// directory, owned by PostgreSQL's OS user. Default: no TLS.
+	TLS func(member string) (TLSFiles, error)
 	// Scope is Patroni's cluster name. Default DefaultScope.
 	Scope string
 	// Namespace is the etcd key prefix. Default DefaultNamespace.
@@ -100,6 +110,16 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+// TLSFiles are one member's PEM files.
+type TLSFiles struct {
+	// CAFile verifies every member's server and etcd's.
+	CAFile string
+	// CertFile and KeyFile are the member's certificate and key: its
+	// PostgreSQL server's (valid for the address it advertises) and its
+	// agent's client certificate towards etcd.
+	CertFile, KeyFile string
+}
+
 // Cluster is a running store started by Start. Its methods are safe for
 // concurrent use. The caller must call Stop.
 type Cluster struct {
@@ -107,6 +127,7 @@ type Cluster struct {
 	dir       string
 	removeDir bool
 	password  string // the superuser's
+	caFile    string // "" without Options.TLS
 	members   []*Member
 	http      *httpClient
 
@@ -239,7 +260,17 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		if len(spec.EtcdHosts) > 0 {
 			hosts = spec.EtcdHosts
 		}
+		var tlsFiles *TLSFiles
+		if opts.TLS != nil {
+			if tlsFiles, err = m.copyTLS(opts.TLS); err != nil {
+				return nil, err
+			}
+			if c.caFile == "" {
+				c.caFile = tlsFiles.CAFile
+			}
+		}
 		cfg := memberConfig{
+			TLS:   tlsFiles,
 			Scope: opts.Scope, Namespace: opts.Namespace, Name: m.Name,
 			APIPort: m.APIPort, Port: m.Port, Advertise: advertise, APIAdvertise: apiAdvertise, EtcdHosts: hosts,
 			Dir: m.dir, BinDir: binDir, Password: c.password, ReplPassword: replPassword,
@@ -368,10 +399,24 @@ func (c *Cluster) URL(db string) string {
 	for i, m := range c.members {
 		hosts[i] = net.JoinHostPort("127.0.0.1", strconv.Itoa(m.Port))
 	}
-	return c.urlFor(strings.Join(hosts, ","), db, url.Values{
-		"sslmode": {"disable"}, "target_session_attrs": {"read-write"}, "connect_timeout": {"2"},
-	})
+	q := c.sslParams()
+	q.Set("target_session_attrs", "read-write")
+	q.Set("connect_timeout", "2")
+	return c.urlFor(strings.Join(hosts, ","), db, q)
 }
+
+// sslParams are the URL parameters of a connection to a member: TLS
+// verifying the server with Options.TLS, none without.
+func (c *Cluster) sslParams() url.Values {
+	if c.caFile == "" {
+		return url.Values{"sslmode": {"disable"}}
+	}
+	return url.Values{"sslmode": {"verify-full"}, "sslrootcert": {c.caFile}}
+}
+
+// CAFile returns the CA file that verifies the members' servers (a copy
+// of Options.TLS's), or "" without TLS.
+func (c *Cluster) CAFile() string { return c.caFile }
 
 func (c *Cluster) urlFor(hosts, db string, q url.Values) string {
 	u := url.URL{Scheme: "postgres", User: url.UserPassword(Superuser, c.password), Host: hosts, Path: "/" + db, RawQuery: q.Encode()}
@@ -381,8 +426,39 @@ func (c *Cluster) urlFor(hosts, db string, q url.Values) string {
 // URL returns the URL of database db on this member alone, without a
 // password (see Cluster.Password).
 func (m *Member) URL(db string) string {
-	u := url.URL{Scheme: "postgres", User: url.User(Superuser), Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(m.Port)), Path: "/" + db, RawQuery: "sslmode=disable"}
+	u := url.URL{Scheme: "postgres", User: url.User(Superuser), Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(m.Port)), Path: "/" + db, RawQuery: m.c.sslParams().Encode()}
 	return u.String()
+}
+
+// copyTLS copies the member's TLS files from tlsFor into its directory
+// (tls/), owned by PostgreSQL's OS user, the key with mode 0600 as
+// PostgreSQL requires, and returns the copies.
+func (m *Member) copyTLS(tlsFor func(string) (TLSFiles, error)) (*TLSFiles, error) {
+	src, err := tlsFor(m.Name)
+	if err != nil {
+		return nil, fmt.Errorf("pgha: TLS files of %s: %w", m.Name, err)
+	}
+	dir := filepath.Join(m.dir, "tls")
+	if err := pgserver.MkdirAllOwned(dir, m.cred); err != nil {
+		return nil, err
+	}
+	out := &TLSFiles{CAFile: filepath.Join(dir, "ca.pem"), CertFile: filepath.Join(dir, "server.pem"), KeyFile: filepath.Join(dir, "server-key.pem")}
+	for _, f := range []struct {
+		from, to string
+		mode     os.FileMode
+	}{{src.CAFile, out.CAFile, 0o644}, {src.CertFile, out.CertFile, 0o644}, {src.KeyFile, out.KeyFile, 0o600}} {
+		b, err := os.ReadFile(f.from)
+		if err != nil {
+			return nil, fmt.Errorf("pgha: TLS files of %s: %w", m.Name, err)
+		}
+		if err := os.WriteFile(f.to, b, f.mode); err != nil {
+			return nil, fmt.Errorf("pgha: TLS files of %s: %w", m.Name, err)
+		}
+		if err := pgserver.Chown(f.to, m.cred); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // APIURL returns the base URL of the member's Patroni REST API.
@@ -416,7 +492,7 @@ func (c *Cluster) createDatabase(ctx context.Context, db string) error {
 	t := time.NewTicker(pollInterval)
 	defer t.Stop()
 	for _, m := range c.members {
-		u := c.urlFor(net.JoinHostPort("127.0.0.1", strconv.Itoa(m.Port)), db, url.Values{"sslmode": {"disable"}})
+		u := c.urlFor(net.JoinHostPort("127.0.0.1", strconv.Itoa(m.Port)), db, c.sslParams())
 		for {
 			conn, err := pgx.Connect(ctx, u)
 			if err == nil {
@@ -462,7 +538,7 @@ func (m *Member) Start() error {
 	defer logf.Close()
 	cmd := exec.Command(m.patroni, m.configPath())
 	cmd.Dir = m.dir
-	cmd.Env = agentEnv()
+	cmd.Env = agentEnv(m.dir)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// SIGTERM if the starting thread dies: Patroni then stops its server.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: m.cred, Pdeathsig: syscall.SIGTERM}
@@ -476,11 +552,15 @@ func (m *Member) Start() error {
 }
 
 // agentEnv is this process's environment without PG* and PATRONI_*
-// variables, which would change what Patroni and PostgreSQL do.
-func agentEnv() []string {
-	var env []string
+// variables, which would change what Patroni and PostgreSQL do, and with
+// HOME set to the member's directory: libpq (pg_basebackup, the replicas'
+// connections) reads ~/.postgresql and ~/.pgpass, which must be the
+// member's own, not those of whoever started it (unreadable to
+// PostgreSQL's OS user when that is root).
+func agentEnv(home string) []string {
+	env := []string{"HOME=" + home}
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "PG") && !strings.HasPrefix(kv, "PATRONI_") {
+		if !strings.HasPrefix(kv, "PG") && !strings.HasPrefix(kv, "PATRONI_") && !strings.HasPrefix(kv, "HOME=") {
 			env = append(env, kv)
 		}
 	}
