@@ -135,8 +135,9 @@ func (s *Store) Ping(ctx context.Context) error {
 func (s *Store) ExecTx(ctx context.Context, fn func(pgx.Tx) error) (err error) {
 	ctx, span := telemetry.Start(ctx, "store.tx", trace.SpanKindInternal)
 	defer func() { endSpan(span, err) }()
-	for attempt := 1; ; attempt++ {
+	return s.retry(ctx, func() error {
 		c := &commitKeeper{pool: s.pool}
+		var err error
 		if s.cockroach(ctx) {
 			err = crdbpgx.ExecuteTx(crdb.WithMaxRetries(ctx, 1), c, pgx.TxOptions{IsoLevel: pgx.Serializable}, fn)
 		} else {
@@ -145,11 +146,23 @@ func (s *Store) ExecTx(ctx context.Context, fn func(pgx.Tx) error) (err error) {
 		if err == nil {
 			err = c.commitErr
 		}
-		if err == nil {
-			return nil
-		}
-		if c.commitErr != nil && ambiguous(c.commitErr) {
+		if err != nil && c.commitErr != nil && ambiguous(c.commitErr) {
 			return unavailable(fmt.Errorf("%w: %w", ErrCommitUnknown, c.commitErr))
+		}
+		return err
+	})
+}
+
+// retry runs once until it succeeds, fails with ErrCommitUnknown or an
+// error that is not retryable, or has run Options.TxAttempts times, with a
+// jittered, growing pause between runs; the last error is classified by
+// txFailure.
+func (s *Store) retry(ctx context.Context, once func() error) error {
+	var err error
+	for attempt := 1; ; attempt++ {
+		err = once()
+		if err == nil || errors.Is(err, ErrCommitUnknown) {
+			return err
 		}
 		if !retryable(err) || attempt >= s.txAttempts {
 			break
@@ -173,21 +186,7 @@ func (s *Store) ExecTx(ctx context.Context, fn func(pgx.Tx) error) (err error) {
 func (s *Store) execOne(ctx context.Context, fn func(Querier) error) (err error) {
 	ctx, span := telemetry.Start(ctx, "store.exec", trace.SpanKindInternal)
 	defer func() { endSpan(span, err) }()
-	for attempt := 1; ; attempt++ {
-		err = s.execOnce(ctx, fn)
-		if err == nil || errors.Is(err, ErrCommitUnknown) {
-			return err
-		}
-		if !retryable(err) || attempt >= s.txAttempts {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("store: statement: %w", ctx.Err())
-		case <-time.After(retryPause(attempt)):
-		}
-	}
-	return s.txFailure(err)
+	return s.retry(ctx, func() error { return s.execOnce(ctx, fn) })
 }
 
 // execOnce runs fn once on a connection of its own. A failure to get the
