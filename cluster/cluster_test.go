@@ -454,7 +454,6 @@ func TestConfigErrors(t *testing.T) {
 		"ha, region-local": {IdemdPath: idemdPath, StoreHA: true, EtcdMembers: 1, EtcdPath: etcdPath, Regions: []string{"a", "b"}},
 		"ha without etcd":  {IdemdPath: idemdPath, StoreHA: true, StoreMode: cluster.StoreGlobal, Regions: []string{"a", "b"}},
 		"ha, one region":   {IdemdPath: idemdPath, StoreHA: true, StoreMode: cluster.StoreGlobal, EtcdMembers: 1, EtcdPath: etcdPath},
-		"ha with tls":      {IdemdPath: idemdPath, StoreHA: true, StoreMode: cluster.StoreGlobal, EtcdMembers: 1, EtcdPath: etcdPath, Regions: []string{"a", "b"}, TLS: true},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c, err := cluster.Start(context.Background(), cfg)

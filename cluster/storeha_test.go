@@ -127,8 +127,8 @@ func TestStoreHA(t *testing.T) {
 
 // TestStoreHATLS runs the replicated store with Config.TLS: the nodes
 // reach it over verified TLS, a member refuses a connection without TLS
-// or without the password, and the replicas stream from the primary over TLS (a synchronous standby
-// exists, so replication works at all).
+// or without the password, and the replicas stream from the primary over
+// TLS (a synchronous standby exists, so replication works at all).
 func TestStoreHATLS(t *testing.T) {
 	if _, err := exec.LookPath("patroni"); err != nil {
 		t.Skip(`patroni is not installed (Debian package "patroni")`)
