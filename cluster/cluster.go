@@ -46,6 +46,8 @@ type Cluster struct {
 	placements  map[string]string // tenant -> home region
 	provider    *Process          // nil unless Config.Provider
 	tls         *clusterTLS       // nil unless Config.TLS
+	docker      *dockerEnv        // nil unless Config.Docker
+	dockerStore *Process          // PostgreSQL's container with Config.Docker
 	peerSecret  string            // the peer secret file, without TLS
 	secrets     secretFiles
 
@@ -108,7 +110,11 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	} else if c.peerSecret, err = writePeerSecret(c.stateDir); err != nil {
 		return nil, err
 	}
-	if cfg.Proxied {
+	if cfg.Docker {
+		if err := c.startDocker(ctx, &cfg); err != nil {
+			return nil, err
+		}
+	} else if cfg.Proxied {
 		c.net = newNetwork(c.log)
 	}
 
@@ -219,6 +225,9 @@ func (c *Cluster) Stop(ctx context.Context) error {
 func (c *Cluster) stop(ctx context.Context) error {
 	began := time.Now()
 	var errs []error
+	if c.docker != nil {
+		c.docker.rejoinAll(ctx)
+	}
 	if c.net != nil {
 		if err := c.net.heal(c.net.allNames()); err != nil {
 			c.log.Warn("cluster: stop: heal links", "err", err)
@@ -278,8 +287,19 @@ func (c *Cluster) stop(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("cluster: stop PostgreSQL: %w", err))
 		}
 	}
+	if c.dockerStore != nil {
+		stopAll([]*Process{c.dockerStore})
+	}
 	if c.net != nil {
 		c.net.close()
+	}
+	if c.docker != nil {
+		if c.docker.wan != nil {
+			stopAll([]*Process{c.docker.wan})
+		}
+		if err := c.docker.close(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("cluster: remove the containers and networks: %w", err))
+		}
 	}
 	if c.statePath != "" {
 		if err := os.Remove(c.statePath); err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -3,6 +3,7 @@ package cluster
 import (
 	"errors"
 	"fmt"
+	"github.com/idemcoord/idem/internal/images"
 	"log/slog"
 	"os"
 	"regexp"
@@ -203,6 +204,24 @@ type Config struct {
 	// that trusts it). Default false: plain HTTP, the nodes authenticating
 	// forwarded requests with a shared secret (<StateDir>/peer-secret).
 	TLS bool
+
+	// Docker runs every process in a container of the local Docker engine,
+	// each region on a network of its own, joined to the others only
+	// through a WAN container that carries every link (see the docker
+	// environment in docker.go, Cluster.IsolateRegion and
+	// Cluster.CutOutbound). It implies Proxied; it needs Docker, the images
+	// of `idemctl images build`, etcd (EtcdMembers) and the provider's
+	// idemctl (IdemctlPath, which also runs the WAN); it does not combine
+	// with TLS, StoreHA or DatabaseURL. The binaries are the host's,
+	// mounted into DockerImage.
+	Docker bool
+	// DockerImage is the image the host's binaries run on (they are
+	// dynamically linked against the C library). Default: the Debian base
+	// image of `idemctl images build`.
+	DockerImage string
+	// PostgresImage is the store's image. Default: the PostgreSQL image of
+	// `idemctl images build`.
+	PostgresImage string
 }
 
 // setDefaults fills in defaults and validates cfg.
@@ -274,6 +293,33 @@ func (cfg *Config) setDefaults() error {
 			return errors.New("cluster: StoreHA starts its own store; DatabaseURL must be empty")
 		case len(cfg.Regions) < 2:
 			return errors.New("cluster: StoreHA needs at least two regions (one store member each)")
+		}
+	}
+	if cfg.Docker {
+		switch {
+		case cfg.TLS:
+			return errors.New("cluster: Docker does not combine with TLS yet")
+		case cfg.StoreHA:
+			return errors.New("cluster: Docker does not combine with StoreHA yet")
+		case cfg.DatabaseURL != "":
+			return errors.New("cluster: Docker starts its own store; DatabaseURL must be empty")
+		case cfg.EtcdMembers == 0:
+			return errors.New("cluster: Docker needs etcd (EtcdMembers)")
+		}
+		cfg.Proxied = true
+		debian, postgres := images.RunImages()
+		if cfg.DockerImage == "" {
+			cfg.DockerImage = debian
+		}
+		if cfg.PostgresImage == "" {
+			cfg.PostgresImage = postgres
+		}
+		if cfg.IdemctlPath == "" {
+			p, err := FindIdemctl()
+			if err != nil {
+				return err
+			}
+			cfg.IdemctlPath = p
 		}
 	}
 	if cfg.EtcdMembers > 0 {

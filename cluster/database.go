@@ -28,6 +28,12 @@ const (
 // creates the databases and returns region -> database URL.
 func (c *Cluster) startStore(ctx context.Context, cfg *Config) (map[string]string, error) {
 	admin := cfg.DatabaseURL
+	if c.docker != nil {
+		var err error
+		if admin, err = c.startStoreDocker(ctx, cfg); err != nil {
+			return nil, err
+		}
+	}
 	if admin == "" {
 		pgDir := ""
 		if !c.removeState {

@@ -40,6 +40,7 @@ type etcdMember struct {
 	advertise string // the peer address it advertises (a peerDemux when proxied)
 	demux     *peerDemux
 	cert, key string // its certificate, with Config.TLS
+	ctr       *container // its container, with Config.Docker
 }
 
 // etcdTLSArgs makes member m serve clients and peers over TLS with its
@@ -64,7 +65,14 @@ func (c *Cluster) startEtcd(ctx context.Context, cfg *Config) error {
 	for i := range members {
 		members[i] = &etcdMember{name: fmt.Sprintf("m%d", i), dataDir: filepath.Join(root, fmt.Sprintf("m%d", i))}
 	}
-	if c.net != nil {
+	if c.docker != nil {
+		// Each member in a container of its own, on its region's network;
+		// every member dials member j at wan:<port of j>.
+		for i, m := range members {
+			m.ctr = c.docker.newContainer("etcd-"+m.name, c.docker.netOf("etcd-"+m.name), c.docker.image)
+			m.advertise = fmt.Sprintf("%s:%d", wanAlias, dockerPeerPortBase+i)
+		}
+	} else if c.net != nil {
 		// One demultiplexer per member for its advertised peer URL; the
 		// links between members are made once their ports are known.
 		for _, m := range members {
@@ -135,6 +143,12 @@ func (c *Cluster) tryStartEtcd(ctx context.Context, cfg *Config, root string, me
 	}
 	clientAddrs := make([]string, len(members))
 	for i, m := range members {
+		if m.ctr != nil {
+			ip := m.ctr.nets[0].ip
+			clientAddrs[i] = fmt.Sprintf("%s:%d", ip, dockerEtcdClient)
+			m.peerAddr = fmt.Sprintf("%s:%d", ip, dockerEtcdPeer)
+			continue
+		}
 		var err error
 		if clientAddrs[i], err = freeAddr(); err != nil {
 			return err
@@ -196,6 +210,7 @@ func (c *Cluster) tryStartEtcd(ctx context.Context, cfg *Config, root string, me
 		args = append(args, cfg.ExtraEtcdArgs...)
 		procs[i] = &Process{
 			kind:         KindEtcd,
+			ctr:          m.ctr,
 			name:         "etcd-" + m.name,
 			index:        i,
 			path:         cfg.EtcdPath,

@@ -1,9 +1,6 @@
 package cluster
 
 import (
-	"bytes"
-	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -16,7 +13,6 @@ import (
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
-	"github.com/rs/zerolog"
 )
 
 // Endpoint names that links use besides node names ("<region>-<i>") and
@@ -81,11 +77,14 @@ type Toxic struct {
 	Attributes map[string]any `json:"attributes,omitempty"`
 }
 
-// network is the in-process toxiproxy server of a proxied cluster and the
-// links it carries.
+// network is the toxiproxy server of a proxied cluster (in this process,
+// or in the docker environment's WAN container) and the links it carries.
 type network struct {
-	log *slog.Logger
-	srv *toxiproxy.ApiServer
+	log     *slog.Logger
+	proxies proxies
+	// listenFor is the address the proxy of link from->to listens on
+	// (port 0: any free port).
+	listenFor func(from, to string) string
 
 	mu      sync.Mutex
 	links   map[string]*netLink
@@ -95,44 +94,41 @@ type network struct {
 
 type netLink struct {
 	Link
-	proxy       *toxiproxy.Proxy
 	partitioned bool
 }
 
 func newNetwork(log *slog.Logger) *network {
 	return &network{
-		log:   log,
-		srv:   toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop()),
-		links: map[string]*netLink{},
+		log:       log,
+		proxies:   newLocalProxies(),
+		listenFor: func(string, string) string { return "127.0.0.1:0" },
+		links:     map[string]*netLink{},
 	}
 }
 
-// set creates and starts the proxy from->to on a free 127.0.0.1 port. If
-// the link exists already (its upstream moved to another port during
-// startup), its proxy is replaced by a new one, on a new port: stopping
-// and restarting a proxy on its port would leave the port free for a
-// moment, for anyone to take.
+// set creates and starts the proxy from->to. If the link exists already
+// (its upstream moved to another port during startup), its proxy is
+// replaced by a new one, on a new port (in this process): stopping and
+// restarting a proxy on its port would leave the port free for a moment,
+// for anyone to take.
 func (n *network) set(from, to, upstream string) (Link, error) {
 	name := from + "->" + to
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	old, exists := n.links[name]
-	if exists {
-		_ = n.srv.Collection.Remove(name) // stops it
+	listen, err := n.proxies.create(name, n.listenFor(from, to), upstream)
+	if err != nil {
+		return Link{}, err
 	}
-	proxy := toxiproxy.NewProxy(n.srv, name, "127.0.0.1:0", upstream)
-	if err := n.srv.Collection.Add(proxy, true); err != nil {
-		return Link{}, fmt.Errorf("cluster: proxy %s: %w", name, err)
-	}
-	// Start has returned, so the listener has been bound and Listen
-	// holds its address; the proxy listens there again after a partition
-	// heals.
-	l := &netLink{Link: Link{Name: name, From: from, To: to, Listen: proxy.Listen, Upstream: upstream}, proxy: proxy}
+	// The proxy listens there again after a partition heals.
+	l := &netLink{Link: Link{Name: name, From: from, To: to, Listen: listen, Upstream: upstream}}
 	n.links[name] = l
 	if !exists {
 		n.order = append(n.order, name)
 	} else if old.partitioned {
-		proxy.Stop()
+		if err := n.proxies.stop(name); err != nil {
+			return Link{}, err
+		}
 		l.partitioned = true
 	}
 	return l.Link, nil
@@ -194,12 +190,17 @@ func (n *network) partition(names []string) error {
 		return err
 	}
 	defer unlock()
+	var errs []error
 	for _, l := range links {
-		l.proxy.Stop() // closes the listener and every open connection
+		// Closes the listener and every open connection.
+		if err := n.proxies.stop(l.Name); err != nil {
+			errs = append(errs, fmt.Errorf("cluster: partition %s: %w", l.Name, err))
+			continue
+		}
 		l.partitioned = true
 	}
 	n.log.Info("cluster: partitioned", "links", names)
-	return nil
+	return errors.Join(errs...)
 }
 
 func (n *network) heal(names []string) error {
@@ -216,7 +217,7 @@ func (n *network) heal(names []string) error {
 		if !l.partitioned {
 			continue
 		}
-		if err := l.proxy.Start(); err != nil && !errors.Is(err, toxiproxy.ErrProxyAlreadyStarted) {
+		if err := n.proxies.start(l.Name); err != nil {
 			errs = append(errs, fmt.Errorf("cluster: heal %s: listen on %s again: %w", l.Name, l.Listen, err))
 			continue
 		}
@@ -247,11 +248,7 @@ func (n *network) addToxic(name string, t Toxic) error {
 	if t.Stream == "" {
 		t.Stream = "downstream"
 	}
-	b, err := json.Marshal(t)
-	if err != nil {
-		return fmt.Errorf("cluster: toxic: %w", err)
-	}
-	if _, err := links[0].proxy.Toxics.AddToxicJson(bytes.NewReader(b)); err != nil {
+	if err := n.proxies.addToxic(links[0].Name, t); err != nil {
 		return fmt.Errorf("cluster: add %s toxic to %s: %w", t.Type, name, err)
 	}
 	return nil
@@ -263,7 +260,7 @@ func (n *network) removeToxic(link, toxic string) error {
 		return err
 	}
 	defer unlock()
-	if err := links[0].proxy.Toxics.RemoveToxic(context.Background(), toxic); err != nil {
+	if err := n.proxies.removeToxic(links[0].Name, toxic); err != nil {
 		return fmt.Errorf("cluster: remove toxic %s from %s: %w", toxic, link, err)
 	}
 	return nil
@@ -275,10 +272,13 @@ func (n *network) removeToxics(names []string) error {
 		return err
 	}
 	defer unlock()
+	var errs []error
 	for _, l := range links {
-		l.proxy.Toxics.ResetToxics(context.Background())
+		if err := n.proxies.resetToxics(l.Name); err != nil {
+			errs = append(errs, fmt.Errorf("cluster: remove the toxics of %s: %w", l.Name, err))
+		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // close stops every proxy and demultiplexer, closing their connections.
@@ -290,7 +290,7 @@ func (n *network) close() {
 	for _, d := range demuxes {
 		d.close()
 	}
-	_ = n.srv.Collection.Clear()
+	n.proxies.close()
 }
 
 // --- the Cluster's API ---

@@ -109,6 +109,12 @@ func (c *Cluster) newNode(cfg *Config, rs *regionState, i int, env []string) (*P
 	}
 	args = append(args, cfg.ExtraNodeArgs...)
 	p.argv = func(addr string) []string { return append([]string{"--listen", addr}, args...) }
+	advertise := func(listen string) string { return listen }
+	if c.docker != nil {
+		p.ctr = c.docker.newContainer(name, rs.name, c.docker.image)
+		p.addr = fmt.Sprintf("%s:%d", p.ctr.nets[0].ip, dockerNodePort)
+		advertise = viaWAN
+	}
 	if c.net != nil {
 		// Forwarded requests reach the node through its ingress link, made
 		// once the node's port is known.
@@ -119,7 +125,7 @@ func (c *Cluster) newNode(cfg *Config, rs *regionState, i int, env []string) (*P
 		}
 		p.argv = func(addr string) []string {
 			// Before ExtraNodeArgs, which may override it.
-			return slices.Concat([]string{"--listen", addr, "--advertise-url", c.scheme() + "://" + c.net.listen(ingress)}, args)
+			return slices.Concat([]string{"--listen", addr, "--advertise-url", c.scheme() + "://" + advertise(c.net.listen(ingress))}, args)
 		}
 	}
 	return p, nil
@@ -240,11 +246,14 @@ func waitRouted(ctx context.Context, client *http.Client, p *Process, tenant, to
 // meanwhile.
 func firstStart(ctx context.Context, p *Process) error {
 	for attempt := 1; ; attempt++ {
-		addr, err := freeAddr()
-		if err != nil {
-			return err
+		addr := p.Addr()
+		if p.ctr == nil {
+			var err error
+			if addr, err = freeAddr(); err != nil {
+				return err
+			}
+			p.setAddr(addr)
 		}
-		p.setAddr(addr)
 		if p.onAddr != nil {
 			if err := p.onAddr(addr); err != nil {
 				return err
@@ -253,13 +262,13 @@ func firstStart(ctx context.Context, p *Process) error {
 		if err := p.start(); err != nil {
 			return err
 		}
-		err = p.WaitReady(ctx)
+		err := p.WaitReady(ctx)
 		if err == nil {
 			p.log.Info("cluster: "+p.kind+" ready", "name", p.Name(), "url", p.URL(), "pid", p.Pid())
 			return nil
 		}
 		_ = p.Kill()
-		if !errors.Is(err, errAddrInUse) || attempt == portAttempts || ctx.Err() != nil {
+		if !errors.Is(err, errAddrInUse) || attempt == portAttempts || ctx.Err() != nil || p.ctr != nil {
 			return err
 		}
 		p.log.Info("cluster: port taken, retrying", "name", p.Name(), "addr", addr)

@@ -37,6 +37,9 @@ const (
 	KindNode     = "node"        // an idemd node of a region
 	KindEtcd     = "etcd member" // a member of the etcd cluster
 	KindProvider = "provider"    // the payment provider simulator
+	// The docker environment's own containers (Config.Docker).
+	KindStore = "store" // PostgreSQL
+	KindWAN   = "wan"   // the toxiproxy server between the networks
 )
 
 // Process is one child process of a Cluster (an idemd node, an etcd member
@@ -62,6 +65,10 @@ type Process struct {
 	// is the probes' client configuration.
 	scheme    string
 	tlsConfig *tls.Config
+	// ctr, in the docker environment, is the container the command runs
+	// in: the child is the docker CLI running it in the foreground, and
+	// addr is the container's own, fixed address.
+	ctr *container
 	// onAddr, if set, is called by firstStart with each address it picks
 	// (a new one when the last was taken), before the child starts there.
 	onAddr func(addr string) error
@@ -196,6 +203,12 @@ func (p *Process) Signal(sig syscall.Signal) error {
 	if r == nil || r.exited() {
 		return fmt.Errorf("cluster: signal %s: %w", p.what(), os.ErrProcessDone)
 	}
+	if p.ctr != nil {
+		if err := p.ctr.signal(sig); err != nil {
+			return fmt.Errorf("cluster: signal %s: %w", p.what(), err)
+		}
+		return nil
+	}
 	if err := syscall.Kill(-r.pid, sig); err != nil {
 		if errors.Is(err, syscall.ESRCH) {
 			return fmt.Errorf("cluster: signal %s: %w", p.what(), os.ErrProcessDone)
@@ -309,6 +322,9 @@ func (p *Process) WaitReady(ctx context.Context) error {
 			// Another process may have taken the port before the child
 			// could bind it (and then answer for it): the child must be
 			// the one listening.
+			if p.ctr != nil {
+				return nil // the container's address is its own
+			}
 			owned, err := listensOn(r.pid, p.Addr())
 			if owned || (err != nil && !errors.Is(err, errNoSocket)) { // no /proc: trust the probe
 				return nil
@@ -390,8 +406,18 @@ func (p *Process) start() error {
 	}
 	fmt.Fprintf(logf, "=== cluster: %s starting %s on %s\n", time.Now().Format(time.RFC3339Nano), p.what(), p.addr)
 
-	cmd := exec.Command(p.path, p.argv(p.addr)...)
-	cmd.Env = p.env
+	var cmd *exec.Cmd
+	if p.ctr != nil {
+		p.ctr.remove()
+		args, err := p.ctr.runArgs(p.path, p.argv(p.addr), p.env)
+		if err != nil {
+			return fmt.Errorf("cluster: start %s: %w", p.what(), err)
+		}
+		cmd = exec.Command(p.ctr.d.cli, args...)
+	} else {
+		cmd = exec.Command(p.path, p.argv(p.addr)...)
+		cmd.Env = p.env
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	r := &run{cmd: cmd, logStart: logStart, done: make(chan struct{})}

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 )
 
@@ -32,6 +33,10 @@ func (c *Cluster) startProvider(ctx context.Context, cfg *Config) error {
 		log:          c.log,
 		scheme:       c.scheme(),
 		tlsConfig:    c.ClientTLS(),
+	}
+	if c.docker != nil {
+		p.ctr = c.docker.newContainer(KindProvider, servicesNet, c.docker.image)
+		p.addr = fmt.Sprintf("%s:%d", p.ctr.nets[0].ip, dockerProviderPort)
 	}
 	c.provider = p
 	return firstStart(ctx, p)

@@ -40,6 +40,7 @@ func commands() map[string]command {
 		"images":      {"build the container images with the local Docker engine, nothing pulled (images build [--patroni] | images tags)", runImages},
 		"healthcheck": {"GET a URL and exit non-zero unless it answers 200 (the idem image's container health check)", runHealthcheck},
 		"chaos":       {"chaos tests: list the scenarios, or run them against a local cluster and check the history (chaos list|run)", runChaos},
+		"wan-proxy":   {"serve toxiproxy's API and proxies: the WAN container of the docker chaos environment (chaos run --env docker)", runWANProxy},
 		"drill":       {"failover drill against a running cluster: --inject and --heal commands, manual or automatic failover, the chaos checks and a report with RTO and RPO", runDrill},
 	}
 }

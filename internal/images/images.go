@@ -86,13 +86,23 @@ func Tags(root string) (Set, error) {
 	}
 	caBundle, _ := os.ReadFile(hostCABundle) // missing: Build says so
 	pg := shortHash(postgresDockerfile, postgresEntrypoint, []byte(DebianSuite))
+	debian, postgres := RunImages()
 	return Set{
-		Debian:   DebianRepo + ":" + DebianSuite,
-		Postgres: PostgresRepo + ":" + PostgresMajor + "-" + pg,
+		Debian:   debian,
+		Postgres: postgres,
 		Patroni:  PatroniRepo + ":" + PostgresMajor + "-" + shortHash([]byte(pg), patroniDockerfile),
 		Idem:     IdemRepo + ":" + src,
 		Golang:   GolangRepo + ":" + strings.TrimPrefix(runtime.Version(), "go") + "-" + shortHash(golangDockerfile, caBundle),
 	}, nil
+}
+
+// RunImages returns the names of the Debian base image and the PostgreSQL
+// image, which need no source tree: the docker environment of the cluster
+// package runs host-built binaries on the first and its store on the
+// second.
+func RunImages() (debian, postgres string) {
+	return DebianRepo + ":" + DebianSuite,
+		PostgresRepo + ":" + PostgresMajor + "-" + shortHash(postgresDockerfile, postgresEntrypoint, []byte(DebianSuite))
 }
 
 // ModuleRoot returns the closest directory at or above dir holding go.mod.
