@@ -39,7 +39,7 @@ type etcdMember struct {
 	peerAddr  string // where it listens for peers
 	advertise string // the peer address it advertises (a peerDemux when proxied)
 	demux     *peerDemux
-	cert, key string // its certificate, with Config.TLS
+	cert, key string     // its certificate, with Config.TLS
 	ctr       *container // its container, with Config.Docker
 }
 
