@@ -117,19 +117,60 @@ type partitionRegion struct {
 
 // PartitionRegion cuts every link of a region's nodes, both ways: to the
 // store, to etcd, to the provider, and forwarded requests into the region.
-// Clients still reach the region's nodes directly, and get 503s.
+// Clients still reach the region's nodes directly, and get 503s. In the
+// docker environment the cut is at the network layer
+// (cluster.IsolateRegion): the region's network loses the WAN, its etcd
+// member included, and open connections go silent instead of closing.
 func PartitionRegion(region string) Fault { return &partitionRegion{region: region} }
 
 func (f *partitionRegion) Name() string { return "partition-region(" + f.region + ")" }
 func (f *partitionRegion) Available(c *cluster.Cluster) bool {
 	return proxied(c) && hasRegion(c, f.region)
 }
-func (f *partitionRegion) Inject(_ context.Context, c *cluster.Cluster) error {
-	f.links = c.LinksOf(f.region)
-	return c.Partition(f.links...)
+func (f *partitionRegion) Inject(ctx context.Context, c *cluster.Cluster) error {
+	var err error
+	f.links, err = cutRegion(ctx, c, f.region)
+	return err
 }
-func (f *partitionRegion) Heal(_ context.Context, c *cluster.Cluster) error {
-	return c.Heal(f.links...)
+func (f *partitionRegion) Heal(ctx context.Context, c *cluster.Cluster) error {
+	return rejoinRegion(ctx, c, f.region, f.links)
+}
+
+// cutRegion partitions region: its links (process environment) or its
+// network (docker environment). It returns the links cut, if any.
+func cutRegion(ctx context.Context, c *cluster.Cluster, region string) ([]string, error) {
+	if c.Docker() {
+		return nil, c.IsolateRegion(ctx, region)
+	}
+	links := c.LinksOf(region)
+	return links, c.Partition(links...)
+}
+
+// rejoinRegion undoes cutRegion.
+func rejoinRegion(ctx context.Context, c *cluster.Cluster, region string, links []string) error {
+	if c.Docker() {
+		return c.RejoinRegion(ctx, region)
+	}
+	return c.Heal(links...)
+}
+
+type oneWayPartition struct{ region string }
+
+// OneWayPartition is an asymmetric partition (docker environment only): the
+// region cannot open a connection to anything beyond its network (etcd
+// peers, the store, the provider, other regions' nodes), while connections
+// opened into it still work (cluster.CutOutbound).
+func OneWayPartition(region string) Fault { return &oneWayPartition{region: region} }
+
+func (f *oneWayPartition) Name() string { return "one-way-partition(" + f.region + " reaches nobody)" }
+func (f *oneWayPartition) Available(c *cluster.Cluster) bool {
+	return c.Docker() && hasRegion(c, f.region)
+}
+func (f *oneWayPartition) Inject(ctx context.Context, c *cluster.Cluster) error {
+	return c.CutOutbound(ctx, f.region, true)
+}
+func (f *oneWayPartition) Heal(ctx context.Context, c *cluster.Cluster) error {
+	return c.CutOutbound(ctx, f.region, false)
 }
 
 type partitionLink struct {
@@ -506,8 +547,8 @@ func (f *regionFailover) Available(c *cluster.Cluster) bool {
 }
 
 func (f *regionFailover) Inject(ctx context.Context, c *cluster.Cluster) error {
-	f.links = c.LinksOf(f.from)
-	if err := c.Partition(f.links...); err != nil {
+	var err error
+	if f.links, err = cutRegion(ctx, c, f.from); err != nil {
 		return err
 	}
 	began := time.Now()
@@ -532,7 +573,7 @@ func (f *regionFailover) Inject(ctx context.Context, c *cluster.Cluster) error {
 }
 
 func (f *regionFailover) Heal(ctx context.Context, c *cluster.Cluster) error {
-	if err := c.Heal(f.links...); err != nil {
+	if err := rejoinRegion(ctx, c, f.from, f.links); err != nil {
 		return err
 	}
 	for _, p := range regionNodes(c, f.from) {

@@ -15,8 +15,10 @@ import (
 type Report struct {
 	Version  int    `json:"version"`
 	Scenario string `json:"scenario"`
-	Seed     uint64 `json:"seed"`
-	Break    string `json:"break,omitempty"`
+	// Env is the environment the clusters ran in (EnvProcess, EnvDocker).
+	Env   string `json:"env,omitempty"`
+	Seed  uint64 `json:"seed"`
+	Break string `json:"break,omitempty"`
 	// Command is the command line that reproduces the run (set by the
 	// caller).
 	Command   string           `json:"command,omitempty"`

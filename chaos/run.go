@@ -77,6 +77,8 @@ type Options struct {
 	Logger *slog.Logger
 	// Command is the command line that reproduces the run, for the report.
 	Command string
+	// Env is where the clusters run: EnvProcess (default) or EnvDocker.
+	Env string
 	// TLS runs every scenario's cluster with TLS on every link
 	// (cluster.Config.TLS): nodes forward over mutual TLS through the
 	// links' TCP proxies, etcd requires client certificates, the provider
@@ -106,12 +108,27 @@ func (o *Options) setDefaults() error {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	if o.Env == "" {
+		o.Env = EnvProcess
+	}
+	if !slices.Contains(Envs(), o.Env) {
+		return fmt.Errorf("chaos: unknown environment %q (have: %s)", o.Env, strings.Join(Envs(), ", "))
+	}
+	if o.Env == EnvDocker && o.TLS {
+		return errors.New("chaos: the docker environment does not run with TLS yet")
+	}
 	if o.Break != "" && !slices.Contains(BreakModes(), o.Break) {
 		return fmt.Errorf("chaos: unknown break mode %q", o.Break)
 	}
 	if o.Idemd == "" {
 		return errors.New("chaos: Options.Idemd is required")
 	}
+	// Absolute: the nodes' wrapper execs it, in containers too.
+	abs, err := filepath.Abs(o.Idemd)
+	if err != nil {
+		return fmt.Errorf("chaos: idemd binary: %w", err)
+	}
+	o.Idemd = abs
 	for what, path := range map[string]string{"idemd": o.Idemd, "etcd": o.Etcd, "idemctl": o.Idemctl} {
 		if path == "" && what != "idemd" {
 			continue // the cluster finds it
@@ -136,12 +153,19 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	}
 	var scenarios []Scenario
 	if opts.Scenario == "all" {
-		scenarios = Catalogue()
+		for _, s := range Catalogue() {
+			if ok, _ := s.RunsIn(opts.Env); ok {
+				scenarios = append(scenarios, s)
+			}
+		}
 	} else {
 		for _, name := range strings.Split(opts.Scenario, ",") {
 			s, err := Lookup(strings.TrimSpace(name))
 			if err != nil {
 				return nil, err
+			}
+			if ok, why := s.RunsIn(opts.Env); !ok {
+				return nil, fmt.Errorf("chaos: scenario %s does not run in the %s environment: %s", s.Name, opts.Env, why)
 			}
 			scenarios = append(scenarios, s)
 		}
@@ -150,7 +174,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		return nil, fmt.Errorf("chaos: output directory: %w", err)
 	}
 	rep := &Report{
-		Version: 1, Scenario: opts.Scenario, Seed: opts.Seed, Break: opts.Break, Started: time.Now().UTC(),
+		Version: 1, Scenario: opts.Scenario, Env: opts.Env, Seed: opts.Seed, Break: opts.Break, Started: time.Now().UTC(),
 		Duration: opts.Duration.String(), Clients: opts.Clients, MinRate: opts.MinRate, Command: opts.Command,
 	}
 	var errs []error
@@ -260,6 +284,12 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 		EtcdMembers: 3, EtcdPath: opts.Etcd, Provider: true, IdemctlPath: opts.Idemctl, StoreMode: storeMode, StoreHA: s.StoreHA,
 		RegionLeaseTTL: chaosLeaseTTL, Proxied: true, Tenants: tenants, ReplayWindow: s.ReplayWindow,
 		ExtraNodeArgs: args, Logger: opts.Logger, TLS: opts.TLS,
+	}
+	if opts.Env == EnvDocker {
+		// The nodes run the wrapper, which reads its overrides and execs
+		// idemd: all three are mounted into the containers.
+		cfg.Docker = true
+		cfg.DockerMounts = []string{nodes.dir, nodes.wrapper, opts.Idemd}
 	}
 	var up *sidecarUpstream
 	if s.Sidecar {

@@ -40,6 +40,9 @@ type Scenario struct {
 	// too, racing each command's first attempt over every region; the
 	// sidecar checks then look at it.
 	Sidecar bool
+	// DockerOnly marks a scenario whose faults exist only at the network
+	// layer of the docker environment (Options.Env EnvDocker).
+	DockerOnly bool
 	// IdleTenants is how many idle tenants (no traffic) get a placement of
 	// their own in regions[0] before the traffic starts, written in batched
 	// etcd transactions: a control plane at scale. Default none.
@@ -266,6 +269,17 @@ func Catalogue() []Scenario {
 			},
 		},
 		{
+			Name: "partition-one-way",
+			Description: "an asymmetric partition at the network layer (docker environment): a region opens no connection to anything " +
+				"beyond its network (etcd, the store, the provider, the other regions) while connections into it still work; it stops " +
+				"serving on its own, forwarded requests into it fail cleanly, and its keys are answered consistently once it is back",
+			Workload:   WorkloadConfig{Mix: map[Role]int{RoleNormal: 1}, Replays: 0.3},
+			DockerOnly: true,
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{{OneWayPartition(r[0]), chaosLeaseTTL + 2*time.Second}}
+			},
+		},
+		{
 			Name: "store-unavailable",
 			Description: "a region's nodes lose their store for a while: 503 STORE_UNAVAILABLE, nothing half-done is left behind, " +
 				"retries succeed once it is back",
@@ -370,6 +384,33 @@ func Lookup(name string) (Scenario, error) {
 		}
 	}
 	return Scenario{}, fmt.Errorf("chaos: no scenario %q (have: %s)", name, strings.Join(ScenarioNames(), ", "))
+}
+
+// Environments a scenario runs in (Options.Env).
+const (
+	// EnvProcess runs every process of the cluster on this machine, its
+	// links through toxiproxy in the harness (the default).
+	EnvProcess = "process"
+	// EnvDocker runs them in containers, a network per region joined
+	// through a WAN container (cluster.Config.Docker), and cuts regions at
+	// the network layer.
+	EnvDocker = "docker"
+)
+
+// Envs returns the environments, the default first.
+func Envs() []string { return []string{EnvProcess, EnvDocker} }
+
+// RunsIn reports whether s runs in env, and if not, why.
+func (s Scenario) RunsIn(env string) (bool, string) {
+	switch {
+	case env == EnvDocker && s.StoreHA:
+		return false, "the replicated store (Patroni) runs in the process environment only"
+	case env == EnvDocker && s.Sidecar:
+		return false, "the sidecar's upstream runs in the harness, out of the containers' reach"
+	case env != EnvDocker && s.DockerOnly:
+		return false, "its partition is at the network layer of the docker environment (--env docker)"
+	}
+	return true, ""
 }
 
 // BreakModes returns the deliberately broken engine modes idemd accepts

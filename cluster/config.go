@@ -219,6 +219,10 @@ type Config struct {
 	// dynamically linked against the C library). Default: the Debian base
 	// image of `idemctl images build`.
 	DockerImage string
+	// DockerMounts are host paths (files or directories) mounted at the
+	// same path into the containers, besides the state directory and the
+	// binaries (a wrapper script and what it runs, say).
+	DockerMounts []string
 	// PostgresImage is the store's image. Default: the PostgreSQL image of
 	// `idemctl images build`.
 	PostgresImage string

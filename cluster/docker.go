@@ -35,8 +35,9 @@ import (
 // "wan": every link of the cluster is one of its proxies, so the links, and
 // their names, are those of the process environment (see Link), and
 // latency and link partitions work as there. On top of that the network
-// layer itself can fail: IsolateRegion disconnects the WAN container from a
-// region's network (every cross-region link of the region, etcd peers, the
+// layer itself can fail: IsolateRegion drops, with iptables in the WAN
+// container's network namespace, every packet to or from a region's
+// network (every cross-region link of the region, etcd peers, the
 // store and forwarded requests, fails at once, with no connection closed
 // cleanly), and CutOutbound drops, with iptables in the WAN container's
 // network namespace, every connection the region opens while the
@@ -83,7 +84,8 @@ type dockerEnv struct {
 	pgImage  string
 	stateDir string
 	regions  []string
-	etcd     int // etcd members
+	etcd     int      // etcd members
+	mounts   []string // Config.DockerMounts
 
 	mu       sync.Mutex
 	nets     map[string]*dockerNet // logical name -> network
@@ -155,7 +157,7 @@ func newDockerEnv(ctx context.Context, cfg *Config, stateDir string) (*dockerEnv
 	}
 	return &dockerEnv{
 		id: hex.EncodeToString(id[:]), cli: cli, image: cfg.DockerImage, pgImage: cfg.PostgresImage,
-		stateDir: stateDir, regions: cfg.Regions, etcd: cfg.EtcdMembers,
+		stateDir: stateDir, regions: cfg.Regions, etcd: cfg.EtcdMembers, mounts: cfg.DockerMounts,
 		nets: map[string]*dockerNet{}, nextPort: dockerLinkPortBase,
 		isolated: map[string]bool{}, cut: map[string]bool{},
 	}, nil
@@ -327,12 +329,23 @@ func (c *container) runArgs(path string, args, env []string) ([]string, error) {
 		out = append(out, "--network-alias", wanAlias)
 	}
 	c.d.mu.Unlock()
-	mounts := []string{c.d.stateDir}
 	if path != "" {
+		abs, err := filepath.Abs(path)
+		if err != nil {
+			return nil, err
+		}
+		path = abs
+	}
+	mounts := append([]string{c.d.stateDir}, c.d.mounts...)
+	if path != "" && !slices.Contains(mounts, path) {
 		mounts = append(mounts, path)
 	}
 	for _, m := range mounts {
-		out = append(out, "--volume", m+":"+m)
+		abs, err := filepath.Abs(m)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, "--volume", abs+":"+abs)
 	}
 	out = append(out, c.image)
 	if path != "" {
@@ -411,7 +424,11 @@ func (d *dockerEnv) startWAN(ctx context.Context, cfg *Config, log func(string) 
 	return p, nil
 }
 
-// isolate disconnects the WAN from region's network, or connects it again.
+// isolate drops (or stops dropping) every packet between the WAN and
+// region's network, with iptables in the WAN container's network
+// namespace: nothing is closed, reset or renumbered, packets just go
+// nowhere, as in a real partition, and once it heals TCP resumes the
+// connections that survived it.
 func (d *dockerEnv) isolate(ctx context.Context, region string, on bool) error {
 	d.mu.Lock()
 	n, ok := d.nets[region]
@@ -424,14 +441,15 @@ func (d *dockerEnv) isolate(ctx context.Context, region string, on bool) error {
 	if was == on {
 		return nil
 	}
-	var err error
-	if on {
-		_, err = d.run(ctx, "network", "disconnect", "--force", n.name, d.wan.ctr.name)
-	} else {
-		_, err = d.run(ctx, "network", "connect", "--ip", n.wanIP, "--alias", wanAlias, n.name, d.wan.ctr.name)
-	}
-	if err != nil {
-		return fmt.Errorf("cluster: region %s: %w", region, err)
+	subnet := n.prefix + ".0/24"
+	comment := "idem-isolate-" + region
+	for _, rule := range [][]string{
+		{"INPUT", "--source", subnet, "-m", "comment", "--comment", comment, "-j", "DROP"},
+		{"OUTPUT", "--destination", subnet, "-m", "comment", "--comment", comment, "-j", "DROP"},
+	} {
+		if err := d.iptables(ctx, on, rule...); err != nil {
+			return fmt.Errorf("cluster: region %s: %w", region, err)
+		}
 	}
 	d.mu.Lock()
 	d.isolated[region] = on
@@ -439,10 +457,25 @@ func (d *dockerEnv) isolate(ctx context.Context, region string, on bool) error {
 	return nil
 }
 
+// iptables inserts (on) or deletes a rule of the WAN container's network
+// namespace, with the host's nsenter and iptables.
+func (d *dockerEnv) iptables(ctx context.Context, on bool, rule ...string) error {
+	op := "-I"
+	if !on {
+		op = "-D"
+	}
+	args := append([]string{"--target", strconv.Itoa(d.wanPid), "--net", "--", "iptables", op}, rule...)
+	if out, err := exec.CommandContext(ctx, "nsenter", args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("nsenter iptables %s: %w: %s (needs root, nsenter and iptables on the host)", strings.Join(rule, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
 // cutOutbound adds (or deletes) the iptables rule, in the WAN container's
 // network namespace, that drops every packet of a connection opened from
 // region's network: the region reaches nobody, while connections opened
 // into it (their packets from the region are replies) still work.
+// Connections the region had opened before go silent, as with isolate.
 func (d *dockerEnv) cutOutbound(ctx context.Context, region string, on bool) error {
 	d.mu.Lock()
 	n, ok := d.nets[region]
@@ -455,15 +488,10 @@ func (d *dockerEnv) cutOutbound(ctx context.Context, region string, on bool) err
 	if was == on {
 		return nil
 	}
-	op := "-I"
-	if !on {
-		op = "-D"
-	}
-	rule := []string{"--target", strconv.Itoa(d.wanPid), "--net", "--", "iptables", op, "INPUT",
-		"--destination", n.wanIP, "-p", "tcp", "-m", "conntrack", "--ctdir", "ORIGINAL",
-		"-m", "comment", "--comment", "idem-cut-" + region, "-j", "DROP"}
-	if out, err := exec.CommandContext(ctx, "nsenter", rule...).CombinedOutput(); err != nil {
-		return fmt.Errorf("cluster: region %s: nsenter iptables: %w: %s (needs root, nsenter and iptables on the host)", region, err, strings.TrimSpace(string(out)))
+	err := d.iptables(ctx, on, "INPUT", "--destination", n.wanIP, "-p", "tcp", "-m", "conntrack", "--ctdir", "ORIGINAL",
+		"-m", "comment", "--comment", "idem-cut-"+region, "-j", "DROP")
+	if err != nil {
+		return fmt.Errorf("cluster: region %s: %w", region, err)
 	}
 	d.mu.Lock()
 	d.cut[region] = on
@@ -584,8 +612,8 @@ func (d *dockerEnv) rejoinAll(ctx context.Context) {
 // (Config.Docker).
 func (c *Cluster) Docker() bool { return c.docker != nil }
 
-// IsolateRegion cuts region off at the network layer: the WAN container is
-// disconnected from the region's network, so every link between the region
+// IsolateRegion cuts region off at the network layer: the WAN container
+// drops every packet to or from the region's network, so every link between the region
 // (its nodes and its etcd member) and the rest (etcd peers, the store, the
 // provider, requests forwarded in either direction) fails at once, and
 // open connections are not closed but go silent. RejoinRegion undoes it.

@@ -22,7 +22,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/idemcoord/idem/routing"
 	"github.com/idemcoord/idem/store"
@@ -31,24 +34,37 @@ import (
 // PollInterval is how often Move re-checks a region that is still alive.
 const PollInterval = 200 * time.Millisecond
 
+// AttemptTimeout bounds each of Move's attempts.
+const AttemptTimeout = 2 * time.Second
+
 // Move moves the tenants of region from to region to once from has no live
 // node left in etcd, waiting up to wait for its leases to lapse; waiting,
 // if set, is called once per check that found from still alive. It returns
 // the move (its Epoch is the tenants' new epoch). A move that loses a race
 // on the region's key (another move, or a lease lapsing between the read
-// and the transaction) is tried again. After wait it fails with an error
-// wrapping routing.ErrRegionAlive or routing.ErrEpochChanged.
+// and the transaction) is tried again, as is one that etcd could not
+// answer for a while (no leader, a leader lost with the failed region: see
+// Transient); a move whose answer was lost and that had committed is
+// written again, to the same effect. After wait it fails with an error
+// wrapping routing.ErrRegionAlive, routing.ErrEpochChanged or the last
+// transient error.
 func Move(ctx context.Context, cli *clientv3.Client, from, to string, wait time.Duration, waiting func()) (routing.RegionMove, error) {
 	deadline := time.Now().Add(wait)
 	for {
-		mv, err := routing.MoveRegion(ctx, cli, from, to, time.Now())
+		// A member cut off with the failed region may still take requests
+		// it cannot answer: each attempt requires a leader (such a member
+		// refuses at once) and is bounded, and the next one goes to
+		// another member.
+		actx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), AttemptTimeout)
+		mv, err := routing.MoveRegion(actx, cli, from, to, time.Now())
+		cancel()
 		if err == nil {
 			return mv, nil
 		}
 		// ErrEpochChanged: the region's key or its liveness changed between
 		// MoveRegion's read and its transaction (a lease lapsing in
 		// between, as a dead region's does); read and check again.
-		if !errors.Is(err, routing.ErrRegionAlive) && !errors.Is(err, routing.ErrEpochChanged) {
+		if !errors.Is(err, routing.ErrRegionAlive) && !errors.Is(err, routing.ErrEpochChanged) && !Transient(ctx, err) {
 			return routing.RegionMove{}, err
 		}
 		if time.Now().After(deadline) {
@@ -63,6 +79,33 @@ func Move(ctx context.Context, cli *clientv3.Client, from, to string, wait time.
 		case <-time.After(PollInterval):
 		}
 	}
+}
+
+// Transient reports whether err is etcd failing to answer for a while
+// rather than refusing: a request that timed out in the cluster (its
+// leader lost, as when the failed region held it), no leader yet, a leader
+// change, or a member out of reach, while ctx itself is still live. Such a
+// request may or may not have been applied.
+func Transient(ctx context.Context, err error) bool {
+	if err == nil || ctx.Err() != nil {
+		return false
+	}
+	for _, e := range []error{
+		rpctypes.ErrTimeout, rpctypes.ErrTimeoutDueToLeaderFail, rpctypes.ErrTimeoutDueToConnectionLost,
+		rpctypes.ErrNoLeader, rpctypes.ErrLeaderChanged, rpctypes.ErrTimeoutWaitAppliedIndex,
+	} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	var se interface{ GRPCStatus() *status.Status }
+	if errors.As(err, &se) {
+		switch se.GRPCStatus().Code() {
+		case codes.Unavailable, codes.DeadlineExceeded:
+			return true
+		}
+	}
+	return errors.Is(err, context.DeadlineExceeded)
 }
 
 // TenantReport is the handover of one tenant.
@@ -159,11 +202,15 @@ func Handover(ctx context.Context, cli *clientv3.Client, from, to string, src, d
 
 // storeTenants lists the tenants a store holds records or payments of.
 func storeTenants(ctx context.Context, s *store.Store) ([]string, error) {
-	rows, err := s.Pool().Query(ctx, `SELECT tenant_id FROM idempotency_records UNION SELECT tenant_id FROM payments`)
-	if err != nil {
-		return nil, fmt.Errorf("failover: list tenants: %w", store.Unavailable(err))
-	}
-	tenants, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	var tenants []string
+	err := s.Read(ctx, func(q store.Querier) error {
+		rows, err := q.Query(ctx, `SELECT tenant_id FROM idempotency_records UNION SELECT tenant_id FROM payments`)
+		if err != nil {
+			return err
+		}
+		tenants, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("failover: list tenants: %w", err)
 	}

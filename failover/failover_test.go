@@ -3,6 +3,7 @@ package failover_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"sync"
 	"testing"
@@ -14,6 +15,9 @@ import (
 	"github.com/idemcoord/idem/internal/pgtest"
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/routing"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.MainLeakChecked(m)) }
@@ -112,5 +116,32 @@ func TestConcurrentMovesAllSucceed(t *testing.T) {
 	}
 	if mv, found, err := routing.GetRegionMove(ctx, cli, "eu-west"); err != nil || !found || mv.ServedBy != "us-east" {
 		t.Errorf("eu-west's move = %+v, %v, %v; want served by us-east", mv, found, err)
+	}
+}
+
+func TestTransient(t *testing.T) {
+	live := context.Background()
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	wrap := func(err error) error { return fmt.Errorf("routing: move a -> b: %w", err) }
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		err  error
+		want bool
+	}{
+		{"request timed out", live, wrap(rpctypes.ErrTimeout), true},
+		{"leader lost", live, wrap(rpctypes.ErrTimeoutDueToLeaderFail), true},
+		{"no leader", live, wrap(rpctypes.ErrNoLeader), true},
+		{"grpc unavailable", live, wrap(status.Error(codes.Unavailable, "connection refused")), true},
+		{"deadline of the request", live, wrap(context.DeadlineExceeded), true},
+		{"region alive", live, wrap(routing.ErrRegionAlive), false},
+		{"permission denied", live, wrap(rpctypes.ErrPermissionDenied), false},
+		{"caller gave up", ended, wrap(rpctypes.ErrTimeout), false},
+		{"nil", live, nil, false},
+	} {
+		if got := failover.Transient(tc.ctx, tc.err); got != tc.want {
+			t.Errorf("%s: Transient(%v) = %v, want %v", tc.name, tc.err, got, tc.want)
+		}
 	}
 }

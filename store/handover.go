@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemcoord/idem"
 )
@@ -35,13 +36,19 @@ type HandoverReport struct {
 // store is overwritten. Running it twice copies nothing the second time.
 func Handover(ctx context.Context, from, to *Store, tenant string) (HandoverReport, error) {
 	var rep HandoverReport
-	rows, err := from.pool.Query(ctx, `SELECT `+recordColumns+` FROM idempotency_records WHERE tenant_id = $1`, tenant)
+	// The old region may still be writing (its nodes came back): reads and
+	// writes are retried on serialization failures as transactions are.
+	var recs []*idem.Record
+	err := from.Read(ctx, func(q Querier) error {
+		rows, err := q.Query(ctx, `SELECT `+recordColumns+` FROM idempotency_records WHERE tenant_id = $1`, tenant)
+		if err != nil {
+			return err
+		}
+		recs, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (*idem.Record, error) { return scanRecord(row) })
+		return err
+	})
 	if err != nil {
-		return rep, fmt.Errorf("store: handover: read records: %w", unavailableOr(err))
-	}
-	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*idem.Record, error) { return scanRecord(row) })
-	if err != nil {
-		return rep, fmt.Errorf("store: handover: scan records: %w", err)
+		return rep, fmt.Errorf("store: handover: read records: %w", err)
 	}
 	rep.Records = len(recs)
 	for _, rec := range recs {
@@ -119,21 +126,30 @@ func difference(a, b *idem.Record) string {
 }
 
 func copyPayments(ctx context.Context, from, to *Store, tenant string) (int, error) {
-	rows, err := from.pool.Query(ctx, `SELECT `+paymentColumns+` FROM payments WHERE tenant_id = $1`, tenant)
+	var pays []Payment
+	err := from.Read(ctx, func(q Querier) error {
+		rows, err := q.Query(ctx, `SELECT `+paymentColumns+` FROM payments WHERE tenant_id = $1`, tenant)
+		if err != nil {
+			return err
+		}
+		pays, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Payment, error) { return scanPayment(row) })
+		return err
+	})
 	if err != nil {
-		return 0, fmt.Errorf("store: handover: read payments: %w", unavailableOr(err))
-	}
-	pays, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Payment, error) { return scanPayment(row) })
-	if err != nil {
-		return 0, fmt.Errorf("store: handover: scan payments: %w", err)
+		return 0, fmt.Errorf("store: handover: read payments: %w", err)
 	}
 	copied := 0
 	for _, p := range pays {
-		tag, err := to.pool.Exec(ctx, `INSERT INTO payments (`+paymentColumns+`, updated_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now()) ON CONFLICT DO NOTHING`,
-			p.Tenant, p.ID, p.AccountID, p.AmountMinor, p.Currency, p.MerchantReference, p.Channel, p.Status, p.ProviderKey, p.CreatedAt)
+		var tag pgconn.CommandTag
+		err := to.execOne(ctx, func(q Querier) error {
+			var err error
+			tag, err = q.Exec(ctx, `INSERT INTO payments (`+paymentColumns+`, updated_at)
+				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now()) ON CONFLICT DO NOTHING`,
+				p.Tenant, p.ID, p.AccountID, p.AmountMinor, p.Currency, p.MerchantReference, p.Channel, p.Status, p.ProviderKey, p.CreatedAt)
+			return err
+		})
 		if err != nil {
-			return copied, fmt.Errorf("store: handover: copy payment %s: %w", p.ID, unavailableOr(err))
+			return copied, fmt.Errorf("store: handover: copy payment %s: %w", p.ID, err)
 		}
 		copied += int(tag.RowsAffected())
 	}

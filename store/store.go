@@ -80,6 +80,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		cfg.MaxConns = opts.MaxConns
 	}
 	cfg.ConnConfig.Tracer = queryTracer{}
+	cfg.ConnConfig.DialFunc = dial
 	// Single-statement writes run as implicit transactions (execOne): at
 	// SERIALIZABLE like every other, whatever the server's default.
 	if cfg.ConnConfig.RuntimeParams == nil {
@@ -174,6 +175,14 @@ func (s *Store) retry(ctx context.Context, once func() error) error {
 		}
 	}
 	return s.txFailure(err)
+}
+
+// Read runs fn, which only reads, on a pooled connection, retrying it as
+// transactions are retried: at SERIALIZABLE a read can fail with a
+// serialization failure too (SQLSTATE 40001) while others write. Errors are
+// classified as ExecTx's are.
+func (s *Store) Read(ctx context.Context, fn func(Querier) error) error {
+	return s.retry(ctx, func() error { return fn(s.pool) })
 }
 
 // execOne runs fn, which must send exactly one statement through q, as an

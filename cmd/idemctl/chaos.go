@@ -62,6 +62,8 @@ func chaosOptions(args []string, env *Env) (chaos.Options, error) {
 	stuck := fs.Duration("stuck-bound", chaos.DefaultStuckBound, "how long after the traffic every open record and backlog must settle")
 	idemd := fs.String("idemd", "", "idemd binary (default: next to idemctl, then ./bin, then PATH)")
 	etcd := fs.String("etcd", "", "etcd binary (default: next to idemctl, then ./bin, then PATH)")
+	envName := fs.String("env", chaos.EnvProcess, "where the clusters run: "+strings.Join(chaos.Envs(), " or ")+
+		" (containers, a network per region, partitions at the network layer; needs idemctl images build)")
 	withTLS := fs.Bool("tls", false, "run the clusters with TLS on every link (as idemctl up --tls): nodes forward over mutual TLS through the proxies")
 	verbose := fs.Bool("v", false, "log the cluster's progress to stderr")
 	fs.Usage = func() {
@@ -107,7 +109,7 @@ func chaosOptions(args []string, env *Env) (chaos.Options, error) {
 	opts := chaos.Options{
 		Scenario: *scenario, Duration: *duration, Seed: *seed, OutDir: *out, Clients: *clients,
 		Regions: regionList, NodesPerRegion: *nodes, Break: *brk, MinRate: *minRate, StuckBound: *stuck,
-		Idemd: *idemd, Etcd: *etcd, TLS: *withTLS,
+		Idemd: *idemd, Etcd: *etcd, TLS: *withTLS, Env: *envName,
 	}
 	if *verbose {
 		opts.Logger = slog.New(slog.NewTextHandler(env.Stderr, nil))

@@ -25,6 +25,17 @@ const PasswordEnv = "IDEM_ETCD_PASSWORD"
 // DialTimeout is the clients' connection timeout.
 const DialTimeout = 5 * time.Second
 
+// Keepalive pings on the clients' gRPC connections: a connection a
+// partition left silent (no FIN, no RST: packets just go nowhere) is
+// declared dead within KeepAliveTime + KeepAliveTimeout of its last sign of
+// life, and the client dials again, instead of waiting for TCP to give up
+// (minutes). KeepAliveTime is etcd's default --grpc-keepalive-min-time: a
+// member closes connections that ping more often.
+const (
+	KeepAliveTime    = 5 * time.Second
+	KeepAliveTimeout = 2 * time.Second
+)
+
 // Flags are the etcd client's TLS and authentication settings.
 type Flags struct {
 	// CA is a PEM file of the CAs that sign the members' certificates.
@@ -51,7 +62,10 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 // Config returns a client configuration for endpoints with f's TLS and
 // authentication; getenv reads PasswordEnv.
 func (f *Flags) Config(endpoints []string, getenv func(string) string) (clientv3.Config, error) {
-	cfg := clientv3.Config{Endpoints: endpoints, DialTimeout: DialTimeout, Logger: zap.NewNop()}
+	cfg := clientv3.Config{
+		Endpoints: endpoints, DialTimeout: DialTimeout, Logger: zap.NewNop(),
+		DialKeepAliveTime: KeepAliveTime, DialKeepAliveTimeout: KeepAliveTimeout, PermitWithoutStream: true,
+	}
 	if (f.Cert == "") != (f.Key == "") {
 		return cfg, errors.New("--etcd-cert and --etcd-key go together")
 	}
