@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemcoord/idem/cluster"
 	"github.com/idemcoord/idem/internal/testbin"
 )
 
@@ -259,5 +260,60 @@ func TestSidecarCrossRegion(t *testing.T) {
 	t.Logf("sidecar answers by status: %v", statuses)
 	if statuses[202] == 0 || statuses[200] == 0 || statuses[201] == 0 {
 		t.Errorf("answers by status %v: want lost answers (202) settled by lookup (200) besides 201", statuses)
+	}
+}
+
+// TestDockerEnvironment runs the region scenarios in the docker
+// environment, each region on a network of its own and every partition at
+// the network layer (packets dropped, nothing closed): every check must
+// pass. Without a Docker engine or the images it skips, saying which.
+func TestDockerEnvironment(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	if err := cluster.DockerAvailable(ctx); err != nil {
+		t.Skipf("docker environment unavailable: %v", err)
+	}
+	opts := runOpts(t, "partition-region,partition-one-way,cross-region-race,region-failover", "")
+	opts.Env = EnvDocker
+	rep, err := Run(ctx, opts)
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	t.Log("\n" + summary(rep))
+	if !rep.Passed {
+		t.Errorf("docker run failed: %s", rep.FailedChecks())
+	}
+	if rep.Env != EnvDocker || len(rep.Scenarios) != 4 {
+		t.Fatalf("env %q, %d scenario reports, want docker and 4", rep.Env, len(rep.Scenarios))
+	}
+	for _, s := range rep.Scenarios {
+		if !s.Valid || s.Ops == 0 || len(s.Faults) == 0 || s.Faults[0].Skipped != "" {
+			t.Errorf("%s: valid %v, %d calls, faults %+v", s.Name, s.Valid, s.Ops, s.Faults)
+		}
+	}
+}
+
+// TestEnvironments checks which scenarios run where.
+func TestEnvironments(t *testing.T) {
+	for _, s := range Catalogue() {
+		inProcess, _ := s.RunsIn(EnvProcess)
+		inDocker, why := s.RunsIn(EnvDocker)
+		switch {
+		case s.DockerOnly && (inProcess || !inDocker):
+			t.Errorf("%s is docker-only: process %v, docker %v", s.Name, inProcess, inDocker)
+		case (s.StoreHA || s.Sidecar) && inDocker:
+			t.Errorf("%s runs in docker, but it needs the process environment", s.Name)
+		case !inDocker && why == "":
+			t.Errorf("%s: no reason given for not running in docker", s.Name)
+		}
+	}
+	opts := runOpts(t, "partition-one-way", "")
+	if _, err := Run(context.Background(), opts); err == nil || !strings.Contains(err.Error(), "does not run in the process environment") {
+		t.Errorf("partition-one-way in the process environment: %v", err)
+	}
+	opts = runOpts(t, "completed-replay", "")
+	opts.Env = "vm"
+	if _, err := Run(context.Background(), opts); err == nil || !strings.Contains(err.Error(), "unknown environment") {
+		t.Errorf("an unknown environment: %v", err)
 	}
 }

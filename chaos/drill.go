@@ -25,6 +25,13 @@ const (
 // command), the placement watch and a client's next call.
 const RTOSlack = 3 * time.Second
 
+// EtcdLeaderSlack is what the RTO bound allows more when the failed region
+// held the etcd leader (the docker environment puts a member in each
+// region): etcd elects a new leader (up to twice its election timeout of
+// 1s), the new leader extends every lease by one election timeout before
+// any can expire, and checks for expired leases every 500ms.
+const EtcdLeaderSlack = 4 * time.Second
+
 // Drill holds the figures of a failover-type scenario, the ones an SRE
 // reports after a failover drill: how long the failed region's tenants
 // went unserved (RTO), and what the failover lost, duplicated or left stuck
@@ -47,6 +54,9 @@ type Drill struct {
 	// RTOSlack.
 	RTOMaxSeconds   float64 `json:"rtoMaxSeconds"`
 	RTOBoundSeconds float64 `json:"rtoBoundSeconds"`
+	// EtcdLeaderLost is set when the failed region held the etcd leader:
+	// the bound then includes EtcdLeaderSlack.
+	EtcdLeaderLost bool `json:"etcdLeaderLost,omitempty"`
 	// AckedLost is the RPO: acknowledged answers (201) whose payment no
 	// store holds, or that the provider did not charge exactly once.
 	AckedLost int `json:"ackedLost"`
@@ -217,8 +227,16 @@ func scenarioDrills(steps []Step, events []FaultEvent, homes map[string]string, 
 		if !ok || i >= len(events) || events[i].Skipped != "" {
 			continue
 		}
-		drills = append(drills, computeDrill(drillInput{fault: df.Name(), region: df.DrillRegion(), failover: df.FailoverMode(), at: events[i].At,
-			homes: homes, ops: ops, checks: checks, bound: leaseTTL + RTOSlack}))
+		bound := leaseTTL + RTOSlack
+		lf, lost := st.Fault.(interface{ LostEtcdLeader() bool })
+		lost = lost && lf.LostEtcdLeader()
+		if lost {
+			bound += EtcdLeaderSlack
+		}
+		d := computeDrill(drillInput{fault: df.Name(), region: df.DrillRegion(), failover: df.FailoverMode(), at: events[i].At,
+			homes: homes, ops: ops, checks: checks, bound: bound})
+		d.EtcdLeaderLost = lost
+		drills = append(drills, d)
 	}
 	if len(drills) == 0 {
 		r := newResult(CheckDrillBounds)

@@ -529,6 +529,8 @@ type regionFailover struct {
 	from, to string
 	links    []string
 	moved    *routing.RegionMove
+	// leaderLost: the etcd leader was in the failed region.
+	leaderLost bool
 }
 
 // RegionFailover partitions region from, waits until etcd holds no live
@@ -541,12 +543,25 @@ func RegionFailover(env *Env, from, to string) Fault {
 }
 
 func (f *regionFailover) Name() string { return "region-failover(" + f.from + "→" + f.to + ")" }
+
+// LostEtcdLeader reports whether the failed region held the etcd leader
+// (the drill's RTO bound then allows for etcd's election).
+func (f *regionFailover) LostEtcdLeader() bool { return f.leaderLost }
 func (f *regionFailover) Available(c *cluster.Cluster) bool {
 	return proxied(c) && c.EtcdClient() != nil && hasRegion(c, f.from) && hasRegion(c, f.to) &&
 		c.StoreMode() == cluster.StoreRegionLocal
 }
 
 func (f *regionFailover) Inject(ctx context.Context, c *cluster.Cluster) error {
+	if c.Docker() {
+		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		leader, err := c.EtcdLeader(lctx)
+		cancel()
+		if err == nil && leader.Region() == f.from {
+			f.leaderLost = true
+			f.note("the etcd leader (%s) is in %s and is cut off with it: etcd elects another first", leader.Name(), f.from)
+		}
+	}
 	var err error
 	if f.links, err = cutRegion(ctx, c, f.from); err != nil {
 		return err

@@ -33,6 +33,11 @@ const (
 )
 
 // etcdMember is an etcd member's configuration besides its Process.
+// etcdKeepAlive is the nodes' --etcd-keepalive and the members'
+// --grpc-keepalive-min-time: leases of a few seconds need a dead
+// connection found in about as long.
+const etcdKeepAlive = time.Second
+
 type etcdMember struct {
 	name      string // "m<i>", its etcd --name
 	dataDir   string
@@ -41,6 +46,7 @@ type etcdMember struct {
 	demux     *peerDemux
 	cert, key string     // its certificate, with Config.TLS
 	ctr       *container // its container, with Config.Docker
+	region    string     // the region whose network it is on, with Config.Docker
 }
 
 // etcdTLSArgs makes member m serve clients and peers over TLS with its
@@ -70,6 +76,9 @@ func (c *Cluster) startEtcd(ctx context.Context, cfg *Config) error {
 		// every member dials member j at wan:<port of j>.
 		for i, m := range members {
 			m.ctr = c.docker.newContainer("etcd-"+m.name, c.docker.netOf("etcd-"+m.name), c.docker.image)
+			if i < len(cfg.Regions) {
+				m.region = cfg.Regions[i]
+			}
 			m.advertise = fmt.Sprintf("%s:%d", wanAlias, dockerPeerPortBase+i)
 		}
 	} else if c.net != nil {
@@ -203,6 +212,9 @@ func (c *Cluster) tryStartEtcd(ctx context.Context, cfg *Config, root string, me
 			// Like PostgreSQL's fsync=off: a killed member loses nothing
 			// (the page cache survives it), only an OS crash would.
 			"--unsafe-no-fsync",
+			// The nodes ping every second (--etcd-keepalive), so that a
+			// connection a partition left silent is dropped within 2s.
+			"--grpc-keepalive-min-time", etcdKeepAlive.String(),
 		}
 		if c.tls != nil {
 			args = append(args, etcdTLSArgs(m, c.tls)...)
@@ -210,6 +222,7 @@ func (c *Cluster) tryStartEtcd(ctx context.Context, cfg *Config, root string, me
 		args = append(args, cfg.ExtraEtcdArgs...)
 		procs[i] = &Process{
 			kind:         KindEtcd,
+			region:       m.region,
 			ctr:          m.ctr,
 			name:         "etcd-" + m.name,
 			index:        i,

@@ -79,7 +79,7 @@ func (c *Cluster) newNode(cfg *Config, rs *regionState, i int, env []string) (*P
 			endpoints = append(endpoints, ep)
 		}
 		args = append(args, "--etcd-endpoints", strings.Join(endpoints, ","),
-			"--region-lease-ttl", cfg.RegionLeaseTTL.String())
+			"--region-lease-ttl", cfg.RegionLeaseTTL.String(), "--etcd-keepalive", etcdKeepAlive.String())
 	}
 	if c.provider != nil {
 		u := c.provider.URL()

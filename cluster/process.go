@@ -104,7 +104,8 @@ func (p *Process) Name() string { return p.name }
 // Kind returns KindNode, KindEtcd or KindProvider.
 func (p *Process) Kind() string { return p.kind }
 
-// Region returns a node's region ("" for other processes).
+// Region returns a node's region, or, in the docker environment, the
+// region whose network an etcd member is on ("" for other processes).
 func (p *Process) Region() string { return p.region }
 
 // Index returns a node's index within its region, or an etcd member's

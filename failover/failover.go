@@ -35,7 +35,7 @@ import (
 const PollInterval = 200 * time.Millisecond
 
 // AttemptTimeout bounds each of Move's attempts.
-const AttemptTimeout = 2 * time.Second
+const AttemptTimeout = time.Second
 
 // Move moves the tenants of region from to region to once from has no live
 // node left in etcd, waiting up to wait for its leases to lapse; waiting,

@@ -27,13 +27,14 @@ const DialTimeout = 5 * time.Second
 
 // Keepalive pings on the clients' gRPC connections: a connection a
 // partition left silent (no FIN, no RST: packets just go nowhere) is
-// declared dead within KeepAliveTime + KeepAliveTimeout of its last sign of
-// life, and the client dials again, instead of waiting for TCP to give up
-// (minutes). KeepAliveTime is etcd's default --grpc-keepalive-min-time: a
-// member closes connections that ping more often.
+// declared dead within the keepalive time (--etcd-keepalive) plus
+// KeepAliveTimeout of its last sign of life, and the client dials again,
+// instead of waiting for TCP to give up (minutes). DefaultKeepAlive is
+// etcd's default --grpc-keepalive-min-time: a member closes connections
+// that ping more often than its setting.
 const (
-	KeepAliveTime    = 5 * time.Second
-	KeepAliveTimeout = 2 * time.Second
+	DefaultKeepAlive = 5 * time.Second
+	KeepAliveTimeout = 1 * time.Second
 )
 
 // Flags are the etcd client's TLS and authentication settings.
@@ -47,6 +48,9 @@ type Flags struct {
 	// the PasswordEnv variable.
 	Username     string
 	PasswordFile string
+	// KeepAlive is the interval of keepalive pings (default
+	// DefaultKeepAlive).
+	KeepAlive time.Duration
 }
 
 // Register adds --etcd-ca, --etcd-cert, --etcd-key, --etcd-username and
@@ -57,6 +61,8 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.Key, "etcd-key", "", "private key (PEM) of --etcd-cert")
 	fs.StringVar(&f.Username, "etcd-username", "", "etcd user (etcd auth enabled); the password comes from --etcd-password-file or "+PasswordEnv)
 	fs.StringVar(&f.PasswordFile, "etcd-password-file", "", "file holding the password of --etcd-username")
+	fs.DurationVar(&f.KeepAlive, "etcd-keepalive", DefaultKeepAlive, "interval of keepalive pings on etcd connections: one silent this long plus 1s is dropped and dialled again; "+
+		"etcd refuses pings more frequent than its --grpc-keepalive-min-time (5s by default)")
 }
 
 // Config returns a client configuration for endpoints with f's TLS and
@@ -64,7 +70,10 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 func (f *Flags) Config(endpoints []string, getenv func(string) string) (clientv3.Config, error) {
 	cfg := clientv3.Config{
 		Endpoints: endpoints, DialTimeout: DialTimeout, Logger: zap.NewNop(),
-		DialKeepAliveTime: KeepAliveTime, DialKeepAliveTimeout: KeepAliveTimeout, PermitWithoutStream: true,
+		DialKeepAliveTime: DefaultKeepAlive, DialKeepAliveTimeout: KeepAliveTimeout, PermitWithoutStream: true,
+	}
+	if f.KeepAlive > 0 {
+		cfg.DialKeepAliveTime = f.KeepAlive
 	}
 	if (f.Cert == "") != (f.Key == "") {
 		return cfg, errors.New("--etcd-cert and --etcd-key go together")
