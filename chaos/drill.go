@@ -233,7 +233,8 @@ func scenarioDrills(steps []Step, events []FaultEvent, homes map[string]string, 
 		if lost {
 			bound += EtcdLeaderSlack
 		}
-		d := computeDrill(drillInput{fault: df.Name(), region: df.DrillRegion(), failover: df.FailoverMode(), at: events[i].At,
+		at := max(events[i].At, events[i].CutAt)
+		d := computeDrill(drillInput{fault: df.Name(), region: df.DrillRegion(), failover: df.FailoverMode(), at: at,
 			homes: homes, ops: ops, checks: checks, bound: bound})
 		d.EtcdLeaderLost = lost
 		drills = append(drills, d)

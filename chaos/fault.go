@@ -531,6 +531,8 @@ type regionFailover struct {
 	moved    *routing.RegionMove
 	// leaderLost: the etcd leader was in the failed region.
 	leaderLost bool
+	// cutAt is when the partition took effect.
+	cutAt time.Time
 }
 
 // RegionFailover partitions region from, waits until etcd holds no live
@@ -543,6 +545,11 @@ func RegionFailover(env *Env, from, to string) Fault {
 }
 
 func (f *regionFailover) Name() string { return "region-failover(" + f.from + "→" + f.to + ")" }
+
+// CutAt is when the region was cut off: the drill measures its RTO from
+// then (in the docker environment the cut is a few commands after the
+// fault's start).
+func (f *regionFailover) CutAt() time.Time { return f.cutAt }
 
 // LostEtcdLeader reports whether the failed region held the etcd leader
 // (the drill's RTO bound then allows for etcd's election).
@@ -567,6 +574,7 @@ func (f *regionFailover) Inject(ctx context.Context, c *cluster.Cluster) error {
 		return err
 	}
 	began := time.Now()
+	f.cutAt = began
 	before, err := c.EtcdClient().Get(ctx, routing.PlacementPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
 		return fmt.Errorf("chaos: placements before the failover: %w", err)

@@ -91,6 +91,9 @@ type FaultEvent struct {
 	HealAt          float64  `json:"healAt"`
 	HealedAt        float64  `json:"healedAt"`
 	RecoveredAt     float64  `json:"recoveredAt"`
+	// CutAt, for a fault that says when it took effect (a partition made
+	// of several commands), is that moment; drills measure from it.
+	CutAt float64 `json:"cutAt,omitempty"`
 	Skipped         string   `json:"skipped,omitempty"`
 	PreHealthError  string   `json:"preHealthError,omitempty"`
 	InjectError     string   `json:"injectError,omitempty"`

@@ -523,6 +523,9 @@ func runStep(ctx context.Context, c *cluster.Cluster, st Step, start time.Time, 
 	if err := f.Inject(ctx, c); err != nil {
 		ev.InjectError = err.Error()
 	}
+	if ct, ok := f.(interface{ CutAt() time.Time }); ok && !ct.CutAt().IsZero() {
+		ev.CutAt = ct.CutAt().Sub(start).Seconds()
+	}
 	ev.InjectedFor = time.Since(start).Seconds() - ev.At
 	sleepCtx(ctx, st.Hold)
 	ev.HealAt = time.Since(start).Seconds()
