@@ -86,14 +86,14 @@ type FaultEvent struct {
 	// At is when Inject began, InjectedFor how long it took (a failover
 	// waits for a lease to lapse), HealAt when Heal began, HealedAt when it
 	// returned, RecoveredAt when the cluster was healthy again.
-	At              float64  `json:"at"`
-	InjectedFor     float64  `json:"injectedFor"`
-	HealAt          float64  `json:"healAt"`
-	HealedAt        float64  `json:"healedAt"`
-	RecoveredAt     float64  `json:"recoveredAt"`
+	At          float64 `json:"at"`
+	InjectedFor float64 `json:"injectedFor"`
+	HealAt      float64 `json:"healAt"`
+	HealedAt    float64 `json:"healedAt"`
+	RecoveredAt float64 `json:"recoveredAt"`
 	// CutAt, for a fault that says when it took effect (a partition made
 	// of several commands), is that moment; drills measure from it.
-	CutAt float64 `json:"cutAt,omitempty"`
+	CutAt           float64  `json:"cutAt,omitempty"`
 	Skipped         string   `json:"skipped,omitempty"`
 	PreHealthError  string   `json:"preHealthError,omitempty"`
 	InjectError     string   `json:"injectError,omitempty"`

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idemcoord/idem/cluster"
+	"github.com/idemcoord/idem/internal/ctxtime"
 	"github.com/idemcoord/idem/provider"
 )
 
@@ -545,17 +546,7 @@ func runStep(ctx context.Context, c *cluster.Cluster, st Step, start time.Time, 
 	return ev
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) {
-	if d <= 0 {
-		return
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
-}
+func sleepCtx(ctx context.Context, d time.Duration) { _ = ctxtime.Sleep(ctx, d) }
 
 func writeJSON(path string, v any) error {
 	b, err := json.MarshalIndent(v, "", "  ")

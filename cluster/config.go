@@ -3,7 +3,6 @@ package cluster
 import (
 	"errors"
 	"fmt"
-	"github.com/idemcoord/idem/internal/images"
 	"log/slog"
 	"os"
 	"regexp"
@@ -11,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemcoord/idem/internal/images"
 	"github.com/idemcoord/idem/routing"
 )
 

@@ -17,8 +17,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/idemcoord/idem/internal/images"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemcoord/idem/internal/images"
 )
 
 // The docker environment (Config.Docker) runs every process of the cluster

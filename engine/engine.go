@@ -13,6 +13,7 @@ import (
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/fencing"
 	"github.com/idemcoord/idem/fingerprint"
+	"github.com/idemcoord/idem/internal/ctxtime"
 	"github.com/idemcoord/idem/internal/telemetry"
 )
 
@@ -45,16 +46,7 @@ type systemClock struct{}
 
 func (systemClock) Now() time.Time { return time.Now() }
 
-func (systemClock) Sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
+func (systemClock) Sleep(ctx context.Context, d time.Duration) error { return ctxtime.Sleep(ctx, d) }
 
 // Locker takes a scope's recovery lock in an external lock service;
 // *fencing.Locker and *routing.Membership satisfy it. A Lock's Token is its

@@ -9,15 +9,16 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/failover"
 	"github.com/idemcoord/idem/internal/etcdtest"
 	"github.com/idemcoord/idem/internal/pgtest"
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/routing"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.MainLeakChecked(m)) }

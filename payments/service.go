@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/engine"
+	"github.com/idemcoord/idem/internal/ctxtime"
 	"github.com/idemcoord/idem/store"
 )
 
@@ -93,7 +94,7 @@ func NewService(st *store.Store, cfg Config) *Service {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	if cfg.Sleep == nil {
-		cfg.Sleep = sleep
+		cfg.Sleep = ctxtime.Sleep
 	}
 	if cfg.ProviderTimeout <= 0 {
 		cfg.ProviderTimeout = cfg.LockFor / 3
@@ -317,17 +318,6 @@ type sleepClock struct {
 func (sleepClock) Now() time.Time { return time.Now() }
 
 func (c sleepClock) Sleep(ctx context.Context, d time.Duration) error { return c.sleep(ctx, d) }
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
 
 // paymentNotFound answers store.ErrPaymentNotFound as PAYMENT_NOT_FOUND with
 // msg, and returns any other error as is.

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/internal/ctxtime"
 	"github.com/idemcoord/idem/internal/telemetry"
 )
 
@@ -147,14 +148,7 @@ const resolveAttempts = 8
 // pause waits before resolution attempt n+1 (25 ms doubling, capped at
 // 400 ms): long enough for the pool to replace the dropped connection.
 func pause(ctx context.Context, n int) error {
-	t := time.NewTimer(min(25*time.Millisecond<<min(n-1, 4), 400*time.Millisecond))
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
+	return ctxtime.Sleep(ctx, min(25*time.Millisecond<<min(n-1, 4), 400*time.Millisecond))
 }
 
 // openStatus reports whether a record in st still takes writes under its
