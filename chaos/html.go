@@ -51,7 +51,7 @@ var reportTemplate = template.Must(template.New("report").Funcs(template.FuncMap
 // drillHTML renders one drill's figures (template "drill", given a
 // drillView).
 const drillHTML = `{{define "drill"}}<h3>Failover drill: <a href="#{{.Name}}">{{.Name}}</a> <span class="badge {{vclass .Drill.Passed}}">{{verdict .Drill.Passed}}</span></h3>
-<p><code>{{.Drill.Fault}}</code> took <b>{{.Drill.Region}}</b> down at {{secs .Drill.FaultAt}}; failover: <b>{{.Drill.Failover}}</b>.</p>
+<p><code>{{.Drill.Fault}}</code> took <b>{{.Drill.Region}}</b> down at {{secs .Drill.FaultAt}}; failover: <b>{{.Drill.Failover}}</b>.{{if .Drill.EtcdLeaderLost}} The etcd leader was in that region: the RTO bound allows for etcd's election.{{end}}</p>
 <table>
 <tr><th>figure</th><th>value</th><th>bound</th><th>met</th></tr>
 {{range .Drill.Figures}}<tr><td>{{.Name}}</td><td>{{if eq .Unit "s"}}{{rto .Value}}{{else}}{{.Value}}{{end}}</td><td>{{if eq .Unit "s"}}&le; {{printf "%.1f" .Bound}}s{{else}}{{.Bound}}{{end}}</td><td class="{{vclass .Met}}">{{if .Met}}yes{{else}}NO{{end}}</td></tr>
@@ -253,6 +253,7 @@ svg{border:1px solid #e5e7eb;border-radius:4px;margin:4px 0}
 <table class="kv">
 <tr><td>scenario</td><td><code>{{.Scenario}}</code></td></tr>
 <tr><td>seed</td><td><code>{{.Seed}}</code></td></tr>
+{{if .Env}}<tr><td>environment</td><td><code>{{.Env}}</code></td></tr>{{end}}
 {{if .Break}}<tr><td>broken engine</td><td><code>--break {{.Break}}</code> (this run must fail)</td></tr>{{end}}
 <tr><td>duration per scenario</td><td>{{.Duration}}, {{.Clients}} clients, minimum rate {{.MinRate}} calls/s before the first fault</td></tr>
 <tr><td>started</td><td>{{.Started.Format "2006-01-02 15:04:05 MST"}}</td></tr>

@@ -57,6 +57,19 @@
 // AddToxic degrade it. The cluster's own connections (readiness probes,
 // its etcd client, Info's URLs) are direct.
 //
+// # The docker environment
+//
+// With Config.Docker, every process runs in a container of the local
+// Docker engine instead (the host's binaries on the Debian base image,
+// PostgreSQL on its image, both from `idemctl images build`), each region
+// on a Docker network of its own with its etcd member, the store and the
+// provider on a services network, and the links, still the same toxiproxy
+// proxies, served by a WAN container attached to every network. The
+// network layer itself can then fail: [Cluster.IsolateRegion] drops every
+// packet between a region and the WAN, [Cluster.CutOutbound] every
+// connection the region opens (a one-way partition); nothing is closed,
+// connections go silent as in a real partition. See docker.go.
+//
 // # Process lifetime
 //
 // Every child runs in a process group of its own, so a Ctrl-C in a terminal
