@@ -31,7 +31,9 @@ const DialTimeout = 5 * time.Second
 // KeepAliveTimeout of its last sign of life, and the client dials again,
 // instead of waiting for TCP to give up (minutes). DefaultKeepAlive is
 // etcd's default --grpc-keepalive-min-time: a member closes connections
-// that ping more often than its setting.
+// that ping more often than its setting. Pings go only while the
+// connection carries a stream (a node always has its lease keepalive and
+// its placement watch open), which is what a member permits.
 const (
 	DefaultKeepAlive = 5 * time.Second
 	KeepAliveTimeout = 1 * time.Second
@@ -70,7 +72,7 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 func (f *Flags) Config(endpoints []string, getenv func(string) string) (clientv3.Config, error) {
 	cfg := clientv3.Config{
 		Endpoints: endpoints, DialTimeout: DialTimeout, Logger: zap.NewNop(),
-		DialKeepAliveTime: DefaultKeepAlive, DialKeepAliveTimeout: KeepAliveTimeout, PermitWithoutStream: true,
+		DialKeepAliveTime: DefaultKeepAlive, DialKeepAliveTimeout: KeepAliveTimeout,
 	}
 	if f.KeepAlive > 0 {
 		cfg.DialKeepAliveTime = f.KeepAlive
