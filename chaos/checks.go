@@ -530,10 +530,12 @@ func checkDuplicateReference(in *checkInput) CheckResult {
 			summary = fmt.Sprintf("%d keys were answered 201 for the same payment; all but the first should get 409 DUPLICATE_MERCHANT_REFERENCE", len(ro.created))
 			if in.reexecute {
 				// After a failover, the new home cannot see the old
-				// region's payment before the handover; the README
-				// documents that it finds the charge at the provider and
-				// records it (no second charge).
-				r.warn(CounterExample{Key: ref, Summary: summary + " (after a failover, before the handover: the region-local trade-off the README documents)", Ops: ops})
+				// region's payment before the handover; it finds the
+				// charge at the provider, and the charge's reference
+				// (payments.ChargeReference) tells it another key made
+				// it, so it answers 409. Only a charge without a
+				// reference (an older idemd) still gets here.
+				r.warn(CounterExample{Key: ref, Summary: summary + " (after a failover, before the handover, for a charge that carries no reference)", Ops: ops})
 				continue
 			}
 			r.fail(CounterExample{Key: ref, Summary: summary, Ops: ops})

@@ -3,9 +3,12 @@ package idemtest_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"log"
 	"net/http"
+	"os"
 	"strings"
+	"testing"
 
 	"github.com/idemcoord/idem/idemtest"
 )
@@ -51,5 +54,36 @@ func Example() {
 		}
 		resp.Body.Close()
 		fmt.Println(region, resp.StatusCode, "replayed:", resp.Header.Get("Idempotent-Replayed") == "true")
+	}
+}
+
+// TestExample runs Example against real containers and checks what it
+// prints: the forwarded first attempt creates the payment, the retry
+// through the home region replays it. (Example has no Output comment
+// because it needs a Docker engine and the images; this test skips, in one
+// line, without them.)
+func TestExample(t *testing.T) {
+	if err := idemtest.Available(t.Context()); err != nil {
+		t.Skip(err)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout := os.Stdout
+	os.Stdout = w
+	out := make(chan []byte)
+	go func() {
+		b, _ := io.ReadAll(r)
+		out <- b
+	}()
+	func() {
+		defer func() { os.Stdout = stdout }()
+		Example()
+	}()
+	w.Close()
+	got := string(<-out)
+	if want := "us-east 201 replayed: false\neu-west 201 replayed: true\n"; got != want {
+		t.Errorf("Example printed %q, want %q", got, want)
 	}
 }

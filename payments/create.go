@@ -95,7 +95,7 @@ func (c *createCall) claim(ctx context.Context, begin idem.BeginRequest) (engine
 	switch {
 	case errors.Is(err, store.ErrDuplicateMerchantReference):
 		// Another key already made this business payment.
-		return s.rejectDuplicate(ctx, begin, c.cmd)
+		return c.rejectDuplicate(ctx, begin)
 	case errors.Is(err, idem.ErrFenced):
 		s.fenced()
 	}

@@ -83,7 +83,7 @@ func (s *Service) drive(ctx context.Context, lease idem.Lease, cp idem.Checkpoin
 	callCtx, cancelCall := context.WithTimeout(ctx, s.cfg.ProviderTimeout)
 	ch, err := s.cfg.Provider.Charge(callCtx, provider.ChargeRequest{
 		ProviderKey: p.ProviderKey, AmountMinor: p.AmountMinor, Currency: p.Currency, AccountID: p.AccountID,
-		FencingToken: max(lease.Token, 0),
+		FencingToken: max(lease.Token, 0), Reference: ChargeReference(lease.Scope),
 	})
 	cancelCall()
 	switch {
@@ -119,6 +119,9 @@ func (s *Service) confirm(ctx context.Context, lease idem.Lease, p store.Payment
 	if ch.AmountMinor != p.AmountMinor || ch.Currency != p.Currency {
 		return s.providerKeyConflict(ctx, lease, p, fmt.Errorf("provider charge %s is %d %s, payment is %d %s", ch.ChargeID, ch.AmountMinor, ch.Currency, p.AmountMinor, p.Currency))
 	}
+	if ch.Reference != "" && ch.Reference != ChargeReference(lease.Scope) {
+		return s.chargedForAnotherKey(ctx, lease, p, ch)
+	}
 	var res Result
 	err := s.ownedTx(ctx, func(tx pgx.Tx) error {
 		if err := store.CheckpointTx(ctx, tx, lease, CheckpointProviderConfirmed, 0); err != nil {
@@ -135,6 +138,26 @@ func (s *Service) confirm(ctx context.Context, lease idem.Lease, p store.Payment
 		return store.SetPaymentStatus(ctx, tx, p.Tenant, p.ID, "CONFIRMED", paymentEvent(p, "PaymentConfirmed", "confirmed", map[string]string{"chargeId": ch.ChargeID}))
 	})
 	return res, s.fenceAsInProgress(err)
+}
+
+// chargedForAnotherKey records a charge the provider made for another key
+// of the same payment (its reference is not this key's): a fresh key for a
+// merchant reference another key paid in the region the tenant left, found
+// before the handover. The payment is confirmed here as it is there; this
+// key gets what the old region would have answered it, a replayable 409
+// DUPLICATE_MERCHANT_REFERENCE.
+func (s *Service) chargedForAnotherKey(ctx context.Context, lease idem.Lease, p store.Payment, ch provider.Charge) (Result, error) {
+	resp := duplicateResponse(p.ID)
+	err := s.ownedTx(ctx, func(tx pgx.Tx) error {
+		if err := store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusFailedReplayable, ErrorCode: ECodeDuplicateMerchantRef, Response: &resp}); err != nil {
+			return err
+		}
+		return store.SetPaymentStatus(ctx, tx, p.Tenant, p.ID, "CONFIRMED", paymentEvent(p, "PaymentConfirmed", "confirmed", map[string]string{"chargeId": ch.ChargeID}))
+	})
+	if err != nil {
+		return Result{}, s.fenceAsInProgress(err)
+	}
+	return Result{Response: resp, status: idem.StatusFailedReplayable}, nil
 }
 
 // decline records a business rejection: replayed to every retry.

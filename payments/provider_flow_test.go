@@ -263,7 +263,10 @@ func TestReplayAcrossSchemaChange(t *testing.T) {
 // provider. A client without stable keys sends the same payment (same
 // merchant reference) with a fresh key to each, as after a failover before
 // the handover: the payment id derives from the business identity, so the
-// provider deduplicates it and charges once.
+// provider deduplicates it and charges once, and the charge's reference
+// tells the new region that another key made it: the fresh key gets the
+// 409 DUPLICATE_MERCHANT_REFERENCE the old region would have answered. The
+// key that made it, retried in the new region, still gets its 201.
 func TestBusinessIdentityAcrossStores(t *testing.T) {
 	f := newFixture(t, payments.Config{})
 	other, _ := storetest.New(t)
@@ -276,9 +279,21 @@ func TestBusinessIdentityAcrossStores(t *testing.T) {
 	for i, svc := range []*payments.Service{newHome, payments.NewService(third, payments.Config{Provider: f.provider, LockFor: 30 * time.Second})} {
 		uncertain := i == 0 // asks the provider first; the other charges with the same key
 		got, err := svc.Create(context.Background(), payments.Request{Tenant: "tenant-a", Key: fmt.Sprintf("fresh-%d", i), Body: []byte(article), Uncertain: uncertain})
-		if err != nil || got.Response.Status != 201 || paymentIDOf(t, got.Response.Body) != paymentIDOf(t, first.Response.Body) {
-			t.Errorf("store %d (uncertain=%v) = %d %s, %v; want the same payment", i, uncertain, got.Response.Status, got.Response.Body, err)
+		if err != nil || got.Response.Status != 409 || !bytes.Contains(got.Response.Body, []byte(payments.ECodeDuplicateMerchantRef)) ||
+			!bytes.Contains(got.Response.Body, []byte(paymentIDOf(t, first.Response.Body))) {
+			t.Errorf("store %d (uncertain=%v) = %d %s, %v; want 409 %s naming the payment", i, uncertain, got.Response.Status, got.Response.Body, err, payments.ECodeDuplicateMerchantRef)
 		}
+		again, err := svc.Create(context.Background(), payments.Request{Tenant: "tenant-a", Key: fmt.Sprintf("fresh-%d", i), Body: []byte(article), Uncertain: uncertain})
+		if err != nil || !again.Replayed || !bytes.Equal(again.Response.Body, got.Response.Body) {
+			t.Errorf("store %d: the fresh key's retry = %+v, %v; want its 409 replayed", i, again, err)
+		}
+	}
+	// The key that made the payment, retried in the new region before the
+	// handover: the payment row there is the fresh key's doing, the charge
+	// is this key's: the same 201, byte for byte.
+	retry, err := newHome.Create(context.Background(), payments.Request{Tenant: "tenant-a", Key: "key-in-old-region", Body: []byte(article), Uncertain: true})
+	if err != nil || retry.Response.Status != 201 || !bytes.Equal(retry.Response.Body, first.Response.Body) {
+		t.Errorf("the creating key in the new region = %d %s, %v; want %d %s", retry.Response.Status, retry.Response.Body, err, first.Response.Status, first.Response.Body)
 	}
 	// In one store, the business constraint answers a fresh key directly.
 	dup, err := newHome.Create(context.Background(), payments.Request{Tenant: "tenant-a", Key: "fresh-again", Body: []byte(article)})

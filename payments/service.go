@@ -228,13 +228,41 @@ func duplicateResponse(existingID string) idem.Response {
 // this key gets the same answer. A payment in CONFLICT answers 409
 // PROVIDER_KEY_CONFLICT instead. Any other decision (replay, conflict, in
 // progress, a takeover that needs the scope's lock) goes back to the engine.
-func (s *Service) rejectDuplicate(ctx context.Context, begin idem.BeginRequest, cmd Command) (engine.Claim, error) {
+//
+// After a region failover, before the handover (uncertain), the payment
+// here may have been written by another key that found the charge this key
+// made in the old region: when the provider's charge carries this key's
+// reference (ChargeReference), this key made the payment and is answered as
+// its creator was, 201 with the payment, not 409.
+func (c *createCall) rejectDuplicate(ctx context.Context, begin idem.BeginRequest) (engine.Claim, error) {
+	s, cmd := c.s, c.cmd
+	creator := false
+	if c.uncertain && s.cfg.Provider != nil {
+		ch, err := s.lookup(ctx, c.payment.ProviderKey)
+		creator = err == nil && ch.Reference == ChargeReference(begin.Scope) &&
+			ch.AmountMinor == c.payment.AmountMinor && ch.Currency == c.payment.Currency
+	}
 	var cl engine.Claim
 	err := s.store.ExecTx(ctx, func(tx pgx.Tx) error {
 		cl = engine.Claim{}
 		existing, err := store.PaymentByMerchantReference(ctx, tx, begin.Tenant, cmd.AccountID, cmd.MerchantReference)
 		if err != nil {
 			return paymentNotFound(err, "No payment for this merchant reference.")
+		}
+		if creator && existing.ID == c.payment.ID && existing.Status != PaymentStatusConflict {
+			d, err := store.BeginTx(ctx, tx, begin)
+			if err != nil || !owned(d) {
+				cl.Decision = d
+				return err
+			}
+			// The answer the old region gave this key: the payment as
+			// created (rendered from the command, as it was then).
+			completion, err := s.completion(ctx, tx, c.payment)
+			if err != nil {
+				return err
+			}
+			cl = engine.Claim{Decision: d, Done: &engine.Result{Stored: true, Status: idem.StatusCompleted, Response: completion.Response}}
+			return store.CompleteTx(ctx, tx, d.Lease, completion)
 		}
 		resp, code := duplicateResponse(existing.ID), ECodeDuplicateMerchantRef
 		if existing.Status == PaymentStatusConflict {
@@ -255,6 +283,22 @@ func (s *Service) rejectDuplicate(ctx context.Context, begin idem.BeginRequest, 
 		return store.FailTx(ctx, tx, d.Lease, idem.Failure{Status: idem.StatusFailedReplayable, ErrorCode: code, Response: &resp})
 	})
 	return cl, err
+}
+
+// ChargeReference is the reference a payment's charge carries at the
+// provider (provider.ChargeRequest.Reference): a digest of the scope of the
+// record that made the charge (tenant, operation, the client's key; the key
+// itself never leaves). A region that finds the charge later, after a
+// failover, tells by it whether the key in hand made the payment (a retry:
+// answered as the payment's creator) or another key did (a duplicate: 409
+// DUPLICATE_MERCHANT_REFERENCE, as the old region would have answered).
+func ChargeReference(scope idem.Scope) string {
+	h := sha256.New()
+	for _, part := range []string{scope.Tenant, scope.Operation, scope.Key} {
+		h.Write([]byte(part))
+		h.Write([]byte{0})
+	}
+	return "ref_" + hex.EncodeToString(h.Sum(nil))[:32]
 }
 
 // PaymentID derives a payment's id from its business identity: the tenant,

@@ -111,6 +111,10 @@ type ChargeRequest struct {
 	AccountID   string
 	// FencingToken is sent as Idem-Fencing-Token; 0 sends no header.
 	FencingToken int64
+	// Reference is kept with the charge (ChargeBody.Reference): a replay
+	// or a Lookup of the key returns the reference of the request that
+	// made the charge.
+	Reference string
 }
 
 // Client talks to a provider over HTTP. The zero value is not usable: set
@@ -143,7 +147,7 @@ func (c *Client) Charge(ctx context.Context, req ChargeRequest) (Charge, error) 
 	if req.FencingToken != 0 {
 		hdr.Set(HeaderFencingToken, strconv.FormatInt(req.FencingToken, 10))
 	}
-	body := ChargeBody{AmountMinor: req.AmountMinor, Currency: req.Currency, AccountID: req.AccountID}
+	body := ChargeBody{AmountMinor: req.AmountMinor, Currency: req.Currency, AccountID: req.AccountID, Reference: req.Reference}
 	resp, err := c.do(ctx, op, http.MethodPost, "/v1/charges", hdr, body)
 	if err != nil {
 		return Charge{}, err

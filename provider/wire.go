@@ -51,13 +51,16 @@ func ProviderKeyFor(paymentID string) string { return ProviderKeyPrefix + paymen
 // Charge is an applied charge, as answered by POST /v1/charges and
 // GET /v1/charges/{providerKey}.
 type Charge struct {
-	ChargeID    string    `json:"chargeId"`
-	ProviderKey string    `json:"providerKey"`
-	Status      string    `json:"status"`
-	AmountMinor int64     `json:"amountMinor"`
-	Currency    string    `json:"currency"`
-	AccountID   string    `json:"accountId,omitempty"`
-	CreatedAt   time.Time `json:"createdAt"`
+	ChargeID    string `json:"chargeId"`
+	ProviderKey string `json:"providerKey"`
+	Status      string `json:"status"`
+	AmountMinor int64  `json:"amountMinor"`
+	Currency    string `json:"currency"`
+	AccountID   string `json:"accountId,omitempty"`
+	// Reference is the reference the request that made the charge gave
+	// (ChargeBody.Reference), "" if none.
+	Reference string    `json:"reference,omitempty"`
+	CreatedAt time.Time `json:"createdAt"`
 	// Replayed is set by [Client.Charge] when the provider answered with
 	// Idempotent-Replayed: true (the key had already charged). It is not
 	// part of the JSON body.
@@ -146,4 +149,11 @@ type ChargeBody struct {
 	AmountMinor int64  `json:"amountMinor"`
 	Currency    string `json:"currency"`
 	AccountID   string `json:"accountId"`
+	// Reference is the caller's own reference for the charge, kept with it
+	// and returned with it, a replay included (a provider's metadata).
+	// Optional; at most MaxReferenceLen letters, digits, '_' and '-'.
+	Reference string `json:"reference,omitempty"`
 }
+
+// MaxReferenceLen bounds ChargeBody.Reference.
+const MaxReferenceLen = 64

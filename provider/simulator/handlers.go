@@ -132,7 +132,7 @@ func parseChargeRequest(w http.ResponseWriter, r *http.Request) (chargeInput, bo
 	var body provider.ChargeBody
 	if err := strictjson.DecodeObject(raw, &body); err != nil {
 		writeError(w, http.StatusBadRequest, provider.CodeInvalidRequest,
-			"the body must be one JSON object of amountMinor, currency and accountId (exact names, each once, valid UTF-8)")
+			"the body must be one JSON object of amountMinor, currency, accountId and an optional reference (exact names, each once, valid UTF-8)")
 		return chargeInput{}, false
 	}
 	if body.AmountMinor <= 0 {
@@ -143,7 +143,12 @@ func parseChargeRequest(w http.ResponseWriter, r *http.Request) (chargeInput, bo
 		writeError(w, http.StatusBadRequest, provider.CodeInvalidRequest, "currency must be three upper-case letters")
 		return chargeInput{}, false
 	}
-	in.AmountMinor, in.Currency, in.AccountID = body.AmountMinor, body.Currency, body.AccountID
+	if !validReference(body.Reference) {
+		writeError(w, http.StatusBadRequest, provider.CodeInvalidRequest,
+			fmt.Sprintf("reference must be at most %d letters, digits, '_' and '-'", provider.MaxReferenceLen))
+		return chargeInput{}, false
+	}
+	in.AmountMinor, in.Currency, in.AccountID, in.Reference = body.AmountMinor, body.Currency, body.AccountID, body.Reference
 	return in, true
 }
 
@@ -166,6 +171,21 @@ func validateProviderKey(key string) error {
 		}
 	}
 	return nil
+}
+
+// validReference checks an optional charge reference.
+func validReference(ref string) bool {
+	if len(ref) > provider.MaxReferenceLen {
+		return false
+	}
+	for _, c := range ref {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '_', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 func validCurrency(c string) bool {

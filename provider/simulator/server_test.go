@@ -807,3 +807,28 @@ func TestClientLookupEscapesKey(t *testing.T) {
 		t.Errorf("Lookup of odd key = %v, want provider.ErrNotFound", err)
 	}
 }
+
+// TestReference: a charge keeps the reference of the request that made it,
+// through replays with another reference and lookups.
+func TestReference(t *testing.T) {
+	e := newEnv(t, t.TempDir())
+	first := req("pay_ref1")
+	first.Reference = "ref_k1"
+	if ch := mustCharge(t, e.client, first); ch.Reference != "ref_k1" || ch.Replayed {
+		t.Fatalf("first charge: reference %q, replayed %v", ch.Reference, ch.Replayed)
+	}
+	second := req("pay_ref1")
+	second.Reference = "ref_k2"
+	if ch := mustCharge(t, e.client, second); ch.Reference != "ref_k1" || !ch.Replayed {
+		t.Errorf("replay with another reference: reference %q, replayed %v; want ref_k1, replayed", ch.Reference, ch.Replayed)
+	}
+	if ch, err := e.client.Lookup(ctxT(t), first.ProviderKey); err != nil || ch.Reference != "ref_k1" {
+		t.Errorf("lookup: %v, reference %q", err, ch.Reference)
+	}
+	e.wantCounts(t, 1, map[string]int{first.ProviderKey: 1})
+	bad := req("pay_ref2")
+	bad.Reference = "no spaces"
+	if _, err := e.client.Charge(ctxT(t), bad); !errors.Is(err, provider.ErrBadRequest) {
+		t.Errorf("an invalid reference: %v, want ErrBadRequest", err)
+	}
+}

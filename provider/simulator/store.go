@@ -59,6 +59,7 @@ type chargeInput struct {
 	AccountID   string
 	Token       int64
 	HasToken    bool
+	Reference   string
 }
 
 // outcomeKind is the result of processing a charge request.
@@ -341,6 +342,7 @@ func (st *store) charge(in chargeInput, decline bool, now time.Time) outcome {
 		AmountMinor: in.AmountMinor,
 		Currency:    in.Currency,
 		AccountID:   in.AccountID,
+		Reference:   in.Reference,
 		CreatedAt:   now.UTC(),
 	}
 	if err := st.persistLocked(record{Kind: recordCharge, Key: in.Key, FencingToken: raise, Charge: &ch, At: now}); err != nil {
