@@ -18,9 +18,12 @@
 //
 //   - POST /v1/charges with header Idempotency-Key: provider_payment_<paymentId>
 //     (required) and optional Idem-Fencing-Token: <int64>; body
-//     {"amountMinor":1000,"currency":"EUR","accountId":"acc_1"}. The first
+//     {"amountMinor":1000,"currency":"EUR","accountId":"acc_1"}, with an
+//     optional "reference" (the caller's, kept with the charge and returned
+//     with it: letters, digits, '_' and '-', at most 64). The first
 //     request for a key charges and answers 201 with the charge; a repeat
-//     answers 200 with the same body and Idempotent-Replayed: true. A repeat
+//     answers 200 with the same body (the first request's reference
+//     included) and Idempotent-Replayed: true. A repeat
 //     with a different amount or currency answers 409 PROVIDER_KEY_REUSED. A
 //     fencing token lower than the highest one seen for the key answers 409
 //     FENCING_TOKEN_STALE and changes nothing.
