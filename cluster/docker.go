@@ -431,10 +431,34 @@ func (d *dockerEnv) startWAN(ctx context.Context, cfg *Config, log func(string) 
 // nowhere, as in a real partition, and once it heals TCP resumes the
 // connections that survived it.
 func (d *dockerEnv) isolate(ctx context.Context, region string, on bool) error {
+	return d.setRules(ctx, region, d.isolated, on, func(n *dockerNet) [][]string {
+		subnet, comment := n.prefix+".0/24", "idem-isolate-"+region
+		return [][]string{
+			{"INPUT", "--source", subnet, "-m", "comment", "--comment", comment, "-j", "DROP"},
+			{"OUTPUT", "--destination", subnet, "-m", "comment", "--comment", comment, "-j", "DROP"},
+		}
+	})
+}
+
+// cutOutbound adds (or deletes) the iptables rule, in the WAN container's
+// network namespace, that drops every packet of a connection opened from
+// region's network: the region reaches nobody, while connections opened
+// into it (their packets from the region are replies) still work.
+// Connections the region had opened before go silent, as with isolate.
+func (d *dockerEnv) cutOutbound(ctx context.Context, region string, on bool) error {
+	return d.setRules(ctx, region, d.cut, on, func(n *dockerNet) [][]string {
+		return [][]string{{"INPUT", "--destination", n.wanIP, "-p", "tcp", "-m", "conntrack", "--ctdir", "ORIGINAL",
+			"-m", "comment", "--comment", "idem-cut-" + region, "-j", "DROP"}}
+	})
+}
+
+// setRules inserts (on) or deletes the rules of a region's fault, whose
+// state (guarded by d.mu) says whether they are in place.
+func (d *dockerEnv) setRules(ctx context.Context, region string, state map[string]bool, on bool, rules func(*dockerNet) [][]string) error {
 	d.mu.Lock()
 	n, ok := d.nets[region]
 	known := slices.Contains(d.regions, region)
-	was := d.isolated[region]
+	was := state[region]
 	d.mu.Unlock()
 	if !ok || !known {
 		return fmt.Errorf("cluster: no region %q", region)
@@ -442,18 +466,13 @@ func (d *dockerEnv) isolate(ctx context.Context, region string, on bool) error {
 	if was == on {
 		return nil
 	}
-	subnet := n.prefix + ".0/24"
-	comment := "idem-isolate-" + region
-	for _, rule := range [][]string{
-		{"INPUT", "--source", subnet, "-m", "comment", "--comment", comment, "-j", "DROP"},
-		{"OUTPUT", "--destination", subnet, "-m", "comment", "--comment", comment, "-j", "DROP"},
-	} {
+	for _, rule := range rules(n) {
 		if err := d.iptables(ctx, on, rule...); err != nil {
 			return fmt.Errorf("cluster: region %s: %w", region, err)
 		}
 	}
 	d.mu.Lock()
-	d.isolated[region] = on
+	state[region] = on
 	d.mu.Unlock()
 	return nil
 }
@@ -469,34 +488,6 @@ func (d *dockerEnv) iptables(ctx context.Context, on bool, rule ...string) error
 	if out, err := exec.CommandContext(ctx, "nsenter", args...).CombinedOutput(); err != nil {
 		return fmt.Errorf("nsenter iptables %s: %w: %s (needs root, nsenter and iptables on the host)", strings.Join(rule, " "), err, strings.TrimSpace(string(out)))
 	}
-	return nil
-}
-
-// cutOutbound adds (or deletes) the iptables rule, in the WAN container's
-// network namespace, that drops every packet of a connection opened from
-// region's network: the region reaches nobody, while connections opened
-// into it (their packets from the region are replies) still work.
-// Connections the region had opened before go silent, as with isolate.
-func (d *dockerEnv) cutOutbound(ctx context.Context, region string, on bool) error {
-	d.mu.Lock()
-	n, ok := d.nets[region]
-	known := slices.Contains(d.regions, region)
-	was := d.cut[region]
-	d.mu.Unlock()
-	if !ok || !known {
-		return fmt.Errorf("cluster: no region %q", region)
-	}
-	if was == on {
-		return nil
-	}
-	err := d.iptables(ctx, on, "INPUT", "--destination", n.wanIP, "-p", "tcp", "-m", "conntrack", "--ctdir", "ORIGINAL",
-		"-m", "comment", "--comment", "idem-cut-"+region, "-j", "DROP")
-	if err != nil {
-		return fmt.Errorf("cluster: region %s: %w", region, err)
-	}
-	d.mu.Lock()
-	d.cut[region] = on
-	d.mu.Unlock()
 	return nil
 }
 
