@@ -596,3 +596,43 @@ func TestHandlerSQLErrorRollsBackToSavepoint(t *testing.T) {
 		t.Errorf("the failed message left %d rows, want 0", n)
 	}
 }
+
+// cancellingMailer cancels the batch's context while a send is under way,
+// then sends through next with the context it was given.
+type cancellingMailer struct {
+	cancel context.CancelFunc
+	next   outbox.Mailer
+}
+
+func (m cancellingMailer) Send(ctx context.Context, e outbox.Email) error {
+	m.cancel()
+	return m.next.Send(ctx, e)
+}
+
+// TestSenderShutdownMidSend: a node shutting down (the batch's context
+// ends) while an email is being sent lets that send finish and records it
+// sent; it is not released for another sender to send again, and the
+// emails not yet begun stay for later.
+func TestSenderShutdownMidSend(t *testing.T) {
+	st, _ := storetest.New(t)
+	for i := range 2 {
+		addPayment(t, st, fmt.Sprintf("pay_%d", i), "CONFIRMED")
+	}
+	publishAll(t, outbox.NewPublisher(st, outbox.PublisherConfig{}))
+	consumeAll(t, outbox.NewConsumers(st), outbox.ConsumerReceiptEmail)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	n, err := outbox.NewSender(st, cancellingMailer{cancel: cancel, next: outbox.NewSinkMailer(st)}).SendBatch(ctx, 10)
+	if n != 1 || !errors.Is(err, context.Canceled) {
+		t.Errorf("SendBatch = %d, %v; want 1 sent, and the other not attempted", n, err)
+	}
+	if got := count(t, st, `SELECT count(*) FROM email_notifications WHERE sent_at IS NOT NULL`); got != 1 {
+		t.Errorf("%d notifications marked sent, want the one whose send had begun", got)
+	}
+	if n := sendAll(t, outbox.NewSender(st, nil)); n != 1 {
+		t.Errorf("the next sender sent %d, want only the one never attempted", n)
+	}
+	if got := count(t, st, `SELECT count(*) FROM sent_emails`); got != 2 {
+		t.Errorf("%d emails sent in all, want 2 (one each)", got)
+	}
+}

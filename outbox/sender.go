@@ -118,7 +118,11 @@ func (s *Sender) SendBatch(ctx context.Context, limit int) (int, error) {
 			skipped++
 			continue
 		}
-		sendCtx, cancel := context.WithTimeout(ctx, SendLease/2)
+		// A send once begun is not cut short when ctx ends (a node
+		// shutting down): cancelled mid-way it may still have gone out,
+		// and its release below would let another sender send it again
+		// at once. Only its own bound ends it.
+		sendCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), SendLease/2)
 		err := s.mailer.Send(sendCtx, e)
 		cancel()
 		if err != nil {
