@@ -94,7 +94,9 @@ func NewSender(st *store.Store, m Mailer) *Sender {
 // claim keeps concurrent senders from sending the same email. Sending is
 // at-least-once: a crash or a store outage between a send and step 3, or a
 // send that outlives SendLease, sends that email again later (see the
-// package documentation). Step 3 runs even if ctx is cancelled during step 2.
+// package documentation). When ctx ends during step 2, the send under way
+// finishes (cut short, it may have gone out anyway, and would be released
+// and sent again), the others are released unattempted, and step 3 runs.
 // A non-nil error with a positive count means some emails were sent and
 // others failed; the error joins the failures.
 func (s *Sender) SendBatch(ctx context.Context, limit int) (int, error) {
