@@ -263,17 +263,20 @@ func TestSidecarCrossRegion(t *testing.T) {
 	}
 }
 
-// TestDockerEnvironment runs the region scenarios in the docker
-// environment, each region on a network of its own and every partition at
-// the network layer (packets dropped, nothing closed): every check must
-// pass. Without a Docker engine or the images it skips, saying which.
+// TestDockerEnvironment runs, in the docker environment (each region on a
+// network of its own, partitions at the network layer: packets dropped,
+// nothing closed), the failover through a region cut off whole and the
+// one-way partition: every check must pass. (partition-region and
+// cross-region-race pass there too, docs/chaos.md; the test keeps to two
+// scenarios for the CI machine's two cores.) Without a Docker engine or the
+// images it skips, saying which.
 func TestDockerEnvironment(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	if err := cluster.DockerAvailable(ctx); err != nil {
 		t.Skipf("docker environment unavailable: %v", err)
 	}
-	opts := runOpts(t, "partition-region,partition-one-way,cross-region-race,region-failover", "")
+	opts := runOpts(t, "partition-one-way,region-failover", "")
 	opts.Env = EnvDocker
 	rep, err := Run(ctx, opts)
 	if err != nil {
@@ -283,8 +286,8 @@ func TestDockerEnvironment(t *testing.T) {
 	if !rep.Passed {
 		t.Errorf("docker run failed: %s", rep.FailedChecks())
 	}
-	if rep.Env != EnvDocker || len(rep.Scenarios) != 4 {
-		t.Fatalf("env %q, %d scenario reports, want docker and 4", rep.Env, len(rep.Scenarios))
+	if rep.Env != EnvDocker || len(rep.Scenarios) != 2 {
+		t.Fatalf("env %q, %d scenario reports, want docker and 2", rep.Env, len(rep.Scenarios))
 	}
 	for _, s := range rep.Scenarios {
 		if !s.Valid || s.Ops == 0 || len(s.Faults) == 0 || s.Faults[0].Skipped != "" {

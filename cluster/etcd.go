@@ -36,7 +36,7 @@ const (
 // etcdKeepAlive is the nodes' --etcd-keepalive and the members'
 // --grpc-keepalive-min-time: leases of a few seconds need a dead
 // connection found in about as long.
-const etcdKeepAlive = time.Second
+const etcdKeepAlive = 2 * time.Second
 
 type etcdMember struct {
 	name      string // "m<i>", its etcd --name
@@ -212,8 +212,9 @@ func (c *Cluster) tryStartEtcd(ctx context.Context, cfg *Config, root string, me
 			// Like PostgreSQL's fsync=off: a killed member loses nothing
 			// (the page cache survives it), only an OS crash would.
 			"--unsafe-no-fsync",
-			// The nodes ping every second (--etcd-keepalive), so that a
-			// connection a partition left silent is dropped within 2s.
+			// The nodes ping every 2s (--etcd-keepalive), so that a
+			// connection a partition left silent is dropped within 4s
+			// (shorter bounds misfire on a loaded machine).
 			"--grpc-keepalive-min-time", etcdKeepAlive.String(),
 		}
 		if c.tls != nil {

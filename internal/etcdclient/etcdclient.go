@@ -36,7 +36,7 @@ const DialTimeout = 5 * time.Second
 // its placement watch open), which is what a member permits.
 const (
 	DefaultKeepAlive = 5 * time.Second
-	KeepAliveTimeout = 1 * time.Second
+	KeepAliveTimeout = 2 * time.Second
 )
 
 // Flags are the etcd client's TLS and authentication settings.
@@ -63,7 +63,7 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.Key, "etcd-key", "", "private key (PEM) of --etcd-cert")
 	fs.StringVar(&f.Username, "etcd-username", "", "etcd user (etcd auth enabled); the password comes from --etcd-password-file or "+PasswordEnv)
 	fs.StringVar(&f.PasswordFile, "etcd-password-file", "", "file holding the password of --etcd-username")
-	fs.DurationVar(&f.KeepAlive, "etcd-keepalive", DefaultKeepAlive, "interval of keepalive pings on etcd connections: one silent this long plus 1s is dropped and dialled again; "+
+	fs.DurationVar(&f.KeepAlive, "etcd-keepalive", DefaultKeepAlive, "interval of keepalive pings on etcd connections: one silent this long plus 2s is dropped and dialled again; "+
 		"etcd refuses pings more frequent than its --grpc-keepalive-min-time (5s by default)")
 }
 
