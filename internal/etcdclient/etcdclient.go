@@ -27,17 +27,15 @@ const DialTimeout = 5 * time.Second
 
 // Keepalive pings on the clients' gRPC connections: a connection a
 // partition left silent (no FIN, no RST: packets just go nowhere) is
-// declared dead within the keepalive time (--etcd-keepalive) plus
-// KeepAliveTimeout of its last sign of life, and the client dials again,
+// declared dead within twice the keepalive time (--etcd-keepalive: one
+// interval, then as long for the ping's answer) of its last sign of life,
+// and the client dials again,
 // instead of waiting for TCP to give up (minutes). DefaultKeepAlive is
 // etcd's default --grpc-keepalive-min-time: a member closes connections
 // that ping more often than its setting. Pings go only while the
 // connection carries a stream (a node always has its lease keepalive and
 // its placement watch open), which is what a member permits.
-const (
-	DefaultKeepAlive = 5 * time.Second
-	KeepAliveTimeout = 2 * time.Second
-)
+const DefaultKeepAlive = 5 * time.Second
 
 // Flags are the etcd client's TLS and authentication settings.
 type Flags struct {
@@ -63,7 +61,7 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.Key, "etcd-key", "", "private key (PEM) of --etcd-cert")
 	fs.StringVar(&f.Username, "etcd-username", "", "etcd user (etcd auth enabled); the password comes from --etcd-password-file or "+PasswordEnv)
 	fs.StringVar(&f.PasswordFile, "etcd-password-file", "", "file holding the password of --etcd-username")
-	fs.DurationVar(&f.KeepAlive, "etcd-keepalive", DefaultKeepAlive, "interval of keepalive pings on etcd connections: one silent this long plus 2s is dropped and dialled again; "+
+	fs.DurationVar(&f.KeepAlive, "etcd-keepalive", DefaultKeepAlive, "interval of keepalive pings on etcd connections: one silent twice this long is dropped and dialled again; "+
 		"etcd refuses pings more frequent than its --grpc-keepalive-min-time (5s by default)")
 }
 
@@ -72,10 +70,12 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 func (f *Flags) Config(endpoints []string, getenv func(string) string) (clientv3.Config, error) {
 	cfg := clientv3.Config{
 		Endpoints: endpoints, DialTimeout: DialTimeout, Logger: zap.NewNop(),
-		DialKeepAliveTime: DefaultKeepAlive, DialKeepAliveTimeout: KeepAliveTimeout,
+		DialKeepAliveTime: DefaultKeepAlive, DialKeepAliveTimeout: DefaultKeepAlive,
 	}
 	if f.KeepAlive > 0 {
-		cfg.DialKeepAliveTime = f.KeepAlive
+		// An answer is awaited as long as the interval: a shorter wait
+		// misfires on a loaded machine, taking a live connection down.
+		cfg.DialKeepAliveTime, cfg.DialKeepAliveTimeout = f.KeepAlive, f.KeepAlive
 	}
 	if (f.Cert == "") != (f.Key == "") {
 		return cfg, errors.New("--etcd-cert and --etcd-key go together")
