@@ -101,7 +101,8 @@ func (r *run) exited() bool {
 // etcd member, "provider" for the provider simulator.
 func (p *Process) Name() string { return p.name }
 
-// Kind returns KindNode, KindEtcd or KindProvider.
+// Kind returns KindNode, KindEtcd or KindProvider (KindStore or KindWAN for
+// the docker environment's own containers).
 func (p *Process) Kind() string { return p.kind }
 
 // Region returns a node's region, or, in the docker environment, the
