@@ -69,3 +69,43 @@ func TestComputeDrill(t *testing.T) {
 func clean0(homes map[string]string, ops []*Op) *Drill {
 	return computeDrill(drillInput{region: "eu-west", at: 10, homes: homes, ops: ops, bound: time.Minute})
 }
+
+// electedFault is a drill fault that reports whether etcd elected a leader.
+type electedFault struct {
+	Fault
+	elected bool
+}
+
+func (f electedFault) DrillRegion() string  { return "eu-west" }
+func (f electedFault) FailoverMode() string { return FailoverManual }
+func (f electedFault) EtcdElected() bool    { return f.elected }
+
+// TestDrillBoundAllowsForAnElection: the RTO bound is the lease TTL plus
+// RTOSlack, and EtcdElectionSlack more only when etcd elected a leader
+// between the cut and the move; it is measured from the cut.
+func TestDrillBoundAllowsForAnElection(t *testing.T) {
+	s := func(x float64) time.Duration { return time.Duration(x * float64(time.Second)) }
+	// Served again 8s after the cut: over 3s + RTOSlack, within the
+	// election's allowance.
+	ops := []*Op{{Tenant: "tenant-a", Start: s(17), End: s(18), Status: 201, Node: "us-east-0"}}
+	homes := map[string]string{"tenant-a": "eu-west"}
+	events := []FaultEvent{{At: 9, CutAt: 10}}
+	for _, elected := range []bool{false, true} {
+		steps := []Step{{Fault: electedFault{Fault: PartitionRegion("eu-west"), elected: elected}}}
+		drills, check := scenarioDrills(steps, events, homes, ops, nil, 3*time.Second)
+		if len(drills) != 1 {
+			t.Fatalf("elected=%v: %d drills, want 1", elected, len(drills))
+		}
+		d := drills[0]
+		want := (3*time.Second + RTOSlack).Seconds()
+		if elected {
+			want += EtcdElectionSlack.Seconds()
+		}
+		if d.RTOBoundSeconds != want || d.EtcdElection != elected || d.RTOMaxSeconds != 8 {
+			t.Errorf("elected=%v: bound %vs, election %v, RTO %vs; want %vs, %v, 8s", elected, d.RTOBoundSeconds, d.EtcdElection, d.RTOMaxSeconds, want, elected)
+		}
+		if check.Passed != elected {
+			t.Errorf("elected=%v: drill-bounds passed %v", elected, check.Passed)
+		}
+	}
+}

@@ -529,8 +529,8 @@ type regionFailover struct {
 	from, to string
 	links    []string
 	moved    *routing.RegionMove
-	// leaderLost: the etcd leader was in the failed region.
-	leaderLost bool
+	// elected: etcd elected a leader between the cut and the move.
+	elected bool
 	// cutAt is when the partition took effect.
 	cutAt time.Time
 }
@@ -551,21 +551,28 @@ func (f *regionFailover) Name() string { return "region-failover(" + f.from + "â
 // fault's start).
 func (f *regionFailover) CutAt() time.Time { return f.cutAt }
 
-// LostEtcdLeader reports whether the failed region held the etcd leader
-// (the drill's RTO bound then allows for etcd's election).
-func (f *regionFailover) LostEtcdLeader() bool { return f.leaderLost }
+// EtcdElected reports whether etcd elected a leader between the cut and the
+// move (the drill's RTO bound then allows for the election and the leases
+// it extends).
+func (f *regionFailover) EtcdElected() bool { return f.elected }
 func (f *regionFailover) Available(c *cluster.Cluster) bool {
 	return proxied(c) && c.EtcdClient() != nil && hasRegion(c, f.from) && hasRegion(c, f.to) &&
 		c.StoreMode() == cluster.StoreRegionLocal
 }
 
 func (f *regionFailover) Inject(ctx context.Context, c *cluster.Cluster) error {
+	// etcd's raft term before the cut: a higher one once the region has no
+	// live node means etcd elected a leader meanwhile. That happens when
+	// the failed region held the leader (the docker environment puts a
+	// member in each region), or when a member missed the leader's
+	// heartbeats for an election timeout under load; either way the new
+	// leader extends every lease by one election timeout.
+	termBefore, termErr := f.etcdTerm(ctx, c)
 	if c.Docker() {
 		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		leader, err := c.EtcdLeader(lctx)
 		cancel()
 		if err == nil && leader.Region() == f.from {
-			f.leaderLost = true
 			f.note("the etcd leader (%s) is in %s and is cut off with it: etcd elects another first", leader.Name(), f.from)
 		}
 	}
@@ -584,6 +591,10 @@ func (f *regionFailover) Inject(ctx context.Context, c *cluster.Cluster) error {
 		return fmt.Errorf("chaos: region %s: %w", f.from, err)
 	}
 	f.note("%s had no live node %v after the partition", f.from, time.Since(began).Round(100*time.Millisecond))
+	if termAfter, err := f.etcdTerm(ctx, c); termErr == nil && err == nil && termAfter > termBefore {
+		f.elected = true
+		f.note("etcd elected a leader meanwhile (raft term %d -> %d): the new leader extended every lease by an election timeout", termBefore, termAfter)
+	}
 	f.moved = &moved
 	revs, keys, err := placementWrites(ctx, c.EtcdClient(), before.Header.Revision)
 	if err != nil {
@@ -593,6 +604,13 @@ func (f *regionFailover) Inject(ctx context.Context, c *cluster.Cluster) error {
 		f.from, f.to, moved.Epoch, revs, keys, "/idem/placement/", routing.FailoverPrefix, before.Count)
 	f.env.setFailedOver()
 	return nil
+}
+
+// etcdTerm is c.EtcdTerm within a few seconds.
+func (f *regionFailover) etcdTerm(ctx context.Context, c *cluster.Cluster) (uint64, error) {
+	tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return c.EtcdTerm(tctx)
 }
 
 func (f *regionFailover) Heal(ctx context.Context, c *cluster.Cluster) error {

@@ -51,7 +51,7 @@ var reportTemplate = template.Must(template.New("report").Funcs(template.FuncMap
 // drillHTML renders one drill's figures (template "drill", given a
 // drillView).
 const drillHTML = `{{define "drill"}}<h3>Failover drill: <a href="#{{.Name}}">{{.Name}}</a> <span class="badge {{vclass .Drill.Passed}}">{{verdict .Drill.Passed}}</span></h3>
-<p><code>{{.Drill.Fault}}</code> took <b>{{.Drill.Region}}</b> down at {{secs .Drill.FaultAt}}; failover: <b>{{.Drill.Failover}}</b>.{{if .Drill.EtcdLeaderLost}} The etcd leader was in that region: the RTO bound allows for etcd's election.{{end}}</p>
+<p><code>{{.Drill.Fault}}</code> took <b>{{.Drill.Region}}</b> down at {{secs .Drill.FaultAt}}; failover: <b>{{.Drill.Failover}}</b>.{{if .Drill.EtcdElection}} etcd elected a leader before the move: the RTO bound allows for the election and the leases it extended.{{end}}</p>
 <table>
 <tr><th>figure</th><th>value</th><th>bound</th><th>met</th></tr>
 {{range .Drill.Figures}}<tr><td>{{.Name}}</td><td>{{if eq .Unit "s"}}{{rto .Value}}{{else}}{{.Value}}{{end}}</td><td>{{if eq .Unit "s"}}&le; {{printf "%.1f" .Bound}}s{{else}}{{.Bound}}{{end}}</td><td class="{{vclass .Met}}">{{if .Met}}yes{{else}}NO{{end}}</td></tr>

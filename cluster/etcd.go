@@ -330,14 +330,33 @@ func (c *Cluster) EtcdClient() *clientv3.Client { return c.etcdClient }
 // partition, an isolated old leader may still believe it leads). It fails if
 // no member answers or none knows a leader.
 func (c *Cluster) EtcdLeader(ctx context.Context) (*Process, error) {
-	if c.etcdClient == nil {
-		return nil, errors.New("cluster: no etcd (Config.EtcdMembers is 0)")
+	leader, _, err := c.etcdStatus(ctx)
+	if err != nil {
+		return nil, err
 	}
-	var (
-		bestTerm uint64
-		leader   uint64
-		errs     []error
-	)
+	p, ok := c.etcdIDs[leader]
+	if !ok {
+		return nil, fmt.Errorf("cluster: etcd leader %x is not a member the cluster started", leader)
+	}
+	return p, nil
+}
+
+// EtcdTerm returns the highest raft term a reachable member that knows a
+// leader reports. It grows with every election: a drill compares it before
+// and after a fault to tell whether etcd elected a leader meanwhile (which
+// extends every lease by an election timeout).
+func (c *Cluster) EtcdTerm(ctx context.Context) (uint64, error) {
+	_, term, err := c.etcdStatus(ctx)
+	return term, err
+}
+
+// etcdStatus asks every member for its status and returns the leader and
+// term of the highest term among the members that know a leader.
+func (c *Cluster) etcdStatus(ctx context.Context) (leader, term uint64, err error) {
+	if c.etcdClient == nil {
+		return 0, 0, errors.New("cluster: no etcd (Config.EtcdMembers is 0)")
+	}
+	var errs []error
 	for _, p := range c.EtcdMembers() {
 		sctx, cancel := context.WithTimeout(ctx, etcdStatusTimeout)
 		st, err := c.etcdClient.Status(sctx, p.URL())
@@ -346,18 +365,14 @@ func (c *Cluster) EtcdLeader(ctx context.Context) (*Process, error) {
 			errs = append(errs, fmt.Errorf("%s: %w", p.Name(), err))
 			continue
 		}
-		if st.Leader != 0 && st.RaftTerm >= bestTerm {
-			bestTerm, leader = st.RaftTerm, st.Leader
+		if st.Leader != 0 && st.RaftTerm >= term {
+			term, leader = st.RaftTerm, st.Leader
 		}
 	}
 	if leader == 0 {
-		return nil, fmt.Errorf("cluster: no etcd member knows a leader: %w", errors.Join(errs...))
+		return 0, 0, fmt.Errorf("cluster: no etcd member knows a leader: %w", errors.Join(errs...))
 	}
-	p, ok := c.etcdIDs[leader]
-	if !ok {
-		return nil, fmt.Errorf("cluster: etcd leader %x is not a member the cluster started", leader)
-	}
-	return p, nil
+	return leader, term, nil
 }
 
 // writePlacements stores the cluster's regions as the default region list
