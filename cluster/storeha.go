@@ -68,6 +68,7 @@ func (c *Cluster) startStoreHA(ctx context.Context, cfg *Config) (map[string]str
 			}
 			return pgha.TLSFiles{CAFile: c.tls.ca.CertFile, CertFile: cert, KeyFile: key}, nil
 		}
+		opts.APIClientTLS = c.ClientTLS()
 	}
 	for _, r := range cfg.Regions {
 		spec := pgha.MemberSpec{Name: StoreMemberName(r), Region: r}

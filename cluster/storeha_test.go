@@ -197,4 +197,36 @@ func TestStoreHATLS(t *testing.T) {
 	if encrypted != len(regions)-1 || plain != 0 {
 		t.Errorf("replication connections on the leader: %d over TLS, %d without; want %d and 0", encrypted, plain, len(regions)-1)
 	}
+
+	// The agents' REST API: HTTPS only, and only for a caller with a
+	// certificate of the cluster's CA.
+	for _, m := range store.Members() {
+		api, err := url.Parse(m.APIURL())
+		if err != nil || api.Scheme != "https" {
+			t.Fatalf("member %s: REST API at %q, want https", m.Name, m.APIURL())
+		}
+		if resp, err := http.Get("http://" + api.Host + "/cluster"); err == nil {
+			resp.Body.Close()
+			t.Errorf("member %s: REST API answered plain HTTP (%d)", m.Name, resp.StatusCode)
+		}
+		noCert := c.ClientTLS()
+		noCert.Certificates, noCert.GetClientCertificate = nil, nil
+		anon := &http.Client{Transport: &http.Transport{TLSClientConfig: noCert}}
+		if resp, err := anon.Get(m.APIURL() + "/cluster"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				t.Errorf("member %s: REST API answered a caller without a client certificate", m.Name)
+			}
+		}
+		authed := &http.Client{Transport: &http.Transport{TLSClientConfig: c.ClientTLS()}}
+		resp, err := authed.Get(m.APIURL() + "/cluster")
+		if err != nil {
+			t.Errorf("member %s: REST API with the cluster's certificate: %v", m.Name, err)
+			continue
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("member %s: REST API with the cluster's certificate: %d", m.Name, resp.StatusCode)
+		}
+	}
 }

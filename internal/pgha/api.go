@@ -2,6 +2,7 @@ package pgha
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,8 +24,10 @@ const (
 
 type httpClient struct{ c *http.Client }
 
-func newHTTPClient() *httpClient {
-	return &httpClient{c: &http.Client{Timeout: apiTimeout, Transport: &http.Transport{DisableKeepAlives: true}}}
+// newHTTPClient calls the agents' REST API, over TLS with cfg when it is
+// not nil.
+func newHTTPClient(cfg *tls.Config) *httpClient {
+	return &httpClient{c: &http.Client{Timeout: apiTimeout, Transport: &http.Transport{DisableKeepAlives: true, TLSClientConfig: cfg}}}
 }
 
 // get returns the status code and body of GET url.

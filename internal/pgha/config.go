@@ -36,8 +36,13 @@ func (m memberConfig) yaml() []byte {
 	}
 	data := filepath.Join(m.Dir, "data")
 	// Without TLS: plain HTTP to etcd, plain TCP between the members.
-	etcdTLS, hostType, serverSSL, clientSSL := "protocol: http", "host", "", ""
+	etcdTLS, hostType, serverSSL, clientSSL, apiTLS := "protocol: http", "host", "", "", ""
 	if t := m.TLS; t != nil {
+		// The REST API serves HTTPS and takes only callers with a
+		// certificate of the CA (the other agents, which present theirs:
+		// Patroni's client falls back to restapi's files, and the
+		// cluster's controller).
+		apiTLS = fmt.Sprintf("\n  certfile: %s\n  keyfile: %s\n  cafile: %s\n  verify_client: required", q(t.CertFile), q(t.KeyFile), q(t.CAFile))
 		// etcd verified and authenticating the agent; PostgreSQL refusing
 		// TCP without TLS; replicas (and pg_rewind) verifying the server
 		// they stream from. libpq ignores sslmode on the Unix socket the
@@ -54,7 +59,7 @@ log:
   level: INFO
 restapi:
   listen: %s
-  connect_address: %s
+  connect_address: %s%s
 etcd3:
   hosts: [%s]
   %s
@@ -116,7 +121,7 @@ tags:
   nosync: false
 `,
 		q(m.Scope), q(m.Namespace), q(m.Name),
-		q("127.0.0.1:"+strconv.Itoa(m.APIPort)), q(m.APIAdvertise),
+		q("127.0.0.1:"+strconv.Itoa(m.APIPort)), q(m.APIAdvertise), apiTLS,
 		strings.Join(hosts, ", "), etcdTLS,
 		m.TTL, m.LoopWait, m.RetryTimeout,
 		q("127.0.0.1:"+strconv.Itoa(m.Port)), q(m.Advertise), q(data), q(m.BinDir), q(filepath.Join(m.Dir, "pgpass")),

@@ -3,6 +3,7 @@ package pgha
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -83,9 +84,16 @@ type Options struct {
 	// PostgreSQL server accepts TCP connections (clients, replicas,
 	// pg_rewind) only over TLS, and replicas verify the server they
 	// stream from. URL and Member.URL then verify the servers
-	// (sslmode=verify-full). Start copies the files into the member's
+	// (sslmode=verify-full). Each agent's REST API serves HTTPS with the
+	// member's certificate and requires a client certificate of the CA
+	// (the agents present theirs to each other; this package presents
+	// APIClientTLS's). Start copies the files into the member's
 	// directory, owned by PostgreSQL's OS user. Default: no TLS.
 	TLS func(member string) (TLSFiles, error)
+	// APIClientTLS is how this package calls the agents' REST API with
+	// TLS: it must trust the CA and present a client certificate the
+	// agents accept. Required with TLS.
+	APIClientTLS *tls.Config
 	// Scope is Patroni's cluster name. Default DefaultScope.
 	Scope string
 	// Namespace is the etcd key prefix. Default DefaultNamespace.
@@ -197,7 +205,10 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		return nil, fmt.Errorf("pgha: %w", err)
 	}
 
-	c := &Cluster{log: log, http: newHTTPClient()}
+	if opts.TLS != nil && opts.APIClientTLS == nil {
+		return nil, errors.New("pgha: Options.APIClientTLS is required with Options.TLS")
+	}
+	c := &Cluster{log: log, http: newHTTPClient(opts.APIClientTLS)}
 	ok := false
 	defer func() {
 		if !ok {
@@ -463,7 +474,11 @@ func (m *Member) copyTLS(tlsFor func(string) (TLSFiles, error)) (*TLSFiles, erro
 
 // APIURL returns the base URL of the member's Patroni REST API.
 func (m *Member) APIURL() string {
-	return "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(m.APIPort))
+	scheme := "http"
+	if m.c.caFile != "" {
+		scheme = "https"
+	}
+	return scheme + "://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(m.APIPort))
 }
 
 // Dir returns the member's directory (patroni.yml, data/, patroni.log).
