@@ -576,16 +576,18 @@ func (f *regionFailover) Inject(ctx context.Context, c *cluster.Cluster) error {
 			f.note("the etcd leader (%s) is in %s and is cut off with it: etcd elects another first", leader.Name(), f.from)
 		}
 	}
-	var err error
+	// Read before the cut: after it, a read that reaches the cut-off
+	// member waits for etcd's request timeout (7s) before it goes to
+	// another, and would hold the failover back by as much.
+	before, err := c.EtcdClient().Get(ctx, routing.PlacementPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return fmt.Errorf("chaos: placements before the failover: %w", err)
+	}
 	if f.links, err = cutRegion(ctx, c, f.from); err != nil {
 		return err
 	}
 	began := time.Now()
 	f.cutAt = began
-	before, err := c.EtcdClient().Get(ctx, routing.PlacementPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
-	if err != nil {
-		return fmt.Errorf("chaos: placements before the failover: %w", err)
-	}
 	moved, err := failover.Move(ctx, c.EtcdClient(), f.from, f.to, 3*f.env.LeaseTTL+15*time.Second, nil)
 	if err != nil {
 		return fmt.Errorf("chaos: region %s: %w", f.from, err)
