@@ -281,6 +281,10 @@ type Answer struct {
 	Outcome idem.Outcome
 	// ExpiredRetry is true when the key's earlier record had expired.
 	ExpiredRetry bool
+	// Stored is true when the operation recorded its result itself (a
+	// ClaimFunc's Claim.Done, or a Result with Stored): Response is then
+	// the operation's own answer, whatever Status.
+	Stored bool
 	// recoveryOutcome is Result.RecoveryOutcome, for RecoverStale.
 	recoveryOutcome string
 }
@@ -688,7 +692,7 @@ func (e *Engine) run(ctx context.Context, ans Answer, op Operation, a *Attempt, 
 // stored answers a Result whose state the operation stored itself
 // (Result.Stored, Claim.Done): the engine writes nothing.
 func (e *Engine) stored(ans Answer, op Operation, res Result, err error) (Answer, error) {
-	ans.Response, ans.Status, ans.recoveryOutcome = res.Response, res.Status, res.RecoveryOutcome
+	ans.Response, ans.Status, ans.recoveryOutcome, ans.Stored = res.Response, res.Status, res.RecoveryOutcome, true
 	if err != nil {
 		return ans, fenced(err)
 	}

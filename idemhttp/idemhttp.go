@@ -49,6 +49,7 @@ import (
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/fingerprint"
+	"github.com/idemcoord/idem/internal/ctxtime"
 	"github.com/idemcoord/idem/internal/strictjson"
 )
 
@@ -117,12 +118,53 @@ type Options struct {
 	// Recover, optional, settles a record a crashed or lost execution left
 	// behind (see engine.Operation.Recover).
 	Recover engine.ExecuteFunc
+	// Registered says the operation is already registered with the engine
+	// (with its own Claim, Replay, Recover, UnknownCode): Middleware uses
+	// that registration, and Recover, Window and LockTimeout above are
+	// ignored.
+	Registered bool
+	// Command, when set, replaces Fingerprint for an operation that owns
+	// more of its path: it parses a request into a Command (its
+	// fingerprint, and optionally a claim of its own and a value for the
+	// handler). An error answers as Fingerprint's do, storing nothing.
+	Command func(r *http.Request, body []byte) (Command, error)
+	// RetryOn, when set, says which errors of an attempt leave the request
+	// to be attempted again at once (up to MaxAttempts in all): a commit
+	// whose outcome is unknown, whose record then answers what it did.
+	RetryOn func(error) bool
+	// WriteError writes an error answer. Default: JSON
+	// {"errorCode","message"} with StatusOf's status.
+	WriteError func(w http.ResponseWriter, r *http.Request, err error)
+	// Observe, when set, is called once per request after its answer was
+	// written, with what the engine answered (zero for a request refused
+	// before it), the error answered, and the time taken.
+	Observe func(r *http.Request, ans engine.Answer, err error, d time.Duration)
 	// Logger receives internal errors. Default: discard.
 	Logger *slog.Logger
 	// Registerer, when set, receives the counter
 	// idemhttp_requests_total{operation,outcome}.
 	Registerer prometheus.Registerer
 }
+
+// Command is a request as Options.Command parses it.
+type Command struct {
+	// Fields are the fields fingerprinted under the operation's name
+	// (fingerprint.Hashes); Hashes, when set, are used instead.
+	Fields map[string]any
+	Hashes []string
+	// Claim, when set, claims the key in place of the operation's (an
+	// operation that writes its own rows in the claim's transaction; see
+	// engine.Request.Claim).
+	Claim engine.ClaimFunc
+	// Recover, when set, settles this request's takeovers (see
+	// engine.Request.Recover).
+	Recover engine.ExecuteFunc
+	// Value is handed to the handler: ValueFrom(r.Context()).
+	Value any
+}
+
+// MaxAttempts bounds how often a request is attempted (Options.RetryOn).
+const MaxAttempts = 6
 
 // Outcome labels of idemhttp_requests_total.
 var outcomeLabels = []string{"execute", "replay", "conflict", "in_progress", "recover", "expired", "rejected", "error"}
@@ -132,6 +174,8 @@ type middleware struct {
 	opts     Options
 	window   string
 	requests *prometheus.CounterVec
+	// unknownCode is the operation's engine.Operation.UnknownCode.
+	unknownCode string
 }
 
 // Middleware returns a wrapper that makes a handler idempotent as operation
@@ -166,11 +210,19 @@ func Middleware(e *engine.Engine, opts Options) (func(http.Handler) http.Handler
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	if err := e.Register(engine.Operation{Name: opts.Operation, Recover: opts.Recover, Window: opts.Window, LockTimeout: opts.LockTimeout}); err != nil {
-		return nil, fmt.Errorf("idemhttp: %w", err)
+	if !opts.Registered {
+		if err := e.Register(engine.Operation{Name: opts.Operation, Recover: opts.Recover, Window: opts.Window, LockTimeout: opts.LockTimeout}); err != nil {
+			return nil, fmt.Errorf("idemhttp: %w", err)
+		}
 	}
-	op, _ := e.Operation(opts.Operation)
-	m := &middleware{eng: e, opts: opts, window: strconv.FormatInt(int64(op.Window/time.Second), 10)}
+	op, ok := e.Operation(opts.Operation)
+	if !ok {
+		return nil, fmt.Errorf("idemhttp: operation %q is not registered with the engine", opts.Operation)
+	}
+	m := &middleware{eng: e, opts: opts, window: strconv.FormatInt(int64(op.Window/time.Second), 10), unknownCode: op.UnknownCode}
+	if m.opts.WriteError == nil {
+		m.opts.WriteError = m.writeError
+	}
 	if opts.Registerer != nil {
 		m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemhttp_requests_total", Help: "Requests through the idempotency middleware, by operation and outcome.",
@@ -212,63 +264,80 @@ func (m *middleware) count(outcome string) {
 }
 
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, h http.Handler) {
+	start := time.Now()
+	var ans engine.Answer
+	err := m.answer(w, r, h, &ans)
+	if err != nil {
+		m.opts.WriteError(w, r, err)
+	}
+	if m.opts.Observe != nil {
+		m.opts.Observe(r, ans, err, time.Since(start))
+	}
+}
+
+// answer serves one request: it writes the answer, or returns the error to
+// answer, and sets *ans to what the engine answered.
+func (m *middleware) answer(w http.ResponseWriter, r *http.Request, h http.Handler, ans *engine.Answer) error {
 	w.Header().Set(HeaderWindow, m.window)
 	tenant, err := m.opts.Tenant(r)
 	if err != nil || tenant == "" {
 		m.count("rejected")
 		w.Header().Set("WWW-Authenticate", "Bearer")
-		m.writeError(w, r, &idem.Error{Code: idem.ECodeUnauthenticated, Message: "A valid credential is required.", Err: err})
-		return
+		return &idem.Error{Code: idem.ECodeUnauthenticated, Message: "A valid credential is required.", Err: err}
 	}
 	key, present := r.Header[HeaderKey]
 	switch {
 	case !present:
 		m.count("rejected")
-		m.writeError(w, r, idem.Errorf(idem.ECodeKeyMissing, "The Idempotency-Key header is required."))
-		return
+		return idem.Errorf(idem.ECodeKeyMissing, "The Idempotency-Key header is required.")
 	case len(key) != 1 || !idem.ValidKey(key[0]):
 		m.count("rejected")
-		m.writeError(w, r, idem.Errorf(idem.ECodeKeyInvalid, "The Idempotency-Key header must be 1 to 255 visible ASCII characters."))
-		return
+		return idem.Errorf(idem.ECodeKeyInvalid, "The Idempotency-Key header must be 1 to 255 visible ASCII characters.")
 	}
 	body, err := readBody(w, r, m.opts.MaxRequestBody)
 	if err != nil {
 		m.count("rejected")
-		m.writeError(w, r, err)
-		return
+		return err
 	}
-	fields, err := m.opts.Fingerprint(r, body)
+	cmd, err := m.command(r, body)
 	if err != nil {
 		m.count("rejected")
-		m.writeError(w, r, clientError(err))
-		return
-	}
-	hashes, err := fingerprint.Hashes(m.opts.Operation, fields)
-	if err != nil {
-		m.count("rejected")
-		m.writeError(w, r, clientError(err))
-		return
+		return clientError(err)
 	}
 	var (
 		rec      *recorder
 		executed bool
 	)
-	ans, err := m.eng.Do(r.Context(), engine.Request{
-		Operation: m.opts.Operation, Tenant: tenant, Key: key[0], RequestHashes: hashes, Wait: preferWait(r.Header, m.opts.MaxWait),
+	req := engine.Request{
+		Operation: m.opts.Operation, Tenant: tenant, Key: key[0], RequestHashes: cmd.Hashes, Wait: preferWait(r.Header, m.opts.MaxWait),
+		Claim: cmd.Claim, Recover: cmd.Recover,
 		Execute: func(ctx context.Context, a *engine.Attempt) (engine.Result, error) {
 			executed = true
 			rec = newRecorder(m.opts.MaxResponseBody)
-			r2 := r.WithContext(withAttempt(ctx, a))
+			ctx = withAttempt(ctx, a)
+			if cmd.Value != nil {
+				ctx = context.WithValue(ctx, valueKey{}, cmd.Value)
+			}
+			r2 := r.WithContext(ctx)
 			r2.Body = io.NopCloser(bytes.NewReader(body))
 			r2.ContentLength = int64(len(body))
 			h.ServeHTTP(rec, r2)
-			return m.result(rec), nil
+			return m.result(rec), rec.err
 		},
-	})
+	}
+	for attempt := 1; ; attempt++ {
+		executed = false
+		*ans, err = m.eng.Do(r.Context(), req)
+		if err == nil || m.opts.RetryOn == nil || !m.opts.RetryOn(err) || attempt >= MaxAttempts {
+			break
+		}
+		if ctxtime.Sleep(r.Context(), time.Duration(attempt)*50*time.Millisecond) != nil {
+			break
+		}
+	}
 	if err != nil {
 		m.count(errOutcome(err))
-		m.writeError(w, r, err)
-		return
+		return err
 	}
 	switch {
 	case ans.Replayed:
@@ -278,7 +347,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, h http.Handle
 		m.count("error")
 		m.opts.Logger.ErrorContext(r.Context(), "answer larger than MaxResponseBody; record left for recovery",
 			"operation", m.opts.Operation, "limit", m.opts.MaxResponseBody)
-		m.writeError(w, r, idem.Errorf(idem.ECodeResponseTooLarge, "The answer is too large to be stored for replay; retry with the same key later."))
+		return idem.Errorf(idem.ECodeResponseTooLarge, "The answer is too large to be stored for replay; retry with the same key later.")
 	case executed:
 		m.count(ans.Outcome.String())
 		// The first answer: every header the handler set.
@@ -287,19 +356,52 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, h http.Handle
 		}
 		w.WriteHeader(ans.Response.Status)
 		_, _ = w.Write(ans.Response.Body)
+	case ans.Stored && ans.Response.Status != 0:
+		// The operation recorded its result itself (a claim of its own, or
+		// its Recover): its own answer.
+		m.count(ans.Outcome.String())
+		writeStored(w, ans.Response, false)
 	case ans.Status == idem.StatusUnknown:
 		// Recover could not tell yet.
 		m.count(ans.Outcome.String())
-		m.writeError(w, r, idem.Errorf(idem.ECodeOutcomeUnknown, "The outcome of the request with this idempotency key is not known yet; retry with the same key later."))
+		return idem.Errorf(m.unknownCode, "The outcome of the request with this idempotency key is not known yet; retry with the same key later.")
 	case ans.Status == idem.StatusFailedRetryable:
 		// Recover found that nothing happened: the next retry executes.
 		m.count(ans.Outcome.String())
-		m.writeError(w, r, idem.Errorf(idem.ECodeUnavailable, "The request did not take effect; retry with the same key."))
+		return idem.Errorf(idem.ECodeUnavailable, "The request did not take effect; retry with the same key.")
 	default:
-		// Settled by the operation's Recover: what it answered.
+		// Settled by a claim of the operation's own or by its Recover:
+		// what it answered.
 		m.count(ans.Outcome.String())
 		writeStored(w, ans.Response, false)
 	}
+	return nil
+}
+
+// command parses a request (Options.Command, or Options.Fingerprint) and
+// fills in its hashes.
+func (m *middleware) command(r *http.Request, body []byte) (Command, error) {
+	var cmd Command
+	if m.opts.Command != nil {
+		var err error
+		if cmd, err = m.opts.Command(r, body); err != nil {
+			return Command{}, err
+		}
+	} else {
+		fields, err := m.opts.Fingerprint(r, body)
+		if err != nil {
+			return Command{}, err
+		}
+		cmd.Fields = fields
+	}
+	if len(cmd.Hashes) == 0 {
+		hashes, err := fingerprint.Hashes(m.opts.Operation, cmd.Fields)
+		if err != nil {
+			return Command{}, err
+		}
+		cmd.Hashes = hashes
+	}
+	return cmd, nil
 }
 
 func writeStored(w http.ResponseWriter, resp idem.Response, replayed bool) {
@@ -353,8 +455,8 @@ func (m *middleware) result(rec *recorder) engine.Result {
 	if body == nil {
 		body = []byte{}
 	}
-	res := engine.Result{Response: idem.Response{Status: status, Headers: headers, Body: body}, Status: class}
-	if class != idem.StatusCompleted {
+	res := engine.Result{Response: idem.Response{Status: status, Headers: headers, Body: body}, Status: class, Stored: rec.stored}
+	if class != idem.StatusCompleted && !rec.stored {
 		res.ErrorCode = "HTTP_" + strconv.Itoa(status)
 	}
 	return res
@@ -380,10 +482,16 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 		return nil, nil
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
-	var mbe *http.MaxBytesError
+	var (
+		mbe *http.MaxBytesError
+		ie  *idem.Error
+	)
 	switch {
 	case errors.As(err, &mbe):
 		return nil, idem.Errorf(idem.ECodeBodyTooLarge, "The body is larger than %d bytes.", limit)
+	case errors.As(err, &ie):
+		// The server's body reader said why (a read deadline, say).
+		return nil, ie
 	case err != nil:
 		return nil, &idem.Error{Code: idem.ECodeRequestMalformed, Message: "The body could not be read.", Err: err}
 	}

@@ -17,6 +17,10 @@ type recorder struct {
 	limit    int
 	overflow bool
 	class    idem.Status
+	// stored: the handler recorded its answer itself (Stored); err: it
+	// failed (Fail).
+	stored bool
+	err    error
 }
 
 func newRecorder(limit int) *recorder {
@@ -51,17 +55,55 @@ func (r *recorder) Write(p []byte) (int, error) {
 // may have happened; only Options.Recover may settle it). It overrides
 // DefaultClass. On a writer that is not the middleware's it does nothing.
 func Classify(w http.ResponseWriter, s idem.Status) {
+	if r := recorderOf(w); r != nil {
+		r.class = s
+	}
+}
+
+// Stored says that the handler has recorded its answer in the record
+// itself, as state s, in the transaction of its own writes (see
+// engine.Result.Stored): the middleware then writes nothing to the record,
+// and answers what the handler writes to w (or, after Fail, the error). It
+// sets the class as Classify does. On a writer that is not the
+// middleware's it does nothing.
+func Stored(w http.ResponseWriter, s idem.Status) {
+	if r := recorderOf(w); r != nil {
+		r.class, r.stored = s, true
+	}
+}
+
+// Fail reports that the handler failed with err: the engine gets err (so
+// an *idem.Error keeps its code, idem.ErrFenced stays fenced, and an
+// unclassified error leaves the record for recovery unless Stored was
+// called) and the client the error answer (Options.WriteError). Whatever
+// the handler wrote to w is dropped. On a writer that is not the
+// middleware's it does nothing.
+func Fail(w http.ResponseWriter, err error) {
+	if r := recorderOf(w); r != nil {
+		r.err = err
+	}
+}
+
+// recorderOf returns the middleware's recorder under w, or nil.
+func recorderOf(w http.ResponseWriter) *recorder {
 	for {
 		switch v := w.(type) {
 		case *recorder:
-			v.class = s
-			return
+			return v
 		case interface{ Unwrap() http.ResponseWriter }:
 			w = v.Unwrap()
 		default:
-			return
+			return nil
 		}
 	}
+}
+
+type valueKey struct{}
+
+// ValueFrom returns the Value of the request's Command (Options.Command)
+// inside the handler, or nil.
+func ValueFrom(ctx context.Context) any {
+	return ctx.Value(valueKey{})
 }
 
 type attemptKey struct{}

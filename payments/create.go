@@ -40,18 +40,67 @@ type createCall struct {
 	unknown, keyConflict bool
 }
 
-// do runs one create_payment request through the service's engine.
-func (s *Service) do(ctx context.Context, req Request, cmd Command, hashes []string) (Result, error) {
-	c := &createCall{s: s, cmd: cmd, uncertain: req.Uncertain}
-	ereq := engine.Request{
-		Operation: Operation, Tenant: req.Tenant, Key: req.Key, RequestHashes: hashes, Wait: req.Wait,
-		Claim: c.claim, Recover: c.recover, Execute: c.execute,
+// Call is one create_payment request bound to its command, for a caller
+// that runs it through the engine itself, as the node's HTTP route does
+// through the idempotency middleware (idemhttp.Options.Command): the
+// command's fingerprint, the claim that writes the payment with the record,
+// the Recover of a client's takeover, and the Execute that charges. A Call
+// serves one request (and its attempts after an ambiguous commit); it is
+// not safe for concurrent use.
+type Call struct {
+	c      *createCall
+	hashes []string
+}
+
+// Prepare parses req's command (Body, APIVersion) and binds it with
+// req.Uncertain into a Call; req's Tenant, Key and Wait are the engine
+// request's, not the Call's. Errors are Create's: nothing is stored for a
+// command that does not parse.
+func (s *Service) Prepare(req Request) (*Call, error) {
+	cmd, err := ParseCommand(req.Body, req.APIVersion)
+	if err != nil {
+		return nil, err
 	}
-	ans, err := s.engine.Do(ctx, ereq)
-	return Result{
-		Response: ans.Response, Replayed: ans.Replayed, Outcome: ans.Outcome, ExpiredRetry: ans.ExpiredRetry,
-		Unknown: c.unknown && !ans.Replayed, ProviderKeyConflict: c.keyConflict && !ans.Replayed,
-	}, err
+	hashes, err := cmd.Fingerprint()
+	if err != nil {
+		return nil, err
+	}
+	return &Call{c: &createCall{s: s, cmd: cmd, uncertain: req.Uncertain}, hashes: s.requestHashes(req.Body, hashes)}, nil
+}
+
+// Hashes are the command's request hashes (engine.Request.RequestHashes).
+func (c *Call) Hashes() []string { return c.hashes }
+
+// Claim claims the key together with the payment (engine.Request.Claim).
+func (c *Call) Claim(ctx context.Context, begin idem.BeginRequest) (engine.Claim, error) {
+	return c.c.claimFunc()(ctx, begin)
+}
+
+// Execute charges the payment the claim wrote (engine.Request.Execute). Its
+// Result is always Stored: the payment's status, its event and the record
+// commit together.
+func (c *Call) Execute(ctx context.Context, a *engine.Attempt) (engine.Result, error) {
+	return c.c.execute(ctx, a)
+}
+
+// Recover resumes a record a client's retry took over past RECEIVED
+// (engine.Request.Recover).
+func (c *Call) Recover(ctx context.Context, a *engine.Attempt) (engine.Result, error) {
+	return c.c.recover(ctx, a)
+}
+
+// Unknown reports whether the last Execute or Recover left the payment's
+// outcome unknown; ProviderKeyConflict whether it found another charge
+// under the payment's provider key (for metrics).
+func (c *Call) Unknown() bool             { return c.c.unknown }
+func (c *Call) ProviderKeyConflict() bool { return c.c.keyConflict }
+
+// Request is the engine request of call for req (its tenant, key and wait).
+func (c *Call) request(req Request) engine.Request {
+	return engine.Request{
+		Operation: Operation, Tenant: req.Tenant, Key: req.Key, RequestHashes: c.hashes, Wait: req.Wait,
+		Claim: c.Claim, Recover: c.Recover, Execute: c.Execute,
+	}
 }
 
 // owned reports whether d hands the record to this request.

@@ -6,6 +6,7 @@ import (
 	"context"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/engine"
 )
 
 // Faults are the fault-injection settings of a Service: failpoints and the
@@ -21,8 +22,6 @@ func (s *Service) requestHashes(_ []byte, hashes []string) []string { return has
 
 func (s *Service) externalFencing() bool { return s.cfg.Locker != nil }
 
-func (s *Service) attemptBroken(context.Context, Request, Command, []string) (Result, bool, error) {
-	return Result{}, false, nil
-}
+func (c *createCall) claimFunc() engine.ClaimFunc { return c.claim }
 
 func (s *Service) unfenced(l idem.Lease) idem.Lease { return l }

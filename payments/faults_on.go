@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemcoord/idem"
-	"github.com/idemcoord/idem/fingerprint"
+	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/internal/failpoint"
 	"github.com/idemcoord/idem/store"
 )
@@ -78,36 +78,30 @@ func (s *Service) externalFencing() bool {
 	return s.cfg.Locker != nil && s.cfg.Break != BreakNoFencing
 }
 
-// attemptBroken runs the claim of a broken engine (BreakFindThenInsert); ok
-// is false for the real engine.
-func (s *Service) attemptBroken(ctx context.Context, req Request, cmd Command, hashes []string) (res Result, ok bool, err error) {
-	if s.cfg.Break != BreakFindThenInsert {
-		return Result{}, false, nil
+// claimFunc is the call's claim: under BreakFindThenInsert, the naive one.
+func (c *createCall) claimFunc() engine.ClaimFunc {
+	if c.s.cfg.Break != BreakFindThenInsert {
+		return c.claim
 	}
-	res, err = s.attemptFindThenInsert(ctx, req, cmd, hashes)
-	return res, true, err
+	return c.claimFindThenInsert
 }
 
-// attemptFindThenInsert is the naive claim: look for a record, and if there
+// claimFindThenInsert is the naive claim: look for a record, and if there
 // is none, create a payment with a fresh random id and write the record
 // without checking whether someone else claimed the key in between.
-func (s *Service) attemptFindThenInsert(ctx context.Context, req Request, cmd Command, hashes []string) (Result, error) {
-	begin := idem.BeginRequest{
-		Scope:         idem.Scope{Tenant: req.Tenant, Operation: Operation, Key: req.Key},
-		RequestHashes: hashes, HashVersion: fingerprint.Version, Owner: s.cfg.Owner, HomeRegion: s.cfg.Region,
-		LockFor: s.cfg.LockFor, Window: s.cfg.Window,
-	}
+func (c *createCall) claimFindThenInsert(ctx context.Context, begin idem.BeginRequest) (engine.Claim, error) {
+	s := c.s
 	if _, err := s.store.Get(ctx, begin.Scope); err == nil {
-		req.Uncertain = false
-		return s.do(ctx, req, cmd, hashes)
+		c.uncertain = false
+		return c.claim(ctx, begin)
 	}
 	b := make([]byte, 12)
 	_, _ = rand.Read(b)
-	p, ev := s.newPayment(begin.Scope, cmd)
+	p, ev := s.newPayment(begin.Scope, c.cmd)
 	p.ID = "pay_" + hex.EncodeToString(b)
 	p.ProviderKey = ProviderKey(p.ID)
 	ev.ID, ev.AggregateID = "evt_"+p.ID+"_created", p.ID
-	var res Result
+	var done engine.Result
 	err := s.store.ExecTx(ctx, func(tx pgx.Tx) error {
 		if err := store.InsertPaymentOnly(ctx, tx, p, ev); err != nil {
 			return err
@@ -119,14 +113,17 @@ func (s *Service) attemptFindThenInsert(ctx context.Context, req Request, cmd Co
 		if err := store.UpsertCompleted(ctx, tx, begin, completion); err != nil {
 			return fmt.Errorf("payments: naive record write: %w", err)
 		}
-		res = Result{Response: completion.Response, Outcome: idem.OutcomeExecute}
+		done = engine.Result{Stored: true, Status: idem.StatusCompleted, Response: completion.Response}
 		return nil
 	})
 	if errors.Is(err, store.ErrDuplicateMerchantReference) {
 		// The naive engine reports the constraint violation as is.
-		return Result{}, idem.Errorf(ECodeDuplicateMerchantRef, "A payment with this merchant reference already exists for the account.")
+		return engine.Claim{}, idem.Errorf(ECodeDuplicateMerchantRef, "A payment with this merchant reference already exists for the account.")
 	}
-	return res, err
+	if err != nil {
+		return engine.Claim{}, err
+	}
+	return engine.Claim{Decision: idem.Decision{Outcome: idem.OutcomeExecute}, Done: &done}, nil
 }
 
 // unfenced returns the lease an owner writes with: under BreakNoFencing its

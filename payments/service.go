@@ -181,20 +181,16 @@ type Result struct {
 // conflict, in progress, duplicate merchant reference, store unavailable).
 // No record is written for a command that does not parse.
 func (s *Service) Create(ctx context.Context, req Request) (Result, error) {
-	cmd, err := ParseCommand(req.Body, req.APIVersion)
+	call, err := s.Prepare(req)
 	if err != nil {
 		return Result{}, err
-	}
-	hashes, err := cmd.Fingerprint()
-	if err != nil {
-		return Result{}, err
-	}
-	hashes = s.requestHashes(req.Body, hashes)
-	if res, broken, err := s.attemptBroken(ctx, req, cmd, hashes); broken {
-		return res, err
 	}
 	for unknown := 1; ; unknown++ {
-		res, err := s.do(ctx, req, cmd, hashes)
+		ans, err := s.engine.Do(ctx, call.request(req))
+		res := Result{
+			Response: ans.Response, Replayed: ans.Replayed, Outcome: ans.Outcome, ExpiredRetry: ans.ExpiredRetry,
+			Unknown: call.Unknown() && !ans.Replayed, ProviderKeyConflict: call.ProviderKeyConflict() && !ans.Replayed,
+		}
 		if !errors.Is(err, store.ErrCommitUnknown) || unknown > commitResolveAttempts {
 			return res, err
 		}
@@ -206,6 +202,11 @@ func (s *Service) Create(ctx context.Context, req Request) (Result, error) {
 		}
 	}
 }
+
+// Engine is the engine that runs the service's requests, with its
+// operation (EngineOperation) registered: a caller that drives a Call
+// itself (the idempotency middleware) runs it there.
+func (s *Service) Engine() *engine.Engine { return s.engine }
 
 // commitResolveAttempts bounds how often Create attempts again after a
 // COMMIT whose outcome is unknown (store.ErrCommitUnknown).

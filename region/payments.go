@@ -1,26 +1,32 @@
 package region
 
 import (
+	"context"
+	"errors"
 	"mime"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/engine"
+	"github.com/idemcoord/idem/idemhttp"
 	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/store"
 )
 
 // Payments is the reference operation, create_payment, as one of a node's
 // operations: POST /payments and GET /payments/{id}, its engine operation
 // (recovery asks the provider before it charges again) and its recovery
-// outcomes. It is registered like any other operation.
+// outcomes. It is registered like any other operation, and POST /payments
+// is the payments handler behind the idempotency middleware (package
+// idemhttp), as a user's operation would be.
 func Payments(pay *payments.Service) Operation {
 	op := pay.EngineOperation()
 	return Operation{
 		Name: payments.Operation,
 		Routes: func(s *Server) []Route {
 			return []Route{
-				{"POST /payments", func(w http.ResponseWriter, r *http.Request, tenant string) { s.handleCreatePayment(pay, w, r, tenant) }},
+				{"POST /payments", s.createPaymentHandler(pay)},
 				{"GET /payments/{id}", func(w http.ResponseWriter, r *http.Request, tenant string) { s.handleGetPayment(pay, w, r, tenant) }},
 			}
 		},
@@ -29,52 +35,112 @@ func Payments(pay *payments.Service) Operation {
 	}
 }
 
-func (s *Server) handleCreatePayment(pay *payments.Service, w http.ResponseWriter, r *http.Request, tenant string) {
-	start := time.Now()
-	key, keyPresent := r.Header["Idempotency-Key"]
-	switch {
-	case !keyPresent:
-		writeError(w, r, s.logger, idem.Errorf(idem.ECodeKeyMissing, "The Idempotency-Key header is required."))
-		return
-	case len(key) != 1 || !idem.ValidKey(key[0]):
-		writeError(w, r, s.logger, idem.Errorf(idem.ECodeKeyInvalid, "The Idempotency-Key header must be 1 to 255 visible ASCII characters."))
-		return
-	}
-	if ct := r.Header.Get("Content-Type"); ct != "" {
-		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
-			writeError(w, r, s.logger, idem.Errorf(idem.ECodeUnsupportedMediaType, "The body must be application/json."))
-			return
+// paymentRequest is what POST /payments's middleware options learn of one
+// request: its tenant (authenticated by the node) and, once parsed, its
+// payments.Call (for the metrics of what the call found).
+type paymentRequest struct {
+	tenant string
+	call   *payments.Call
+}
+
+type paymentRequestKey struct{}
+
+func paymentRequestOf(ctx context.Context) *paymentRequest {
+	pr, _ := ctx.Value(paymentRequestKey{}).(*paymentRequest)
+	return pr
+}
+
+// createPaymentHandler is POST /payments: payments' handler (it charges
+// under the attempt the middleware hands it and records the payment's
+// result with the record, idemhttp.Stored) behind the idempotency
+// middleware, which parses the command with payments (its fingerprint, and
+// its claim that writes the payment in the claim's transaction), waits,
+// replays and refuses as for any operation, and answers with the node's
+// errors and metrics.
+func (s *Server) createPaymentHandler(pay *payments.Service) TenantHandler {
+	mw, err := idemhttp.Middleware(pay.Engine(), idemhttp.Options{
+		Operation:  payments.Operation,
+		Registered: true,
+		Tenant: func(r *http.Request) (string, error) {
+			if pr := paymentRequestOf(r.Context()); pr != nil && pr.tenant != "" {
+				return pr.tenant, nil
+			}
+			return "", errors.New("region: no authenticated tenant")
+		},
+		Command: func(r *http.Request, body []byte) (idemhttp.Command, error) {
+			if ct := r.Header.Get("Content-Type"); ct != "" {
+				if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+					return idemhttp.Command{}, idem.Errorf(idem.ECodeUnsupportedMediaType, "The body must be application/json.")
+				}
+			}
+			call, err := pay.Prepare(payments.Request{Body: body, APIVersion: r.Header.Get("Api-Version"), Uncertain: routeOf(r.Context()).Uncertain})
+			if err != nil {
+				return idemhttp.Command{}, err
+			}
+			if pr := paymentRequestOf(r.Context()); pr != nil {
+				pr.call = call
+			}
+			return idemhttp.Command{Hashes: call.Hashes(), Claim: call.Claim, Recover: call.Recover, Value: call}, nil
+		},
+		// A COMMIT whose answer was lost may have stored the payment: the
+		// record answers what it did, or the claim runs afresh.
+		RetryOn:        func(err error) bool { return errors.Is(err, store.ErrCommitUnknown) },
+		MaxRequestBody: s.cfg.MaxBodyBytes,
+		MaxWait:        engine.DefaultMaxWait,
+		Logger:         s.logger,
+		WriteError:     func(w http.ResponseWriter, r *http.Request, err error) { writeError(w, r, s.logger, err) },
+		Observe: func(r *http.Request, ans engine.Answer, err error, d time.Duration) {
+			var unknown, conflict bool
+			if pr := paymentRequestOf(r.Context()); pr != nil && pr.call != nil && !ans.Replayed {
+				unknown, conflict = pr.call.Unknown(), pr.call.ProviderKeyConflict()
+			}
+			s.observe(payments.Operation, observation{outcome: ans.Outcome, replayed: ans.Replayed, expiredRetry: ans.ExpiredRetry,
+				unknown: unknown, providerKeyConflict: conflict}, err, d)
+		},
+	})
+	if err != nil {
+		// Only a service without its engine operation gets here.
+		return func(w http.ResponseWriter, r *http.Request, _ string) {
+			writeError(w, r, s.logger, &idem.Error{Code: idem.ECodeInternal, Message: "Internal error.", Err: err})
 		}
 	}
-	body, err := s.readBody(w, r)
-	if err != nil {
-		writeError(w, r, s.logger, err)
+	h := mw(http.HandlerFunc(handleCreatePayment))
+	return func(w http.ResponseWriter, r *http.Request, tenant string) {
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), paymentRequestKey{}, &paymentRequest{tenant: tenant})))
+	}
+}
+
+// handleCreatePayment charges the payment its call's claim wrote, under the
+// middleware's attempt, and answers what it recorded.
+func handleCreatePayment(w http.ResponseWriter, r *http.Request) {
+	call, _ := idemhttp.ValueFrom(r.Context()).(*payments.Call)
+	a := idemhttp.AttemptFrom(r.Context())
+	if call == nil || a == nil {
+		idemhttp.Fail(w, &idem.Error{Code: idem.ECodeInternal, Message: "Internal error.", Err: errors.New("region: payment handler outside the middleware")})
 		return
 	}
-	res, err := pay.Create(r.Context(), payments.Request{
-		Tenant: tenant, Key: key[0], Body: body, APIVersion: r.Header.Get("Api-Version"), Wait: preferWait(r.Header),
-		Uncertain: routeOf(r.Context()).Uncertain,
-	})
-	s.observe(payments.Operation, res, err, time.Since(start))
-	window := strconv.FormatInt(int64(pay.Window()/time.Second), 10)
-	w.Header().Set("Idempotency-Window", window)
+	res, err := call.Execute(r.Context(), a)
+	idemhttp.Stored(w, res.Status)
 	if err != nil {
-		writeError(w, r, s.logger, err)
+		idemhttp.Fail(w, err)
 		return
 	}
 	for k, v := range res.Response.Headers {
 		w.Header().Set(k, v)
 	}
-	if res.Replayed {
-		w.Header().Set("Idempotent-Replayed", "true")
-	}
 	w.WriteHeader(res.Response.Status)
 	_, _ = w.Write(res.Response.Body)
 }
 
+// observation is what an idempotent request's metrics count.
+type observation struct {
+	outcome                                              idem.Outcome
+	replayed, expiredRetry, unknown, providerKeyConflict bool
+}
+
 // observe counts an idempotent request's outcome.
-func (s *Server) observe(operation string, res payments.Result, err error, d time.Duration) {
-	outcome := outcomeLabel(res.Outcome)
+func (s *Server) observe(operation string, o observation, err error, d time.Duration) {
+	outcome := outcomeLabel(o.outcome)
 	switch idem.ErrorCode(err) {
 	case "":
 	case idem.ECodeKeyReused:
@@ -84,20 +150,20 @@ func (s *Server) observe(operation string, res payments.Result, err error, d tim
 		outcome = idem.OutcomeInProgress.String()
 		s.metrics.inProgress.WithLabelValues(operation).Inc()
 	default:
-		if res.Outcome == 0 {
+		if o.outcome == 0 {
 			outcome = outcomeRejected
 		}
 	}
-	if res.Replayed {
+	if o.replayed {
 		s.metrics.replays.WithLabelValues(operation).Inc()
 	}
-	if res.ExpiredRetry {
+	if o.expiredRetry {
 		s.metrics.expiredRetries.WithLabelValues(operation).Inc()
 	}
-	if res.Unknown {
+	if o.unknown {
 		s.metrics.unknownStates.WithLabelValues(operation).Inc()
 	}
-	if res.ProviderKeyConflict {
+	if o.providerKeyConflict {
 		s.metrics.keyConflicts.Inc()
 	}
 	s.metrics.requests.WithLabelValues(operation, outcome).Inc()
