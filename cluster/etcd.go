@@ -33,11 +33,6 @@ const (
 )
 
 // etcdMember is an etcd member's configuration besides its Process.
-// etcdKeepAlive is, in the docker environment, the nodes' --etcd-keepalive
-// and the members' --grpc-keepalive-min-time: leases of a few seconds need
-// a dead connection found in about as long.
-const etcdKeepAlive = 2 * time.Second
-
 type etcdMember struct {
 	name      string // "m<i>", its etcd --name
 	dataDir   string
@@ -212,11 +207,6 @@ func (c *Cluster) tryStartEtcd(ctx context.Context, cfg *Config, root string, me
 			// Like PostgreSQL's fsync=off: a killed member loses nothing
 			// (the page cache survives it), only an OS crash would.
 			"--unsafe-no-fsync",
-		}
-		if c.docker != nil {
-			// The nodes ping every 2s (--etcd-keepalive), so that a
-			// connection a partition left silent is dropped within 4s.
-			args = append(args, "--grpc-keepalive-min-time", etcdKeepAlive.String())
 		}
 		if c.tls != nil {
 			args = append(args, etcdTLSArgs(m, c.tls)...)

@@ -80,12 +80,6 @@ func (c *Cluster) newNode(cfg *Config, rs *regionState, i int, env []string) (*P
 		}
 		args = append(args, "--etcd-endpoints", strings.Join(endpoints, ","),
 			"--region-lease-ttl", cfg.RegionLeaseTTL.String())
-		if c.docker != nil {
-			// Partitions there drop packets: a silent connection must be
-			// found in about a lease's time (the process environment's
-			// proxies close theirs).
-			args = append(args, "--etcd-keepalive", etcdKeepAlive.String())
-		}
 	}
 	if c.provider != nil {
 		u := c.provider.URL()

@@ -7,12 +7,16 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/metadata"
 )
 
 // LoadPageSize is how many keys a Map reads per range request while it
@@ -127,14 +131,44 @@ func (m *Map) broadcastLocked() {
 	m.changed = make(chan struct{})
 }
 
+// Watch probing: every WatchProbeInterval a Map asks etcd for a progress
+// notification on its watch, and a watch that has delivered nothing for
+// WatchStaleAfter is closed and opened again (on another member, when the
+// client has one). A member that a partition cut off answers nothing and
+// closes nothing, and gRPC's own keepalive cannot find such a connection
+// dead in less than about 15s (it pings at most every 10s); meanwhile the
+// node would route by a stale map (forwarding to a region that has failed
+// over, say).
+const (
+	WatchProbeInterval = time.Second
+	WatchStaleAfter    = 3 * time.Second
+)
+
 func (m *Map) watch(ctx context.Context) {
 	defer close(m.done)
+	attempt := 0
 	for ctx.Err() == nil {
 		m.mu.RLock()
 		from := m.rev + 1
 		m.mu.RUnlock()
-		wch := m.cli.Watch(clientv3.WithRequireLeader(ctx), "/idem/", clientv3.WithPrefix(), clientv3.WithRev(from), clientv3.WithProgressNotify())
+		// The probe's progress requests go to this watch's stream: they
+		// carry the same metadata (the require-leader flag).
+		// Each watch gets a gRPC stream of its own (the client shares one
+		// per metadata): the stream of a silent watch may never finish
+		// closing. The probe starts first: opening the watch itself waits
+		// for a member, which may be the silent one.
+		attempt++
+		wctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(clientv3.WithRequireLeader(ctx), "idem-watch", strconv.Itoa(attempt)))
+		var heard atomic.Int64
+		heard.Store(time.Now().UnixNano())
+		probed := make(chan struct{})
+		go func() {
+			defer close(probed)
+			m.probe(wctx, cancel, &heard)
+		}()
+		wch := m.cli.Watch(wctx, "/idem/", clientv3.WithPrefix(), clientv3.WithRev(from), clientv3.WithProgressNotify())
 		for resp := range wch {
+			heard.Store(time.Now().UnixNano())
 			if err := resp.Err(); err != nil {
 				if errors.Is(err, rpctypes.ErrCompacted) {
 					m.logger.Warn("routing watch compacted; reloading", "err", err)
@@ -146,6 +180,31 @@ func (m *Map) watch(ctx context.Context) {
 			}
 			m.apply(resp)
 		}
+		cancel()
+		<-probed
+	}
+}
+
+// probe asks for progress on the watch of ctx every WatchProbeInterval, and
+// cancels it once it has been silent (heard: when it last delivered, in
+// Unix nanoseconds) for WatchStaleAfter.
+func (m *Map) probe(ctx context.Context, cancel context.CancelFunc, heard *atomic.Int64) {
+	t := time.NewTicker(WatchProbeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if silent := time.Since(time.Unix(0, heard.Load())); silent > WatchStaleAfter {
+			m.logger.Warn("routing watch silent; opening it again", "silent", silent.Round(time.Millisecond))
+			cancel()
+			return
+		}
+		rctx, rcancel := context.WithTimeout(ctx, WatchProbeInterval)
+		_ = m.cli.RequestProgress(rctx)
+		rcancel()
 	}
 }
 

@@ -27,15 +27,22 @@ const DialTimeout = 5 * time.Second
 
 // Keepalive pings on the clients' gRPC connections: a connection a
 // partition left silent (no FIN, no RST: packets just go nowhere) is
-// declared dead within twice the keepalive time (--etcd-keepalive: one
-// interval, then as long for the ping's answer) of its last sign of life,
-// and the client dials again,
-// instead of waiting for TCP to give up (minutes). DefaultKeepAlive is
-// etcd's default --grpc-keepalive-min-time: a member closes connections
-// that ping more often than its setting. Pings go only while the
-// connection carries a stream (a node always has its lease keepalive and
-// its placement watch open), which is what a member permits.
-const DefaultKeepAlive = 5 * time.Second
+// declared dead once a ping has gone unanswered for KeepAliveTimeout, and
+// the client dials again, instead of waiting for TCP to give up (minutes).
+// gRPC pings no more often than every MinKeepAlive (it raises a shorter
+// setting silently), so that is the default and the floor; pings go only
+// while the connection carries a stream (a node always has its lease
+// keepalive and its placement watch open), which is what a member permits.
+// What needs a dead connection found sooner finds it itself: a node's
+// placement watch asks for progress every second (routing.Map), and lease
+// keepalives are bounded requests.
+const (
+	MinKeepAlive     = 10 * time.Second
+	DefaultKeepAlive = MinKeepAlive
+	// KeepAliveTimeout is how long a ping's answer is awaited (a shorter
+	// wait misfires on a loaded machine, taking a live connection down).
+	KeepAliveTimeout = 5 * time.Second
+)
 
 // Flags are the etcd client's TLS and authentication settings.
 type Flags struct {
@@ -61,8 +68,7 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.Key, "etcd-key", "", "private key (PEM) of --etcd-cert")
 	fs.StringVar(&f.Username, "etcd-username", "", "etcd user (etcd auth enabled); the password comes from --etcd-password-file or "+PasswordEnv)
 	fs.StringVar(&f.PasswordFile, "etcd-password-file", "", "file holding the password of --etcd-username")
-	fs.DurationVar(&f.KeepAlive, "etcd-keepalive", DefaultKeepAlive, "interval of keepalive pings on etcd connections: one silent twice this long is dropped and dialled again; "+
-		"etcd refuses pings more frequent than its --grpc-keepalive-min-time (5s by default)")
+	fs.DurationVar(&f.KeepAlive, "etcd-keepalive", DefaultKeepAlive, "interval of keepalive pings on etcd connections (at least 10s, gRPC's floor): one whose ping goes unanswered for 5s is dropped and dialled again")
 }
 
 // Config returns a client configuration for endpoints with f's TLS and
@@ -70,12 +76,13 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 func (f *Flags) Config(endpoints []string, getenv func(string) string) (clientv3.Config, error) {
 	cfg := clientv3.Config{
 		Endpoints: endpoints, DialTimeout: DialTimeout, Logger: zap.NewNop(),
-		DialKeepAliveTime: DefaultKeepAlive, DialKeepAliveTimeout: DefaultKeepAlive,
+		DialKeepAliveTime: DefaultKeepAlive, DialKeepAliveTimeout: KeepAliveTimeout,
 	}
-	if f.KeepAlive > 0 {
-		// An answer is awaited as long as the interval: a shorter wait
-		// misfires on a loaded machine, taking a live connection down.
-		cfg.DialKeepAliveTime, cfg.DialKeepAliveTimeout = f.KeepAlive, f.KeepAlive
+	switch {
+	case f.KeepAlive > 0 && f.KeepAlive < MinKeepAlive:
+		return cfg, fmt.Errorf("--etcd-keepalive %v: gRPC pings at most every %v", f.KeepAlive, MinKeepAlive)
+	case f.KeepAlive > 0:
+		cfg.DialKeepAliveTime = f.KeepAlive
 	}
 	if (f.Cert == "") != (f.Key == "") {
 		return cfg, errors.New("--etcd-cert and --etcd-key go together")
