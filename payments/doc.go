@@ -6,9 +6,11 @@
 // again; a node's recovery worker runs it through the engine with every
 // other operation's (engine.RecoverStale).
 //
-// Create runs every request through the engine (engine.Engine.Do) like
-// any user's operation, with a claim, Execute and Recover bound to the
-// request's command (create.go). The engine's hooks keep what payments
+// A request is a Call (Prepare: the parsed command, its fingerprint, and a
+// claim, Execute and Recover bound to it; create.go). The node's POST
+// /payments runs it behind the idempotency middleware (idemhttp, with
+// Options.Command and a handler that calls Execute), and Create runs it
+// through the engine (engine.Engine.Do) for Go callers. The engine's hooks keep what payments
 // needs: its claim (engine.ClaimFunc) claims the key in the statement that
 // writes the payment row and its event, and, without a provider, completes
 // the record there too, so record, payment and outbox event commit in one
