@@ -485,3 +485,83 @@ func TestOversizedAnswerRecovered(t *testing.T) {
 		t.Fatalf("after recovery = %+v (calls %d)", a, n.Load())
 	}
 }
+
+// TestCommandStoredAndHooks: an operation that owns more of its path (as
+// payments does) parses its own command (Options.Command: its fields and a
+// value for the handler), records its result itself (Stored: the
+// middleware writes nothing to the record) and answers with the node's
+// error writer and metrics (WriteError, Observe).
+func TestCommandStoredAndHooks(t *testing.T) {
+	var (
+		st       *store.Store
+		observed []string
+		mu       sync.Mutex
+	)
+	opts := idemhttp.Options{
+		Command: func(r *http.Request, body []byte) (idemhttp.Command, error) {
+			var c struct {
+				Amount int `json:"amount"`
+			}
+			if err := json.Unmarshal(body, &c); err != nil || c.Amount <= 0 {
+				return idemhttp.Command{}, idem.Errorf(idem.ECodeValidationFailed, "The amount must be positive.")
+			}
+			return idemhttp.Command{Fields: map[string]any{"amount": int64(c.Amount)}, Value: c.Amount}, nil
+		},
+		WriteError: func(w http.ResponseWriter, r *http.Request, err error) {
+			w.Header().Set("Content-Type", "text/plain")
+			w.WriteHeader(http.StatusTeapot)
+			_, _ = io.WriteString(w, idem.ErrorCode(err))
+		},
+		Observe: func(r *http.Request, ans engine.Answer, err error, _ time.Duration) {
+			mu.Lock()
+			defer mu.Unlock()
+			observed = append(observed, fmt.Sprintf("%s/%v/%s", ans.Outcome, ans.Replayed, idem.ErrorCode(err)))
+		},
+	}
+	f := newFixture(t, func(w http.ResponseWriter, r *http.Request) {
+		amount, _ := idemhttp.ValueFrom(r.Context()).(int)
+		a := idemhttp.AttemptFrom(r.Context())
+		resp := idem.Response{Status: http.StatusCreated, Headers: map[string]string{"Content-Type": "application/json"}, Body: fmt.Appendf(nil, `{"moved":%d}`, amount)}
+		// The operation's own write: the completion, as it would commit it
+		// with its domain rows.
+		if err := st.Complete(r.Context(), a.Lease, idem.Completion{Response: resp}); err != nil {
+			idemhttp.Fail(w, err)
+			return
+		}
+		idemhttp.Stored(w, idem.StatusCompleted)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(resp.Status)
+		_, _ = w.Write(resp.Body)
+	}, engine.Options{}, opts)
+	st = f.st
+
+	first := f.post(t, "tok-a", "k-own", `{"amount": 7}`)
+	if first.status != 201 || first.body != `{"moved":7}` {
+		t.Fatalf("first = %+v, want 201 with the handler's body", first)
+	}
+	// Re-serialised, the same command: the stored answer, byte for byte.
+	again := f.post(t, "tok-a", "k-own", `{ "amount":7 }`)
+	if again.status != 201 || again.body != first.body || again.header.Get("Idempotent-Replayed") != "true" || f.calls.Load() != 1 {
+		t.Fatalf("retry = %+v (calls %d), want the stored answer replayed and no execution", again, f.calls.Load())
+	}
+	if rec := f.record(t, "tenant-a", "k-own"); rec.Status != idem.StatusCompleted || string(rec.Response.Body) != first.body {
+		t.Errorf("record = %s %q, want the handler's own completion", rec.Status, rec.Response.Body)
+	}
+	// Another command under the key, a refused command, a missing key:
+	// the node's error writer answers each.
+	for _, c := range []struct{ key, body, code string }{
+		{"k-own", `{"amount": 8}`, idem.ECodeKeyReused},
+		{"k-bad", `{"amount": -1}`, idem.ECodeValidationFailed},
+		{"", `{"amount": 1}`, idem.ECodeKeyMissing},
+	} {
+		if a := f.post(t, "tok-a", c.key, c.body); a.status != http.StatusTeapot || a.body != c.code {
+			t.Errorf("key %q body %s = %d %q, want the custom writer's 418 %s", c.key, c.body, a.status, a.body, c.code)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := []string{"execute/false/", "replay/true/", "conflict/false/" + idem.ECodeKeyReused, "unknown/false/" + idem.ECodeValidationFailed, "unknown/false/" + idem.ECodeKeyMissing}
+	if fmt.Sprint(observed) != fmt.Sprint(want) {
+		t.Errorf("observed %v, want %v", observed, want)
+	}
+}
