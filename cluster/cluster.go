@@ -40,6 +40,7 @@ type Cluster struct {
 	pg          *pgserver.Server
 	store       *pgha.Cluster // nil unless Config.StoreHA
 	effectsURL  string        // EffectsDatabase's URL; "" unless region-local with several regions
+	haDatabase  string        // the database of the replicated store (Config.StoreHA)
 	net         *network      // nil unless Config.Proxied
 	regions     []*regionState
 	tokens      map[string]string // tenant -> token
@@ -133,9 +134,13 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		}
 		return err
 	}
-	if !cfg.StoreHA {
+	// In global mode the replicated store is the store; in region-local
+	// mode the regions' stores are PostgreSQL's and the replicated store
+	// holds the effects database.
+	if !cfg.StoreHA || cfg.StoreMode != StoreGlobal {
 		wg.Go(func() { dbURLs, pgErr = c.startStore(sctx, &cfg); pgErr = failed(pgErr) })
 	}
+	var haErr error
 	if cfg.EtcdMembers > 0 {
 		wg.Go(func() {
 			etcdErr = c.startEtcd(sctx, &cfg)
@@ -144,8 +149,11 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 			}
 			if etcdErr == nil && cfg.StoreHA {
 				// The replicated store keeps its leader key in etcd.
-				dbURLs, pgErr = c.startStoreHA(sctx, &cfg)
-				pgErr = failed(pgErr)
+				urls, err := c.startStoreHA(sctx, &cfg)
+				if cfg.StoreMode == StoreGlobal {
+					dbURLs = urls
+				}
+				haErr = failed(err)
 			}
 			etcdErr = failed(etcdErr)
 		})
@@ -154,7 +162,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		wg.Go(func() { provErr = failed(c.startProvider(sctx, &cfg)) })
 	}
 	wg.Wait()
-	if err := firstError(ctx, pgErr, etcdErr, provErr); err != nil {
+	if err := firstError(ctx, pgErr, haErr, etcdErr, provErr); err != nil {
 		return nil, err
 	}
 

@@ -451,7 +451,6 @@ func TestConfigErrors(t *testing.T) {
 		"missing etcd":     {IdemdPath: idemdPath, EtcdMembers: 1, EtcdPath: "/nonexistent/etcd"},
 		"negative ttl":     {IdemdPath: idemdPath, RegionLeaseTTL: -time.Second},
 		"missing idemctl":  {IdemdPath: idemdPath, Provider: true, IdemctlPath: "/nonexistent/idemctl"},
-		"ha, region-local": {IdemdPath: idemdPath, StoreHA: true, EtcdMembers: 1, EtcdPath: etcdPath, Regions: []string{"a", "b"}},
 		"ha without etcd":  {IdemdPath: idemdPath, StoreHA: true, StoreMode: cluster.StoreGlobal, Regions: []string{"a", "b"}},
 		"ha, one region":   {IdemdPath: idemdPath, StoreHA: true, StoreMode: cluster.StoreGlobal, EtcdMembers: 1, EtcdPath: etcdPath},
 	} {

@@ -111,9 +111,11 @@ type Config struct {
 	// it is passed to every node as --store-mode.
 	StoreMode string
 
-	// StoreHA runs the global store (StoreMode StoreGlobal, which it
-	// requires, with etcd) as a replicated PostgreSQL store managed by
-	// Patroni (package internal/pgha): one member per region, named
+	// StoreHA runs the global store (StoreMode StoreGlobal; in
+	// StoreRegionLocal mode the effects database, EffectsDatabase, which
+	// every region sees, while each region keeps its own store) as a
+	// replicated PostgreSQL store managed by Patroni (package
+	// internal/pgha), with etcd: one member per region, named
 	// StoreMemberName(region), commits acknowledged once a synchronous
 	// standby has them, the leader key in the cluster's etcd. Nodes get a
 	// multi-host URL (target_session_attrs=read-write) that follows the
@@ -289,8 +291,6 @@ func (cfg *Config) setDefaults() error {
 	}
 	if cfg.StoreHA {
 		switch {
-		case cfg.StoreMode != StoreGlobal:
-			return fmt.Errorf("cluster: StoreHA needs StoreMode %s", StoreGlobal)
 		case cfg.EtcdMembers == 0:
 			return errors.New("cluster: StoreHA needs etcd (EtcdMembers)")
 		case cfg.DatabaseURL != "":

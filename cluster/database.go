@@ -61,9 +61,10 @@ func (c *Cluster) startStore(ctx context.Context, cfg *Config) (map[string]strin
 		}
 		dbOf[r] = name
 	}
-	if cfg.StoreMode != StoreGlobal && len(cfg.Regions) > 1 {
+	if cfg.StoreMode != StoreGlobal && len(cfg.Regions) > 1 && !cfg.StoreHA {
 		// Region-local stores: consumer effects are claimed once across
-		// regions in a database they all see (idemd --effects-database-url).
+		// regions in a database they all see (idemd --effects-database-url;
+		// with StoreHA, the replicated store holds it).
 		names = append(names, EffectsDatabase)
 	}
 	urls, err := createDatabases(ctx, c.log, admin, names)

@@ -34,7 +34,7 @@ func (c *Cluster) newNode(cfg *Config, rs *regionState, i int, env []string) (*P
 	env = append(slices.Clone(env), "IDEM_DATABASE_URL="+dbURL)
 	if c.effectsURL != "" {
 		effects := c.effectsURL
-		if c.net != nil {
+		if c.net != nil && !isMultiHost(effects) {
 			var err error
 			if effects, err = c.proxyDatabaseAs(name, EndpointEffects, effects); err != nil {
 				return nil, err

@@ -43,8 +43,19 @@ type StoreMember struct {
 //	->store-<region>-api        other agents' connections to its REST API
 func StoreMemberName(region string) string { return "store-" + region }
 
+// haDatabase is the database the replicated store of Config.StoreHA holds:
+// GlobalDatabase in global mode, EffectsDatabase in region-local mode.
+func haDatabase(cfg *Config) string {
+	if cfg.StoreMode == StoreGlobal {
+		return GlobalDatabase
+	}
+	return EffectsDatabase
+}
+
 // startStoreHA starts the replicated store of Config.StoreHA (etcd must
-// run) and returns region -> the multi-host URL of GlobalDatabase.
+// run). In global mode it returns region -> the multi-host URL of
+// GlobalDatabase; in region-local mode it holds EffectsDatabase, whose
+// multi-host URL becomes the nodes' effects database, and returns nil.
 func (c *Cluster) startStoreHA(ctx context.Context, cfg *Config) (map[string]string, error) {
 	dir := ""
 	if !c.removeState {
@@ -57,7 +68,9 @@ func (c *Cluster) startStoreHA(ctx context.Context, cfg *Config) (map[string]str
 	for _, m := range c.EtcdMembers() {
 		hosts = append(hosts, m.Addr())
 	}
-	opts := pgha.Options{Dir: dir, EtcdHosts: hosts, Database: GlobalDatabase, Logger: c.log}
+	db := haDatabase(cfg)
+	c.haDatabase = db
+	opts := pgha.Options{Dir: dir, EtcdHosts: hosts, Database: db, Logger: c.log}
 	if c.tls != nil {
 		// Each member's certificate, from the cluster's CA, serves its
 		// PostgreSQL and authenticates its agent to etcd.
@@ -101,6 +114,10 @@ func (c *Cluster) startStoreHA(ctx context.Context, cfg *Config) (map[string]str
 		return nil, fmt.Errorf("cluster: start the replicated store: %w", err)
 	}
 	c.store = s
+	if db == EffectsDatabase {
+		c.effectsURL = s.URL(EffectsDatabase)
+		return nil, nil
+	}
 	out := make(map[string]string, len(cfg.Regions))
 	for _, r := range cfg.Regions {
 		out[r] = s.URL(GlobalDatabase)
@@ -133,13 +150,14 @@ func (c *Cluster) serverDir(name string) (string, error) {
 // leader, Kill and Start), or nil.
 func (c *Cluster) Store() *pgha.Cluster { return c.store }
 
-// StoreURL returns the multi-host URL of the replicated store's
-// GlobalDatabase, as the nodes use it, or "" without Config.StoreHA.
+// StoreURL returns the multi-host URL of the replicated store's database
+// (GlobalDatabase, or EffectsDatabase in region-local mode), as the nodes
+// use it, or "" without Config.StoreHA.
 func (c *Cluster) StoreURL() string {
 	if c.store == nil {
 		return ""
 	}
-	return c.store.URL(GlobalDatabase)
+	return c.store.URL(c.haDatabase)
 }
 
 func (c *Cluster) storeInfo() *StoreInfo {
@@ -148,7 +166,7 @@ func (c *Cluster) storeInfo() *StoreInfo {
 	}
 	si := &StoreInfo{Members: []StoreMember{}}
 	for _, m := range c.store.Members() {
-		si.Members = append(si.Members, StoreMember{Name: m.Name, Region: m.Region, URL: m.URL(GlobalDatabase), APIURL: m.APIURL()})
+		si.Members = append(si.Members, StoreMember{Name: m.Name, Region: m.Region, URL: m.URL(c.haDatabase), APIURL: m.APIURL()})
 	}
 	return si
 }

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -25,9 +26,7 @@ import (
 // answer given before the loss is replayed after it, and new payments
 // succeed again through every node.
 func TestStoreHA(t *testing.T) {
-	if _, err := exec.LookPath("patroni"); err != nil {
-		t.Skip(`patroni is not installed (Debian package "patroni")`)
-	}
+	requirePatroni(t)
 	dir := stateDir(t)
 	regions := []string{"eu-west", "us-east", "ap-south"}
 	c := startCluster(t, cluster.Config{
@@ -130,9 +129,7 @@ func TestStoreHA(t *testing.T) {
 // or without the password, and the replicas stream from the primary over
 // TLS (a synchronous standby exists, so replication works at all).
 func TestStoreHATLS(t *testing.T) {
-	if _, err := exec.LookPath("patroni"); err != nil {
-		t.Skip(`patroni is not installed (Debian package "patroni")`)
-	}
+	requirePatroni(t)
 	regions := []string{"eu-west", "us-east", "ap-south"}
 	c := startCluster(t, cluster.Config{
 		StateDir:    stateDir(t),
@@ -228,5 +225,104 @@ func TestStoreHATLS(t *testing.T) {
 		if resp.StatusCode != http.StatusOK {
 			t.Errorf("member %s: REST API with the cluster's certificate: %d", m.Name, resp.StatusCode)
 		}
+	}
+}
+
+// TestStoreHAEffects: in region-local mode, Config.StoreHA replicates the
+// effects database, which every region's consumers claim effects in, while
+// each region keeps its own store: cluster.json lists the members (with
+// the effects database), the nodes get its multi-host URL, and the effects
+// of a payment made before its primary is killed and of one made after,
+// in another region, are each claimed there.
+func TestStoreHAEffects(t *testing.T) {
+	requirePatroni(t)
+	regions := []string{"eu-west", "us-east", "ap-south"}
+	c := startCluster(t, cluster.Config{
+		StateDir:    stateDir(t),
+		Regions:     regions,
+		EtcdMembers: 1,
+		StoreHA:     true,
+	})
+	info := c.Info()
+	for _, r := range info.Regions {
+		u, err := url.Parse(r.DatabaseURL)
+		if err != nil || strings.Contains(u.Host, ",") || u.Path != "/"+cluster.DatabaseName(r.Name) {
+			t.Errorf("region %s: database URL %s, want its own store", r.Name, u.Redacted())
+		}
+	}
+	effects, err := url.Parse(c.StoreURL())
+	if err != nil || strings.Count(effects.Host, ",") != len(regions)-1 || effects.Path != "/"+cluster.EffectsDatabase {
+		t.Fatalf("replicated store URL %s, want every member and %s", effects.Redacted(), cluster.EffectsDatabase)
+	}
+	if len(info.Store.Members) != len(regions) {
+		t.Errorf("cluster.json store.members = %+v, want one per region", info.Store.Members)
+	}
+	for _, m := range info.Store.Members {
+		if u, err := url.Parse(m.URL); err != nil || u.Path != "/"+cluster.EffectsDatabase {
+			t.Errorf("store member %s: URL %s, want %s", m.Name, m.URL, cluster.EffectsDatabase)
+		}
+	}
+
+	// claimed waits until the effects of paymentID are claimed in the
+	// replicated store and returns the claiming regions.
+	claimed := func(paymentID string) []string {
+		t.Helper()
+		for t.Context().Err() == nil {
+			conn, err := pgx.Connect(t.Context(), c.StoreURL())
+			if err == nil {
+				rows, qerr := conn.Query(t.Context(), `SELECT region FROM effect_claims WHERE effect_key LIKE '%' || $1 || '%' ORDER BY effect_key`, paymentID)
+				var got []string
+				if qerr == nil {
+					got, qerr = pgx.CollectRows(rows, pgx.RowTo[string])
+				}
+				_ = conn.Close(t.Context())
+				if qerr == nil && len(got) > 0 {
+					return got
+				}
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		t.Fatalf("the effects of %s were never claimed", paymentID)
+		return nil
+	}
+	paymentID := func(r response) string {
+		t.Helper()
+		var p struct {
+			PaymentID string `json:"paymentId"`
+		}
+		if r.status != http.StatusCreated || json.Unmarshal(r.body, &p) != nil || p.PaymentID == "" {
+			t.Fatalf("payment: %d %s", r.status, r.body)
+		}
+		return p.PaymentID
+	}
+
+	token := info.Tokens["tenant-a"]
+	first := paymentID(postPayment(t, info.Regions[0].URL, token, "fx-1", "invoice-fx-1"))
+	if got := claimed(first); len(got) == 0 {
+		t.Fatalf("effects of %s: none", first)
+	}
+
+	store := c.Store()
+	leader, err := store.Leader(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := leader.Kill(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	// Payments do not wait for the effects database: a new one is made at
+	// once, and its effects are claimed once a standby is promoted.
+	second := paymentID(postPayment(t, info.Regions[1].URL, token, "fx-2", "invoice-fx-2"))
+	claimed(second)
+	if now, err := store.Leader(t.Context()); err != nil || now == leader {
+		t.Errorf("leader after the loss = %v, %v; want another member than %s", now, err, leader.Name)
+	}
+}
+
+// requirePatroni skips t without Patroni.
+func requirePatroni(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("patroni"); err != nil {
+		t.Skip(`patroni is not installed (Debian package "patroni")`)
 	}
 }

@@ -47,7 +47,7 @@ func runUp(ctx context.Context, args []string, env *Env) error {
 	nodes := fs.Int("nodes-per-region", cluster.DefaultNodesPerRegion, "idemd nodes per region")
 	etcdMembers := fs.Int("etcd-members", upDefaultEtcdMembers, "etcd members to run (0: no etcd; every region then serves every tenant on its own)")
 	storeMode := fs.String("store-mode", cluster.StoreRegionLocal, "region-local (a database per region, requests forwarded to the tenant's home region) or global (one database for every region)")
-	storeHA := fs.Bool("store-ha", false, "with --store-mode global: run the store as PostgreSQL replicated over the regions (one member per region, synchronous replication, failover by Patroni on the cluster's etcd; needs the Debian package patroni); nodes connect with a multi-host URL that follows the primary")
+	storeHA := fs.Bool("store-ha", false, "run the global store (--store-mode global), or in region-local mode the effects database every region shares, as PostgreSQL replicated over the regions (one member per region, synchronous replication, failover by Patroni on the cluster's etcd; needs the Debian package patroni); nodes connect with a multi-host URL that follows the primary")
 	withProvider := fs.Bool("provider", true, "run the payment provider simulator and send payments through it")
 	idemd := fs.String("idemd", "", "path of the idemd binary (default: next to idemctl, then ./bin, then PATH)")
 	etcd := fs.String("etcd", "", "path of the etcd binary (default: next to idemctl, then ./bin, then PATH)")
@@ -77,8 +77,8 @@ func runUp(ctx context.Context, args []string, env *Env) error {
 	if *storeMode != cluster.StoreRegionLocal && *storeMode != cluster.StoreGlobal {
 		return usageError{fmt.Errorf("--store-mode %q: want %s or %s", *storeMode, cluster.StoreRegionLocal, cluster.StoreGlobal)}
 	}
-	if *storeHA && (*storeMode != cluster.StoreGlobal || *etcdMembers == 0 || *dbURL != "") {
-		return usageError{errors.New("--store-ha needs --store-mode global and etcd, and does not work with --database-url")}
+	if *storeHA && (*etcdMembers == 0 || *dbURL != "") {
+		return usageError{errors.New("--store-ha needs etcd, and does not work with --database-url")}
 	}
 	if *window < 0 {
 		return usageError{fmt.Errorf("--replay-window %v is negative", *window)}

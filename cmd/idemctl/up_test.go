@@ -43,7 +43,7 @@ func TestUp(t *testing.T) {
 			{"up", "--replay-window", "-1s"},
 			{"up", "--etcd-members", "-1"},
 			{"up", "--store-mode", "everywhere"},
-			{"up", "--store-ha"},
+			{"up", "--store-ha", "--etcd-members", "0"},
 			{"up", "--store-mode", "global", "--store-ha", "--etcd-members", "0"},
 			{"up", "--store-mode", "global", "--store-ha", "--database-url", "postgres://x@127.0.0.1/db"},
 			{"up", "--provider=maybe"},
