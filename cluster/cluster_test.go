@@ -439,20 +439,20 @@ func execSQL(ctx context.Context, dbURL, stmt string) error {
 
 func TestConfigErrors(t *testing.T) {
 	for name, cfg := range map[string]cluster.Config{
-		"no idemd":         {},
-		"missing idemd":    {IdemdPath: "/nonexistent/idemd"},
-		"bad region":       {IdemdPath: idemdPath, Regions: []string{"EU West"}},
-		"same database":    {IdemdPath: idemdPath, Regions: []string{"eu-west", "eu_west"}},
-		"negative nodes":   {IdemdPath: idemdPath, NodesPerRegion: -1},
-		"bad tenant":       {IdemdPath: idemdPath, Tenants: []string{"a=b"}},
-		"negative window":  {IdemdPath: idemdPath, ReplayWindow: -time.Second},
-		"bad store mode":   {IdemdPath: idemdPath, StoreMode: "everywhere"},
-		"negative etcd":    {IdemdPath: idemdPath, EtcdMembers: -1},
-		"missing etcd":     {IdemdPath: idemdPath, EtcdMembers: 1, EtcdPath: "/nonexistent/etcd"},
-		"negative ttl":     {IdemdPath: idemdPath, RegionLeaseTTL: -time.Second},
-		"missing idemctl":  {IdemdPath: idemdPath, Provider: true, IdemctlPath: "/nonexistent/idemctl"},
-		"ha without etcd":  {IdemdPath: idemdPath, StoreHA: true, StoreMode: cluster.StoreGlobal, Regions: []string{"a", "b"}},
-		"ha, one region":   {IdemdPath: idemdPath, StoreHA: true, StoreMode: cluster.StoreGlobal, EtcdMembers: 1, EtcdPath: etcdPath},
+		"no idemd":        {},
+		"missing idemd":   {IdemdPath: "/nonexistent/idemd"},
+		"bad region":      {IdemdPath: idemdPath, Regions: []string{"EU West"}},
+		"same database":   {IdemdPath: idemdPath, Regions: []string{"eu-west", "eu_west"}},
+		"negative nodes":  {IdemdPath: idemdPath, NodesPerRegion: -1},
+		"bad tenant":      {IdemdPath: idemdPath, Tenants: []string{"a=b"}},
+		"negative window": {IdemdPath: idemdPath, ReplayWindow: -time.Second},
+		"bad store mode":  {IdemdPath: idemdPath, StoreMode: "everywhere"},
+		"negative etcd":   {IdemdPath: idemdPath, EtcdMembers: -1},
+		"missing etcd":    {IdemdPath: idemdPath, EtcdMembers: 1, EtcdPath: "/nonexistent/etcd"},
+		"negative ttl":    {IdemdPath: idemdPath, RegionLeaseTTL: -time.Second},
+		"missing idemctl": {IdemdPath: idemdPath, Provider: true, IdemctlPath: "/nonexistent/idemctl"},
+		"ha without etcd": {IdemdPath: idemdPath, StoreHA: true, StoreMode: cluster.StoreGlobal, Regions: []string{"a", "b"}},
+		"ha, one region":  {IdemdPath: idemdPath, StoreHA: true, StoreMode: cluster.StoreGlobal, EtcdMembers: 1, EtcdPath: etcdPath},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c, err := cluster.Start(context.Background(), cfg)
