@@ -28,6 +28,13 @@
 // The middleware must run inside the route (mux.Handle(pattern, mw(h))) so
 // that the request's pattern and path values are known; outside a mux the
 // route is the URL path.
+//
+// An operation that owns more of its path (the node's own POST /payments
+// is one) parses its requests itself (Options.Command: its fingerprint, a
+// claim that writes its rows with the record, a value for the handler,
+// ValueFrom), records its results with its own writes (Stored), hands the
+// engine its errors (Fail), and answers with its service's error writer
+// and metrics (Options.WriteError, Options.Observe).
 package idemhttp
 
 import (
