@@ -266,7 +266,15 @@ type Request struct {
 	// Claim, when set, replaces the Operation's Claim for this request
 	// (a claim that writes rows made from the request's command).
 	Claim ClaimFunc
+	// RetryOn, when set, says which errors leave the request to be
+	// attempted again at once, up to MaxAttempts in all, with a growing
+	// pause: a commit whose outcome is unknown (store.ErrCommitUnknown),
+	// whose record then answers what it did, or is claimed afresh.
+	RetryOn func(error) bool
 }
+
+// MaxAttempts bounds how often Do attempts a request (Request.RetryOn).
+const MaxAttempts = 6
 
 // Answer is the outcome of Do.
 type Answer struct {
@@ -281,6 +289,8 @@ type Answer struct {
 	Outcome idem.Outcome
 	// ExpiredRetry is true when the key's earlier record had expired.
 	ExpiredRetry bool
+	// Executed is true when Execute ran in the attempt that answered.
+	Executed bool
 	// Stored is true when the operation recorded its result itself (a
 	// ClaimFunc's Claim.Done, or a Result with Stored): Response is then
 	// the operation's own answer, whatever Status.
@@ -440,8 +450,15 @@ func (e *Engine) Do(ctx context.Context, req Request) (Answer, error) {
 	clock := e.opts.Clock
 	deadline := clock.Now().Add(min(max(req.Wait, 0), e.opts.MaxWait))
 	poll := e.opts.PollMin
-	for {
+	for again := 1; ; {
 		ans, err := e.attempt(ctx, op, begin, fns)
+		if err != nil && req.RetryOn != nil && req.RetryOn(err) && again < MaxAttempts {
+			if clock.Sleep(ctx, time.Duration(again)*50*time.Millisecond) != nil {
+				return ans, err
+			}
+			again++
+			continue
+		}
 		if idem.ErrorCode(err) != idem.ECodeInProgress {
 			if idem.ErrorCode(err) == idem.ECodeKeyReused {
 				e.opts.Logger.WarnContext(ctx, "idempotency key reused with a different request",
@@ -611,6 +628,7 @@ func (e *Engine) attempt(ctx context.Context, op Operation, begin idem.BeginRequ
 	}
 	// A claim that wrote progress of its own has started the operation:
 	// Execute owns the rest.
+	ans.Executed = true
 	return e.run(ctx, ans, op, a, fns.execute, c.Progress == "")
 }
 

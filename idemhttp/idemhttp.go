@@ -56,7 +56,6 @@ import (
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/fingerprint"
-	"github.com/idemcoord/idem/internal/ctxtime"
 	"github.com/idemcoord/idem/internal/strictjson"
 )
 
@@ -136,7 +135,7 @@ type Options struct {
 	// handler). An error answers as Fingerprint's do, storing nothing.
 	Command func(r *http.Request, body []byte) (Command, error)
 	// RetryOn, when set, says which errors of an attempt leave the request
-	// to be attempted again at once (up to MaxAttempts in all): a commit
+	// to be attempted again at once (engine.Request.RetryOn): a commit
 	// whose outcome is unknown, whose record then answers what it did.
 	RetryOn func(error) bool
 	// WriteError writes an error answer. Default: JSON
@@ -169,9 +168,6 @@ type Command struct {
 	// Value is handed to the handler: ValueFrom(r.Context()).
 	Value any
 }
-
-// MaxAttempts bounds how often a request is attempted (Options.RetryOn).
-const MaxAttempts = 6
 
 // Outcome labels of idemhttp_requests_total.
 var outcomeLabels = []string{"execute", "replay", "conflict", "in_progress", "recover", "expired", "rejected", "error"}
@@ -311,15 +307,13 @@ func (m *middleware) answer(w http.ResponseWriter, r *http.Request, h http.Handl
 		m.count("rejected")
 		return clientError(err)
 	}
-	var (
-		rec      *recorder
-		executed bool
-	)
-	req := engine.Request{
+	// rec is the answer of the last Execute: the one that answered when
+	// ans.Executed.
+	var rec *recorder
+	*ans, err = m.eng.Do(r.Context(), engine.Request{
 		Operation: m.opts.Operation, Tenant: tenant, Key: key[0], RequestHashes: cmd.Hashes, Wait: preferWait(r.Header, m.opts.MaxWait),
-		Claim: cmd.Claim, Recover: cmd.Recover,
+		Claim: cmd.Claim, Recover: cmd.Recover, RetryOn: m.opts.RetryOn,
 		Execute: func(ctx context.Context, a *engine.Attempt) (engine.Result, error) {
-			executed = true
 			rec = newRecorder(m.opts.MaxResponseBody)
 			ctx = withAttempt(ctx, a)
 			if cmd.Value != nil {
@@ -331,17 +325,7 @@ func (m *middleware) answer(w http.ResponseWriter, r *http.Request, h http.Handl
 			h.ServeHTTP(rec, r2)
 			return m.result(rec), rec.err
 		},
-	}
-	for attempt := 1; ; attempt++ {
-		executed = false
-		*ans, err = m.eng.Do(r.Context(), req)
-		if err == nil || m.opts.RetryOn == nil || !m.opts.RetryOn(err) || attempt >= MaxAttempts {
-			break
-		}
-		if ctxtime.Sleep(r.Context(), time.Duration(attempt)*50*time.Millisecond) != nil {
-			break
-		}
-	}
+	})
 	if err != nil {
 		m.count(errOutcome(err))
 		return err
@@ -350,12 +334,12 @@ func (m *middleware) answer(w http.ResponseWriter, r *http.Request, h http.Handl
 	case ans.Replayed:
 		m.count("replay")
 		writeStored(w, ans.Response, true)
-	case executed && rec.overflow:
+	case ans.Executed && rec.overflow:
 		m.count("error")
 		m.opts.Logger.ErrorContext(r.Context(), "answer larger than MaxResponseBody; record left for recovery",
 			"operation", m.opts.Operation, "limit", m.opts.MaxResponseBody)
 		return idem.Errorf(idem.ECodeResponseTooLarge, "The answer is too large to be stored for replay; retry with the same key later.")
-	case executed:
+	case ans.Executed:
 		m.count(ans.Outcome.String())
 		// The first answer: every header the handler set.
 		for k, v := range rec.header {

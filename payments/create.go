@@ -99,8 +99,17 @@ func (c *Call) ProviderKeyConflict() bool { return c.c.keyConflict }
 func (c *Call) request(req Request) engine.Request {
 	return engine.Request{
 		Operation: Operation, Tenant: req.Tenant, Key: req.Key, RequestHashes: c.hashes, Wait: req.Wait,
-		Claim: c.Claim, Recover: c.Recover, Execute: c.Execute,
+		Claim: c.Claim, Recover: c.Recover, Execute: c.Execute, RetryOn: CommitUnknown,
 	}
+}
+
+// CommitUnknown reports a COMMIT whose answer was lost
+// (store.ErrCommitUnknown): it may have stored the payment, so the request
+// is attempted again (engine.Request.RetryOn), and the record answers what
+// the commit did (a replay of the stored answer), or the claim runs
+// afresh.
+func CommitUnknown(err error) bool {
+	return errors.Is(err, store.ErrCommitUnknown)
 }
 
 // owned reports whether d hands the record to this request.

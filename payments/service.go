@@ -185,32 +185,17 @@ func (s *Service) Create(ctx context.Context, req Request) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	for unknown := 1; ; unknown++ {
-		ans, err := s.engine.Do(ctx, call.request(req))
-		res := Result{
-			Response: ans.Response, Replayed: ans.Replayed, Outcome: ans.Outcome, ExpiredRetry: ans.ExpiredRetry,
-			Unknown: call.Unknown() && !ans.Replayed, ProviderKeyConflict: call.ProviderKeyConflict() && !ans.Replayed,
-		}
-		if !errors.Is(err, store.ErrCommitUnknown) || unknown > commitResolveAttempts {
-			return res, err
-		}
-		// The attempt's COMMIT went unanswered: it may have stored the
-		// payment. Attempt again: the record answers what the commit did
-		// (a replay of the stored answer), or the claim runs afresh.
-		if serr := s.cfg.Sleep(ctx, time.Duration(unknown)*50*time.Millisecond); serr != nil {
-			return res, err
-		}
-	}
+	ans, err := s.engine.Do(ctx, call.request(req))
+	return Result{
+		Response: ans.Response, Replayed: ans.Replayed, Outcome: ans.Outcome, ExpiredRetry: ans.ExpiredRetry,
+		Unknown: call.Unknown() && !ans.Replayed, ProviderKeyConflict: call.ProviderKeyConflict() && !ans.Replayed,
+	}, err
 }
 
 // Engine is the engine that runs the service's requests, with its
 // operation (EngineOperation) registered: a caller that drives a Call
 // itself (the idempotency middleware) runs it there.
 func (s *Service) Engine() *engine.Engine { return s.engine }
-
-// commitResolveAttempts bounds how often Create attempts again after a
-// COMMIT whose outcome is unknown (store.ErrCommitUnknown).
-const commitResolveAttempts = 5
 
 // duplicateResponse is the 409 answer naming the payment that already holds
 // the merchant reference.

@@ -11,7 +11,6 @@ import (
 	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/idemhttp"
 	"github.com/idemcoord/idem/payments"
-	"github.com/idemcoord/idem/store"
 )
 
 // Payments is the reference operation, create_payment, as one of a node's
@@ -82,9 +81,7 @@ func (s *Server) createPaymentHandler(pay *payments.Service) TenantHandler {
 			}
 			return idemhttp.Command{Hashes: call.Hashes(), Claim: call.Claim, Recover: call.Recover, Value: call}, nil
 		},
-		// A COMMIT whose answer was lost may have stored the payment: the
-		// record answers what it did, or the claim runs afresh.
-		RetryOn:        func(err error) bool { return errors.Is(err, store.ErrCommitUnknown) },
+		RetryOn:        payments.CommitUnknown,
 		MaxRequestBody: s.cfg.MaxBodyBytes,
 		MaxWait:        engine.DefaultMaxWait,
 		Logger:         s.logger,
