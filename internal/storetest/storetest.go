@@ -32,7 +32,11 @@ func New(tb testing.TB) (*store.Store, string) {
 func Count(tb testing.TB, st *store.Store, query string, args ...any) int {
 	tb.Helper()
 	var n int
-	if err := st.Pool().QueryRow(context.Background(), query, args...).Scan(&n); err != nil {
+	// Sessions run at SERIALIZABLE: beside concurrent writers a read may
+	// fail with 40001, which Read retries as the store's own reads do.
+	if err := st.Read(context.Background(), func(q store.Querier) error {
+		return q.QueryRow(context.Background(), query, args...).Scan(&n)
+	}); err != nil {
 		tb.Fatalf("%s: %v", query, err)
 	}
 	return n
