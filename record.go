@@ -70,6 +70,17 @@ type Response struct {
 	// SchemaVersion names the response schema the body was written in (for
 	// example "v2"); see the replay rule in the README.
 	SchemaVersion string
+	// ByReference marks a referencing record: the store keeps Status and
+	// SchemaVersion with the record's resource reference (ResourceType,
+	// ResourceID) but neither Headers nor Body, and the operation's replay
+	// renders them again, byte for byte, from the resource. It suits an
+	// answer that is a pure function of an immutable resource and the
+	// schema version: rows are smaller and hold no copy of the resource's
+	// data. Set it on a Completion's Response (Headers and Body still carry
+	// the first answer, which the client gets); a record read back has
+	// Headers and Body nil. Only an operation with a replay that renders
+	// may write one (engine.Operation.Replay).
+	ByReference bool
 }
 
 // Record is the durable memory of one scoped operation. All timestamps come

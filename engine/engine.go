@@ -130,7 +130,10 @@ type Claim struct {
 }
 
 // ReplayFunc renders the answer to a retry of a finished record (COMPLETED
-// or FAILED_REPLAYABLE); rec.Response is what was stored.
+// or FAILED_REPLAYABLE); rec.Response is what was stored. An operation
+// that stores referencing records (idem.Response.ByReference) renders their
+// headers and body here from rec's resource; the engine refuses to replay
+// one whose operation has no ReplayFunc.
 type ReplayFunc func(ctx context.Context, rec *idem.Record) (idem.Response, error)
 
 // Operation is a named operation the engine can run.
@@ -591,6 +594,11 @@ func (e *Engine) attempt(ctx context.Context, op Operation, begin idem.BeginRequ
 			return ans, &idem.Error{Code: idem.ECodeInternal, Message: "Internal error.", Err: errors.New("engine: replayed record has no response")}
 		}
 		resp := *d.Record.Response
+		if resp.ByReference && op.Replay == nil {
+			// A referencing record keeps no body: only its operation can
+			// render the answer again.
+			return ans, &idem.Error{Code: idem.ECodeInternal, Message: "Internal error.", Err: errors.New("engine: a referencing record's operation has no Replay")}
+		}
 		if op.Replay != nil {
 			if resp, err = op.Replay(ctx, d.Record); err != nil {
 				return ans, err

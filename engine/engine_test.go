@@ -874,3 +874,53 @@ func TestClaimHookTakeoverUnderLock(t *testing.T) {
 		t.Errorf("record = %s with token %d, want COMPLETED under %d", rec.Status, rec.FencingToken, tokens[1])
 	}
 }
+
+// TestReferencingRecord: an Execute whose answer is ByReference leaves a
+// record without headers or body; the client still gets the whole first
+// answer, a retry gets what the operation's Replay renders from the
+// resource, and an operation without a Replay cannot replay such a record
+// (an internal error, never an empty body).
+func TestReferencingRecord(t *testing.T) {
+	st, _ := storetest.New(t)
+	ctx := ctxOf(t)
+	render := func(id string) idem.Response {
+		return idem.Response{Status: 201, Headers: map[string]string{"Content-Type": "application/json"},
+			Body: fmt.Appendf(nil, `{"id":%q}`, id), SchemaVersion: "v1"}
+	}
+	execute := func(context.Context, *engine.Attempt) (engine.Result, error) {
+		resp := render("tr_1")
+		resp.ByReference = true
+		return engine.Result{Response: resp, ResourceType: "transfer", ResourceID: "tr_1"}, nil
+	}
+	e := newEngine(t, st, engine.Options{}, engine.Operation{
+		Execute: execute,
+		Replay: func(_ context.Context, rec *idem.Record) (idem.Response, error) {
+			if !rec.Response.ByReference || rec.Response.Body != nil || rec.Response.Headers != nil {
+				return idem.Response{}, fmt.Errorf("replay of %+v: want a reference without body or headers", rec.Response)
+			}
+			return render(rec.ResourceID), nil
+		},
+	})
+	h := hashes(t, map[string]any{"amount": "1"})
+	first, err := e.Do(ctx, request("k-ref", h))
+	if err != nil || first.Response.Status != 201 || string(first.Response.Body) != `{"id":"tr_1"}` || first.Response.Headers["Content-Type"] == "" {
+		t.Fatalf("first = %+v, %v; want the whole answer", first, err)
+	}
+	if n := storetest.Count(t, st, `SELECT count(*) FROM idempotency_records WHERE idempotency_key = 'k-ref'
+		AND response_by_reference AND response_body IS NULL AND response_headers IS NULL AND response_status = 201
+		AND response_schema_version = 'v1' AND resource_id = 'tr_1'`); n != 1 {
+		t.Fatal("record: want status, schema version and resource, without body or headers")
+	}
+	again, err := e.Do(ctx, request("k-ref", h))
+	if err != nil || !again.Replayed || string(again.Response.Body) != string(first.Response.Body) || again.Response.Headers["Content-Type"] != "application/json" {
+		t.Fatalf("replay = %+v, %v; want the answer rendered again", again, err)
+	}
+
+	plain := engine.New(st, engine.Options{})
+	if err := plain.Register(engine.Operation{Name: opName, Execute: execute, LockTimeout: time.Minute, Window: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if ans, err := plain.Do(ctx, request("k-ref", h)); idem.ErrorCode(err) != idem.ECodeInternal || len(ans.Response.Body) != 0 {
+		t.Fatalf("replay without a Replay = %+v, %v; want %s", ans, err, idem.ECodeInternal)
+	}
+}

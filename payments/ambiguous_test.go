@@ -39,7 +39,11 @@ func TestCreateResolvesAnAmbiguousCommit(t *testing.T) {
 		t.Errorf("payments = %d, want 1", n)
 	}
 	rec, err := direct.Get(ctx, idem.Scope{Tenant: "tenant-a", Operation: payments.Operation, Key: "k1"})
-	if err != nil || rec.Status != idem.StatusCompleted || rec.Response == nil || !bytes.Equal(rec.Response.Body, res.Response.Body) {
-		t.Errorf("record = %+v, %v; want COMPLETED with the answer given", rec, err)
+	if err != nil || rec.Status != idem.StatusCompleted || rec.Response == nil || rec.Response.Status != 201 || rec.ResourceID == "" {
+		t.Fatalf("record = %+v, %v; want COMPLETED with the answer given", rec, err)
+	}
+	again, err := svc.Create(ctx, payments.Request{Tenant: "tenant-a", Key: "k1", Body: []byte(article)})
+	if err != nil || !again.Replayed || !bytes.Equal(again.Response.Body, res.Response.Body) {
+		t.Errorf("retry = %+v, %v; want the answer given replayed", again, err)
 	}
 }

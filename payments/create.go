@@ -15,7 +15,8 @@ import (
 // Execute and its Recover, bound to the request's command.
 //
 //   - The claim (engine.ClaimFunc) answers a settled record from one read
-//     (store.ReadSettled), then claims the key in the statement that
+//     (store.ReadSettledPayment: a referencing record's answer is rendered
+//     from the payment that read joins), then claims the key in the statement that
 //     writes the payment row and its PaymentCreated event
 //     (store.ClaimWithPayment). Without a provider that statement also
 //     completes the record: record, payment and event commit in one
@@ -124,8 +125,15 @@ func owned(d idem.Decision) bool {
 // claim is the request's engine.ClaimFunc.
 func (c *createCall) claim(ctx context.Context, begin idem.BeginRequest) (engine.Claim, error) {
 	s := c.s
-	// A settled record answers from one read; anything else claims below.
-	if d, ok, err := s.store.ReadSettled(ctx, begin); err != nil || ok {
+	// A settled record answers from one read (with the payment a
+	// referencing record renders from); anything else claims below.
+	if d, p, ok, err := s.store.ReadSettledPayment(ctx, begin); err != nil || ok {
+		if err == nil && p != nil && d.Outcome == idem.OutcomeReplay && d.Record.Response != nil && d.Record.Response.ByReference {
+			var resp idem.Response
+			if resp, err = s.replay(ctx, s.store.Pool(), d.Record, p); err == nil {
+				d.Record.Response = &resp
+			}
+		}
 		return engine.Claim{Decision: d}, err
 	}
 	if c.uncertain && s.cfg.Provider == nil {

@@ -16,7 +16,12 @@
 // the record there too, so record, payment and outbox event commit in one
 // transaction; with a provider, Execute and Recover record each outcome in
 // one transaction with the payment's status and event (engine.Result
-// Stored). Replays follow the replay rule (ReplayAsStored or
+// Stored). A completed payment's record references the payment instead of
+// storing its 201 answer (idem.Response.ByReference; Config.StoreBodies
+// keeps the body): the answer shows the payment as created, a pure
+// function of its immutable fields and the schema version (render.go,
+// with a golden answer per schema in testdata), so a replay renders it
+// again byte for byte. Replays follow the replay rule (ReplayAsStored or
 // ReconstructCurrent, the operation's engine Replay). A takeover resumes
 // from the record's checkpoint: a client's retry charges a payment left at
 // LOCAL_PAYMENT_CREATED, the recovery worker (engine.Attempt Background)

@@ -58,10 +58,51 @@ var renderers = map[string]func(store.Payment) ([]byte, error){
 	},
 }
 
+// PaymentStatusPending is a payment's status when it is created, and so the
+// status the 201 answer to its creation shows (GET /payments/{id} shows the
+// status as it moves on).
+const PaymentStatusPending = "PENDING"
+
+// render renders p in schema.
+func render(schema string, p store.Payment) ([]byte, error) {
+	r, ok := renderers[schema]
+	if !ok {
+		return nil, fmt.Errorf("payments: no renderer for response schema %q", schema)
+	}
+	body, err := r(p)
+	if err != nil {
+		return nil, fmt.Errorf("payments: render payment: %w", err)
+	}
+	return body, nil
+}
+
+// created is the 201 answer to a payment's creation in schema: the payment
+// as created. It is a pure function of the payment's immutable fields (id,
+// account, amount, currency, merchant reference, channel, creation time)
+// and the schema: the status shown is always the creation status, whatever
+// the payment's status is now. That is what lets a record store a
+// reference to the payment instead of the answer (idem.Response.ByReference)
+// and render it again, byte for byte, on replay.
+func created(schema string, p store.Payment) (idem.Response, error) {
+	p.Status = PaymentStatusPending
+	body, err := render(schema, p)
+	if err != nil {
+		return idem.Response{}, err
+	}
+	return idem.Response{
+		Status:        201,
+		Headers:       map[string]string{"Content-Type": "application/json", "Location": "/payments/" + p.ID},
+		Body:          body,
+		SchemaVersion: schema,
+	}, nil
+}
+
 // completion renders the 201 answer of a payment that is about to be (or has
 // already been) written in q's transaction. v3 needs the payment's creation
 // time: the stored row's created_at, or, for a payment this transaction is
 // about to insert, the transaction's now() (which the insert will write).
+// The record references the payment instead of storing the answer, unless
+// Config.StoreBodies.
 func (s *Service) completion(ctx context.Context, q store.Querier, p store.Payment) (idem.Completion, error) {
 	if s.cfg.ResponseSchema == "v3" && p.CreatedAt.IsZero() {
 		if err := q.QueryRow(ctx, `SELECT COALESCE((SELECT created_at FROM payments WHERE tenant_id = $1 AND payment_id = $2), now())`,
@@ -69,43 +110,52 @@ func (s *Service) completion(ctx context.Context, q store.Querier, p store.Payme
 			return idem.Completion{}, fmt.Errorf("payments: read payment creation time: %w", err)
 		}
 	}
-	body, err := renderers[s.cfg.ResponseSchema](p)
+	resp, err := created(s.cfg.ResponseSchema, p)
 	if err != nil {
-		return idem.Completion{}, fmt.Errorf("payments: render payment: %w", err)
+		return idem.Completion{}, err
 	}
-	return idem.Completion{
-		Response: idem.Response{
-			Status:        201,
-			Headers:       map[string]string{"Content-Type": "application/json", "Location": "/payments/" + p.ID},
-			Body:          body,
-			SchemaVersion: s.cfg.ResponseSchema,
-		},
-		ResourceType: "payment",
-		ResourceID:   p.ID,
-	}, nil
+	resp.ByReference = !s.cfg.StoreBodies
+	return idem.Completion{Response: resp, ResourceType: "payment", ResourceID: p.ID}, nil
 }
 
 // replay returns the answer to a retry of a finished record, following the
-// replay rule.
-func (s *Service) replay(ctx context.Context, q store.Querier, rec *idem.Record) (idem.Response, error) {
+// replay rule. A referencing record's answer is rendered again from its
+// payment: p when the caller read it with the record, otherwise read
+// through q.
+func (s *Service) replay(ctx context.Context, q store.Querier, rec *idem.Record, p *store.Payment) (idem.Response, error) {
 	stored := *rec.Response
-	if s.cfg.ReplayRule != ReconstructCurrent || stored.SchemaVersion == s.cfg.ResponseSchema ||
-		rec.Status != idem.StatusCompleted || rec.ResourceType != "payment" {
+	current := s.cfg.ReplayRule == ReconstructCurrent && stored.SchemaVersion != s.cfg.ResponseSchema &&
+		rec.Status == idem.StatusCompleted && rec.ResourceType == "payment"
+	if !current && !stored.ByReference {
 		return stored, nil
 	}
-	p, err := store.GetPayment(ctx, q, rec.Tenant, rec.ResourceID)
-	if err != nil {
-		return idem.Response{}, paymentNotFound(err, "The payment does not exist.")
+	if p == nil || p.ID != rec.ResourceID {
+		got, err := store.GetPayment(ctx, q, rec.Tenant, rec.ResourceID)
+		if err != nil {
+			return idem.Response{}, paymentNotFound(err, "The payment does not exist.")
+		}
+		p = &got
 	}
-	body, err := renderers[s.cfg.ResponseSchema](p)
-	if err != nil {
-		return idem.Response{}, fmt.Errorf("payments: render payment: %w", err)
+	if !current {
+		resp, err := created(stored.SchemaVersion, *p)
+		resp.Status = stored.Status
+		return resp, err
 	}
-	return idem.Response{Status: stored.Status, Headers: stored.Headers, Body: body, SchemaVersion: s.cfg.ResponseSchema}, nil
+	// The payment as it is now, in the current schema, with the first
+	// status code.
+	body, err := render(s.cfg.ResponseSchema, *p)
+	if err != nil {
+		return idem.Response{}, err
+	}
+	headers := stored.Headers
+	if stored.ByReference {
+		headers = map[string]string{"Content-Type": "application/json", "Location": "/payments/" + p.ID}
+	}
+	return idem.Response{Status: stored.Status, Headers: headers, Body: body, SchemaVersion: s.cfg.ResponseSchema}, nil
 }
 
 // replayRecord is create_payment's engine Replay: the stored answer,
 // following the replay rule.
 func (s *Service) replayRecord(ctx context.Context, rec *idem.Record) (idem.Response, error) {
-	return s.replay(ctx, s.store.Pool(), rec)
+	return s.replay(ctx, s.store.Pool(), rec, nil)
 }

@@ -55,6 +55,14 @@ type Config struct {
 	// ReplayRule decides what a replay of a response stored under an older
 	// schema looks like: ReplayAsStored (default) or ReconstructCurrent.
 	ReplayRule string
+	// StoreBodies stores each 201 answer's headers and body in its record.
+	// By default a completed payment's record references the payment and
+	// its response schema instead (idem.Response.ByReference), and a replay
+	// renders the answer again from the payment, byte for byte: smaller
+	// records that hold no copy of the payment. Set it while nodes of a
+	// version before referencing records share the store: they replay a
+	// referencing record with an empty body.
+	StoreBodies bool
 	// Locker, when set, fences recovery through an external lock service
 	// (etcd): a takeover first locks the scope, and the lock's token is what
 	// the record and the provider see. Nil uses the store's own counter.
@@ -311,7 +319,7 @@ func (s *Service) newPayment(scope idem.Scope, cmd Command) (store.Payment, stor
 	p := store.Payment{
 		Tenant: scope.Tenant, ID: id, AccountID: cmd.AccountID, AmountMinor: cmd.AmountMinor,
 		Currency: cmd.Currency, MerchantReference: cmd.MerchantReference, Channel: cmd.Channel,
-		Status: "PENDING", ProviderKey: ProviderKey(id),
+		Status: PaymentStatusPending, ProviderKey: ProviderKey(id),
 	}
 	return p, *paymentEvent(p, "PaymentCreated", "created", nil)
 }
@@ -322,7 +330,7 @@ func (s *Service) Get(ctx context.Context, tenant, id string) ([]byte, error) {
 	if err != nil {
 		return nil, paymentNotFound(err, "The payment does not exist.")
 	}
-	return renderers[s.cfg.ResponseSchema](p)
+	return render(s.cfg.ResponseSchema, p)
 }
 
 // insertOwnedPayment writes the payment of a record this request took over.

@@ -51,6 +51,14 @@ func Handover(ctx context.Context, from, to *Store, tenant string) (HandoverRepo
 		return rep, fmt.Errorf("store: handover: read records: %w", err)
 	}
 	rep.Records = len(recs)
+	// Payments go first, read after the records: a referencing record
+	// renders its answer from its payment, which committed with it or
+	// before it, so the new store never holds such a record without it.
+	n, err := copyPayments(ctx, from, to, tenant)
+	rep.Payments = n
+	if err != nil {
+		return rep, err
+	}
 	for _, rec := range recs {
 		var copied bool
 		var existing *idem.Record
@@ -76,29 +84,21 @@ func Handover(ctx context.Context, from, to *Store, tenant string) (HandoverRepo
 			rep.Conflicts = append(rep.Conflicts, HandoverConflict{Scope: rec.Scope, Reason: difference(rec, existing), From: rec.Status, To: existing.Status})
 		}
 	}
-	n, err := copyPayments(ctx, from, to, tenant)
-	rep.Payments = n
-	return rep, err
+	return rep, nil
 }
 
 func insertRecord(ctx context.Context, q Querier, r *idem.Record) (bool, error) {
-	var status *int
-	var body []byte
-	var schema *string
-	var headers []byte
-	if r.Response != nil {
-		h, err := encodeHeaders(r.Response.Headers)
-		if err != nil {
-			return false, err
-		}
-		status, body, schema, headers = &r.Response.Status, r.Response.Body, nullable(r.Response.SchemaVersion), h
+	resp, err := responseColumns(r.Response)
+	if err != nil {
+		return false, err
 	}
 	tag, err := q.Exec(ctx, `INSERT INTO idempotency_records (`+recordColumns+`)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24)
 		ON CONFLICT DO NOTHING`,
 		r.Tenant, r.Operation, r.Key, r.RequestHash, r.HashVersion, string(r.Status), string(r.Checkpoint), r.Owner, r.FencingToken,
-		r.LockedUntil, r.Attempts, r.Generation, status, headers, body, schema,
-		nullable(r.ResourceType), nullable(r.ResourceID), nullable(r.ErrorCode), r.HomeRegion, r.CreatedAt, r.UpdatedAt, r.ExpiresAt)
+		r.LockedUntil, r.Attempts, r.Generation, resp.status, resp.headers, resp.body, resp.schema,
+		nullable(r.ResourceType), nullable(r.ResourceID), nullable(r.ErrorCode), r.HomeRegion, r.CreatedAt, r.UpdatedAt, r.ExpiresAt,
+		resp.byReference)
 	if err != nil {
 		return false, err
 	}
@@ -117,7 +117,8 @@ func difference(a, b *idem.Record) string {
 		return "different state"
 	case (a.Response == nil) != (b.Response == nil):
 		return "only one store has an answer"
-	case a.Response != nil && (a.Response.Status != b.Response.Status || !bytes.Equal(a.Response.Body, b.Response.Body)):
+	case a.Response != nil && (a.Response.Status != b.Response.Status || a.Response.ByReference != b.Response.ByReference ||
+		!bytes.Equal(a.Response.Body, b.Response.Body)):
 		return "different stored answer"
 	case a.ResourceID != b.ResourceID:
 		return "different resource"

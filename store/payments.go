@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -57,29 +58,25 @@ func ClaimWithPayment(ctx context.Context, q Querier, req idem.BeginRequest, sta
 	completion *idem.Completion, p Payment, ev Event) (bool, error) {
 	ctx, span := telemetry.Start(ctx, "idem.claim", trace.SpanKindInternal)
 	defer span.End()
-	var (
-		respStatus *int
-		headers    []byte
-		body       []byte
-		schema     *string
-		err        error
-	)
+	var resp *idem.Response
 	if completion != nil {
-		if headers, err = encodeHeaders(completion.Response.Headers); err != nil {
-			return false, err
-		}
-		respStatus, body, schema = &completion.Response.Status, completion.Response.Body, nullable(completion.Response.SchemaVersion)
+		resp = &completion.Response
+	}
+	r, err := responseColumns(resp)
+	if err != nil {
+		return false, err
 	}
 	var inserted bool
 	err = q.QueryRow(ctx, `WITH claim AS (
 		INSERT INTO idempotency_records
 			(tenant_id, operation_name, idempotency_key, request_hash, hash_version, status, checkpoint,
 			 owner, fencing_token, locked_until, home_region, created_at, updated_at, expires_at,
-			 response_status, response_headers, response_body, response_schema_version, resource_type, resource_id)
+			 response_status, response_headers, response_body, response_schema_version, response_by_reference,
+			 resource_type, resource_id)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 1,
 			CASE WHEN $6 = 'IN_PROGRESS' THEN now() + $9::INT8 * INTERVAL '1 millisecond' END,
 			$10, now(), now(), now() + $11::INT8 * INTERVAL '1 millisecond',
-			$12, $13, $14, $15, 'payment', $16)
+			$12, $13, $14, $15, $27, 'payment', $16)
 		ON CONFLICT DO NOTHING
 		RETURNING 1 AS n
 	), pay AS (
@@ -95,14 +92,64 @@ func ClaimWithPayment(ctx context.Context, q Querier, req idem.BeginRequest, sta
 	SELECT EXISTS (SELECT 1 FROM claim) AND EXISTS (SELECT 1 FROM ev)`,
 		req.Tenant, req.Operation, req.Key, req.RequestHashes[0], req.HashVersion, string(status), string(cp),
 		req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds(),
-		respStatus, headers, body, schema, p.ID,
+		r.status, r.headers, r.body, r.schema, p.ID,
 		p.AccountID, p.AmountMinor, p.Currency, p.MerchantReference, p.Channel, p.Status, p.ProviderKey,
-		ev.ID, ev.Type, []byte(ev.Payload),
+		ev.ID, ev.Type, []byte(ev.Payload), r.byReference,
 	).Scan(&inserted)
 	if err != nil {
 		return false, classifyPaymentErr(err)
 	}
 	return inserted, nil
+}
+
+// settledPaymentSQL is ReadSettledTx's read joined with the payment a
+// referencing record renders its answer from.
+var settledPaymentSQL = `SELECT ` + qualified("r.", recordColumns) + `, now(),
+	p.payment_id, p.account_id, p.amount_minor, p.currency, p.merchant_reference, p.channel, p.status, p.provider_key, p.created_at
+	FROM idempotency_records r LEFT JOIN payments p
+	  ON r.response_by_reference AND r.resource_type = 'payment' AND p.tenant_id = r.tenant_id AND p.payment_id = r.resource_id
+	WHERE r.tenant_id = $1 AND r.operation_name = $2 AND r.idempotency_key = $3
+	AND r.status IN ` + settledStatuses + ` AND r.expires_at > now()`
+
+// qualified prefixes each column of a comma-separated list.
+func qualified(prefix, columns string) string {
+	cols := strings.Split(columns, ",")
+	for i, c := range cols {
+		cols[i] = prefix + strings.TrimSpace(c)
+	}
+	return strings.Join(cols, ", ")
+}
+
+// ReadSettledPayment is ReadSettled for create_payment: the same one read
+// of a settled record, joined with the payment a referencing record
+// (idem.Response.ByReference) renders its answer from, so that a replay of
+// such a record costs one round trip too. The payment is nil when the
+// record references none (or the row is gone).
+func (s *Store) ReadSettledPayment(ctx context.Context, req idem.BeginRequest) (idem.Decision, *Payment, bool, error) {
+	if !s.replayRead || len(req.RequestHashes) == 0 {
+		return idem.Decision{}, nil, false, nil
+	}
+	var (
+		now                            time.Time
+		id, account, currency, ref, ch *string
+		status, providerKey            *string
+		amount                         *int64
+		created                        *time.Time
+	)
+	rec, err := scanRecord(s.pool.QueryRow(ctx, settledPaymentSQL, req.Tenant, req.Operation, req.Key),
+		&now, &id, &account, &amount, &currency, &ref, &ch, &status, &providerKey, &created)
+	d, ok, err := settledDecision(rec, err, req, now)
+	if err != nil {
+		if fallThrough(err) {
+			return idem.Decision{}, nil, false, nil
+		}
+		return idem.Decision{}, nil, false, fmt.Errorf("store: read settled record: %w", unavailableOr(err))
+	}
+	if !ok || id == nil {
+		return d, nil, ok, nil
+	}
+	return d, &Payment{Tenant: req.Tenant, ID: *id, AccountID: *account, AmountMinor: *amount, Currency: *currency,
+		MerchantReference: *ref, Channel: *ch, Status: *status, ProviderKey: *providerKey, CreatedAt: *created}, true, nil
 }
 
 // InsertPayment writes a payment row and its outbox event for an owner that

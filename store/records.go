@@ -29,7 +29,8 @@ type Querier interface {
 const recordColumns = `tenant_id, operation_name, idempotency_key, request_hash, hash_version,
 	status, checkpoint, owner, fencing_token, locked_until, attempts, generation,
 	response_status, response_headers, response_body, response_schema_version,
-	resource_type, resource_id, error_code, home_region, created_at, updated_at, expires_at`
+	resource_type, resource_id, error_code, home_region, created_at, updated_at, expires_at,
+	response_by_reference`
 
 type rowScanner interface{ Scan(dest ...any) error }
 
@@ -45,11 +46,12 @@ func scanRecord(row rowScanner, extra ...any) (*idem.Record, error) {
 		errCode                 *string
 		lockedUntil             *time.Time
 		attempts, generation, v int32
+		byReference             bool
 	)
 	dest := []any{&r.Tenant, &r.Operation, &r.Key, &r.RequestHash, &v,
 		&status, &checkpoint, &r.Owner, &r.FencingToken, &lockedUntil, &attempts, &generation,
 		&respStatus, &respHeaders, &respBody, &schema,
-		&resType, &resID, &errCode, &r.HomeRegion, &r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt}
+		&resType, &resID, &errCode, &r.HomeRegion, &r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt, &byReference}
 	if err := row.Scan(append(dest, extra...)...); err != nil {
 		return nil, err
 	}
@@ -57,7 +59,7 @@ func scanRecord(row rowScanner, extra ...any) (*idem.Record, error) {
 	r.Status, r.Checkpoint, r.LockedUntil = idem.Status(status), idem.Checkpoint(checkpoint), lockedUntil
 	r.ResourceType, r.ResourceID, r.ErrorCode = deref(resType), deref(resID), deref(errCode)
 	if respStatus != nil {
-		r.Response = &idem.Response{Status: int(*respStatus), Body: respBody, SchemaVersion: deref(schema)}
+		r.Response = &idem.Response{Status: int(*respStatus), Body: respBody, SchemaVersion: deref(schema), ByReference: byReference}
 		if len(respHeaders) > 0 {
 			if err := json.Unmarshal(respHeaders, &r.Response.Headers); err != nil {
 				return nil, fmt.Errorf("store: decode response headers: %w", err)
@@ -218,6 +220,13 @@ func ReadSettledTx(ctx context.Context, q Querier, req idem.BeginRequest) (idem.
 		FROM idempotency_records WHERE tenant_id = $1 AND operation_name = $2 AND idempotency_key = $3
 		AND status IN `+settledStatuses+` AND expires_at > now()`,
 		req.Tenant, req.Operation, req.Key), &now)
+	return settledDecision(rec, err, req, now)
+}
+
+// settledDecision decides from a fast-path read of a settled record (rec,
+// err from its scan): replay or conflict, or ok=false for no such record
+// or any other outcome.
+func settledDecision(rec *idem.Record, err error, req idem.BeginRequest, now time.Time) (idem.Decision, bool, error) {
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idem.Decision{}, false, nil
 	}
@@ -342,7 +351,7 @@ func decideExisting(ctx context.Context, tx Querier, req idem.BeginRequest, clai
 			owner = $7, fencing_token = fencing_token + 1,
 			locked_until = now() + $8::INT8 * INTERVAL '1 millisecond', attempts = 1, generation = generation + 1,
 			response_status = NULL, response_headers = NULL, response_body = NULL, response_schema_version = NULL,
-			resource_type = NULL, resource_id = NULL, error_code = NULL, home_region = $9,
+			response_by_reference = false, resource_type = NULL, resource_id = NULL, error_code = NULL, home_region = $9,
 			created_at = now(), updated_at = now(), expires_at = now() + $10::INT8 * INTERVAL '1 millisecond',
 			claim_id = $11
 			WHERE tenant_id = $1 AND operation_name = $2 AND idempotency_key = $3 AND fencing_token = $4
@@ -402,14 +411,14 @@ func CheckpointTx(ctx context.Context, q Querier, lease idem.Lease, cp idem.Chec
 
 // CompleteTx stores the final answer under lease in the caller's transaction.
 func CompleteTx(ctx context.Context, q Querier, lease idem.Lease, c idem.Completion) error {
-	headers, err := encodeHeaders(c.Response.Headers)
+	r, err := responseColumns(&c.Response)
 	if err != nil {
 		return err
 	}
 	return fencedExec(ctx, q, lease, `status = 'COMPLETED', checkpoint = 'COMPLETED', locked_until = NULL,
 		response_status = $5, response_headers = $6, response_body = $7, response_schema_version = $8,
-		resource_type = $9, resource_id = $10, error_code = NULL`,
-		c.Response.Status, headers, c.Response.Body, c.Response.SchemaVersion, nullable(c.ResourceType), nullable(c.ResourceID))
+		response_by_reference = $9, resource_type = $10, resource_id = $11, error_code = NULL`,
+		r.status, r.headers, r.body, r.schema, r.byReference, nullable(c.ResourceType), nullable(c.ResourceID))
 }
 
 // FailTx stores a classified failure under lease in the caller's transaction.
@@ -419,22 +428,14 @@ func FailTx(ctx context.Context, q Querier, lease idem.Lease, f idem.Failure) er
 	default:
 		return idem.Errorf(idem.ECodeValidationFailed, "A failure must be FAILED_REPLAYABLE, FAILED_RETRYABLE or UNKNOWN_REQUIRES_RECOVERY.")
 	}
-	var (
-		status  *int
-		headers []byte
-		body    []byte
-		schema  *string
-	)
-	if f.Response != nil {
-		h, err := encodeHeaders(f.Response.Headers)
-		if err != nil {
-			return err
-		}
-		status, headers, body, schema = &f.Response.Status, h, f.Response.Body, nullable(f.Response.SchemaVersion)
+	r, err := responseColumns(f.Response)
+	if err != nil {
+		return err
 	}
 	return fencedExec(ctx, q, lease, `status = $5, locked_until = NULL, error_code = $6,
-		response_status = $7, response_headers = $8, response_body = $9, response_schema_version = $10`,
-		string(f.Status), nullable(f.ErrorCode), status, headers, body, schema)
+		response_status = $7, response_headers = $8, response_body = $9, response_schema_version = $10,
+		response_by_reference = $11`,
+		string(f.Status), nullable(f.ErrorCode), r.status, r.headers, r.body, r.schema, r.byReference)
 }
 
 // Checkpoint implements idem.Coordinator.
@@ -506,6 +507,35 @@ func GetTx(ctx context.Context, q Querier, scope idem.Scope) (*idem.Record, erro
 		return nil, idem.ErrRecordNotFound
 	}
 	return rec, err
+}
+
+// storedResponse is a response as the record's columns hold it.
+type storedResponse struct {
+	status      *int
+	headers     []byte
+	body        []byte
+	schema      *string
+	byReference bool
+}
+
+// responseColumns is what the record's response columns store for r (all
+// NULL for nil). A referencing response (idem.Response.ByReference) keeps
+// its status and schema version only: its operation renders the headers
+// and body again on replay.
+func responseColumns(r *idem.Response) (storedResponse, error) {
+	if r == nil {
+		return storedResponse{}, nil
+	}
+	c := storedResponse{status: &r.Status, schema: nullable(r.SchemaVersion), byReference: r.ByReference}
+	if r.ByReference {
+		return c, nil
+	}
+	h, err := encodeHeaders(r.Headers)
+	if err != nil {
+		return storedResponse{}, err
+	}
+	c.headers, c.body = h, r.Body
+	return c, nil
 }
 
 func encodeHeaders(h map[string]string) ([]byte, error) {

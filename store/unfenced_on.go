@@ -29,22 +29,22 @@ func unfencedWhere(lease idem.Lease) (string, bool) {
 // find-then-insert (built with -tags failpoints); the product never
 // overwrites a record.
 func UpsertCompleted(ctx context.Context, q Querier, req idem.BeginRequest, c idem.Completion) error {
-	headers, err := encodeHeaders(c.Response.Headers)
+	r, err := responseColumns(&c.Response)
 	if err != nil {
 		return err
 	}
 	_, err = q.Exec(ctx, `INSERT INTO idempotency_records
 		(tenant_id, operation_name, idempotency_key, request_hash, hash_version, status, checkpoint, owner,
 		 home_region, created_at, updated_at, expires_at, response_status, response_headers, response_body,
-		 response_schema_version, resource_type, resource_id)
+		 response_schema_version, response_by_reference, resource_type, resource_id)
 		VALUES ($1, $2, $3, $4, $5, 'COMPLETED', 'COMPLETED', $6, $7, now(), now(), now() + $8::INT8 * INTERVAL '1 millisecond',
-		 $9, $10, $11, $12, $13, $14)
+		 $9, $10, $11, $12, $15, $13, $14)
 		ON CONFLICT (tenant_id, operation_name, idempotency_key) DO UPDATE SET
 		 response_status = EXCLUDED.response_status, response_headers = EXCLUDED.response_headers,
-		 response_body = EXCLUDED.response_body, resource_id = EXCLUDED.resource_id, updated_at = now()`,
+		 response_body = EXCLUDED.response_body, response_by_reference = EXCLUDED.response_by_reference, resource_id = EXCLUDED.resource_id, updated_at = now()`,
 		req.Tenant, req.Operation, req.Key, req.RequestHashes[0], req.HashVersion, req.Owner, req.HomeRegion,
-		req.Window.Milliseconds(), c.Response.Status, headers, c.Response.Body, nullable(c.Response.SchemaVersion),
-		nullable(c.ResourceType), nullable(c.ResourceID))
+		req.Window.Milliseconds(), r.status, r.headers, r.body, r.schema,
+		nullable(c.ResourceType), nullable(c.ResourceID), r.byReference)
 	if err != nil {
 		return fmt.Errorf("store: upsert record: %w", err)
 	}

@@ -110,7 +110,10 @@ type Main struct {
 	ProviderTimeout time.Duration
 	ResponseSchema  string
 	ReplayRule      string
-	Workers         region.WorkerConfig
+	// StoreBodies keeps each payment's 201 answer in its record instead
+	// of a reference to the payment (payments.Config.StoreBodies).
+	StoreBodies bool
+	Workers     region.WorkerConfig
 
 	// TLSCert and TLSKey make the node serve HTTPS; TLSClientCA is the
 	// cluster CA that peers' certificates are verified against.
@@ -168,6 +171,7 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	fs.DurationVar(&m.ProviderTimeout, "provider-timeout", 0, "bound on one provider call (default: lock-timeout/3)")
 	fs.StringVar(&m.ResponseSchema, "response-schema", payments.DefaultSchemaVersion, "response schema new payments are answered in: v2 or v3")
 	fs.StringVar(&m.ReplayRule, "replay-rule", payments.ReplayAsStored, "what a replay of a response stored under an older schema returns: replay-as-stored or reconstruct-current")
+	fs.BoolVar(&m.StoreBodies, "store-response-bodies", false, "store each payment's 201 answer in its record instead of a reference to the payment (set it while nodes older than referencing records share the store)")
 	etcd := fs.String("etcd-endpoints", "", "comma-separated etcd endpoints; empty: a single region without a control plane")
 	storeMode := fs.String("store-mode", string(routing.RegionLocal), "region-local (each region its own store; requests forwarded home) or global (one store for all regions)")
 	fs.BoolVar(&m.RouteToHome, "route-to-home", false, "in global store mode, still forward to the tenant's home region (latency choice)")
@@ -394,7 +398,7 @@ func (m *Main) Run(ctx context.Context) error {
 		Region: m.Region, Owner: m.Region + "/" + m.NodeID,
 		Window: m.ReplayWindow, LockFor: m.LockFor, Logger: m.logger,
 		ProviderTimeout: m.ProviderTimeout, ResponseSchema: m.ResponseSchema, ReplayRule: m.ReplayRule,
-		Faults: m.faults.payments(),
+		StoreBodies: m.StoreBodies, Faults: m.faults.payments(),
 		OnFenced: func() {
 			if m.server != nil {
 				m.server.Fenced()

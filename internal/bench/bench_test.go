@@ -59,11 +59,11 @@ func TestRunCountsWhatItWrote(t *testing.T) {
 		wantPay, wantRecs int
 	}{
 		{suite: bench.SuiteStore,
-			wantPay:  ops(rep.Suite(bench.SuiteStore), bench.OpBaseline, bench.OpIdempotent, bench.OpIdempotentClaimFirst),
-			wantRecs: ops(rep.Suite(bench.SuiteStore), bench.OpIdempotent, bench.OpIdempotentClaimFirst)},
+			wantPay:  ops(rep.Suite(bench.SuiteStore), bench.OpBaseline, bench.OpIdempotent, bench.OpIdempotentStoredBody, bench.OpIdempotentClaimFirst),
+			wantRecs: ops(rep.Suite(bench.SuiteStore), bench.OpIdempotent, bench.OpIdempotentStoredBody, bench.OpIdempotentClaimFirst)},
 		{suite: bench.SuiteReplay,
-			wantPay:  20 + ops(rep.Suite(bench.SuiteReplay), bench.OpWrite),
-			wantRecs: 20 + ops(rep.Suite(bench.SuiteReplay), bench.OpWrite)},
+			wantPay:  rep.Suite(bench.SuiteReplay).Seeded + ops(rep.Suite(bench.SuiteReplay), bench.OpWrite),
+			wantRecs: rep.Suite(bench.SuiteReplay).Seeded + ops(rep.Suite(bench.SuiteReplay), bench.OpWrite)},
 		{suite: bench.SuiteHTTP,
 			wantPay:  ops(rep.Suite(bench.SuiteHTTP), bench.OpHTTPBaseline, bench.OpHTTPIdempotent),
 			wantRecs: ops(rep.Suite(bench.SuiteHTTP), bench.OpHTTPIdempotent)},

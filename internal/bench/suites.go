@@ -17,10 +17,18 @@ const (
 	OpBaseline             = "baseline"
 	OpIdempotent           = "idempotent"
 	OpIdempotentClaimFirst = "idempotent claim-first"
+	OpIdempotentStoredBody = "idempotent stored-body"
 	OpWrite                = "write"
 	OpReplay               = "replay"
 	OpReplayClaimFirst     = "replay claim-first"
+	OpReplayStoredBody     = "replay stored-body"
 )
+
+// storedBodies is the service configuration of the stored-body phases:
+// records that keep the 201 answer instead of a reference to the payment
+// (payments.Config.StoreBodies), side by side with the referencing
+// records the product writes by default.
+var storedBodies = payments.Config{Region: "bench", StoreBodies: true}
 
 // writer issues fresh operations with unique bodies and keys.
 type writer struct {
@@ -81,6 +89,7 @@ func runStore(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, er
 	ops := []op{
 		{OpBaseline, w.baseline(st)},
 		{OpIdempotent, w.idempotent(payments.NewService(st, payments.Config{Region: "bench"}))},
+		{OpIdempotentStoredBody, w.idempotent(payments.NewService(st, storedBodies))},
 	}
 	if cfg.ClaimFirst != nil {
 		ops = append(ops, op{OpIdempotentClaimFirst, w.idempotent(payments.NewService(cfg.ClaimFirst, payments.Config{Region: "bench"}))})
@@ -90,7 +99,7 @@ func runStore(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, er
 		return SuiteReport{}, err
 	}
 	rep := SuiteReport{Suite: SuiteStore, Concurrency: cfg.Concurrency, Results: results,
-		Ratios: []Ratio{ratio(results, OpIdempotent, OpBaseline)}}
+		Ratios: []Ratio{ratio(results, OpIdempotent, OpBaseline), ratio(results, OpIdempotentStoredBody, OpBaseline)}}
 	if cfg.ClaimFirst != nil {
 		rep.Ratios = append(rep.Ratios, ratio(results, OpIdempotentClaimFirst, OpBaseline))
 	}
@@ -100,22 +109,22 @@ func runStore(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, er
 
 // seedReplays completes cfg.ReplayKeys keys under w.tenant and returns the
 // function that retries them in turn, expecting a replay.
-func seedReplays(ctx context.Context, svc *payments.Service, w *writer, n int) error {
+func seedReplays(ctx context.Context, svc *payments.Service, w *writer, prefix string, n int) error {
 	for i := range n {
-		if _, err := svc.Create(ctx, payments.Request{Tenant: w.tenant, Key: fmt.Sprintf("r-%d", i), Body: body(w.run+"r", int64(i))}); err != nil {
+		if _, err := svc.Create(ctx, payments.Request{Tenant: w.tenant, Key: fmt.Sprintf("%s-%d", prefix, i), Body: body(w.run+prefix, int64(i))}); err != nil {
 			return fmt.Errorf("seed replay keys: %w", err)
 		}
 	}
 	return nil
 }
 
-func replayer(svc *payments.Service, w *writer, n int) func(context.Context) error {
+func replayer(svc *payments.Service, w *writer, prefix string, n int) func(context.Context) error {
 	var seq atomic.Int64
 	return func(ctx context.Context) error {
 		i := seq.Add(1) % int64(n)
-		res, err := svc.Create(ctx, payments.Request{Tenant: w.tenant, Key: fmt.Sprintf("r-%d", i), Body: body(w.run+"r", i)})
+		res, err := svc.Create(ctx, payments.Request{Tenant: w.tenant, Key: fmt.Sprintf("%s-%d", prefix, i), Body: body(w.run+prefix, i)})
 		if err == nil && !res.Replayed {
-			err = fmt.Errorf("%w: key r-%d was not replayed", errUnexpected, i)
+			err = fmt.Errorf("%w: key %s-%d was not replayed", errUnexpected, prefix, i)
 		}
 		return err
 	}
@@ -124,19 +133,26 @@ func replayer(svc *payments.Service, w *writer, n int) func(context.Context) err
 func runReplay(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, error) {
 	w := newWriter(SuiteReplay)
 	svc := payments.NewService(st, payments.Config{Region: "bench"})
-	if err := seedReplays(ctx, svc, w, cfg.ReplayKeys); err != nil {
+	stored := payments.NewService(st, storedBodies)
+	// Keys "r-N" hold referencing records, "s-N" records with the answer
+	// stored; any service replays either.
+	if err := seedReplays(ctx, svc, w, "r", cfg.ReplayKeys); err != nil {
 		return SuiteReport{}, err
 	}
-	ops := []op{{OpWrite, w.idempotent(svc)}, {OpReplay, replayer(svc, w, cfg.ReplayKeys)}}
+	if err := seedReplays(ctx, stored, w, "s", cfg.ReplayKeys); err != nil {
+		return SuiteReport{}, err
+	}
+	ops := []op{{OpWrite, w.idempotent(svc)}, {OpReplay, replayer(svc, w, "r", cfg.ReplayKeys)},
+		{OpReplayStoredBody, replayer(svc, w, "s", cfg.ReplayKeys)}}
 	if cfg.ClaimFirst != nil {
-		ops = append(ops, op{OpReplayClaimFirst, replayer(payments.NewService(cfg.ClaimFirst, payments.Config{Region: "bench"}), w, cfg.ReplayKeys)})
+		ops = append(ops, op{OpReplayClaimFirst, replayer(payments.NewService(cfg.ClaimFirst, payments.Config{Region: "bench"}), w, "r", cfg.ReplayKeys)})
 	}
 	results, err := alternate(ctx, cfg, SuiteReplay, ops)
 	if err != nil {
 		return SuiteReport{}, err
 	}
-	rep := SuiteReport{Suite: SuiteReplay, Concurrency: cfg.Concurrency, Results: results, Seeded: cfg.ReplayKeys,
-		Ratios: []Ratio{ratio(results, OpReplay, OpWrite)}}
+	rep := SuiteReport{Suite: SuiteReplay, Concurrency: cfg.Concurrency, Results: results, Seeded: 2 * cfg.ReplayKeys,
+		Ratios: []Ratio{ratio(results, OpReplay, OpWrite), ratio(results, OpReplayStoredBody, OpWrite)}}
 	if cfg.ClaimFirst != nil {
 		rep.Ratios = append(rep.Ratios, ratio(results, OpReplayClaimFirst, OpWrite), ratio(results, OpReplay, OpReplayClaimFirst))
 	}
