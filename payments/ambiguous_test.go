@@ -12,9 +12,9 @@ import (
 	"github.com/idemcoord/idem/store"
 )
 
-// TestCreateResolvesAnAmbiguousCommit loses the answer to the COMMIT of the
-// one transaction that stores a payment and its record (no provider), while
-// the store commits it: Create must answer the stored payment, not a
+// TestCreateResolvesAnAmbiguousCommit loses the answer to the commit of the
+// one statement (an implicit transaction) that stores a payment and its
+// record (no provider), while the store commits it: Create must answer the stored payment, not a
 // failure, and one payment exists.
 func TestCreateResolvesAnAmbiguousCommit(t *testing.T) {
 	ctx := context.Background()

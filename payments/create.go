@@ -3,6 +3,7 @@ package payments
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -20,7 +21,8 @@ import (
 //     writes the payment row and its PaymentCreated event
 //     (store.ClaimWithPayment). Without a provider that statement also
 //     completes the record: record, payment and event commit in one
-//     transaction (engine.Claim.Done). With one, the record is claimed at
+//     transaction (engine.Claim.Done), for a free key the statement alone
+//     as an implicit transaction, one round trip (claimOne). With one, the record is claimed at
 //     LOCAL_PAYMENT_CREATED (engine.Claim.Progress) and Execute charges.
 //     A record taken over at RECEIVED (a key reused after its window) gets
 //     its payment in the claim's transaction too.
@@ -149,15 +151,24 @@ func (c *createCall) claim(ctx context.Context, begin idem.BeginRequest) (engine
 	// The payment is derived from the command (same id, same provider key
 	// in every attempt); a replay above never needs it.
 	c.payment, c.event = s.newPayment(begin.Scope, c.cmd)
-	var cl engine.Claim
-	err := s.store.ExecTx(ctx, func(tx pgx.Tx) (err error) {
-		if s.cfg.Provider == nil {
-			cl, err = c.claimLocal(ctx, tx, begin)
-		} else {
-			cl, err = c.claimForProvider(ctx, tx, begin)
-		}
-		return err
-	})
+	var (
+		cl          engine.Claim
+		done, taken bool
+		err         error
+	)
+	if s.cfg.Provider == nil {
+		cl, done, taken, err = c.claimOne(ctx, begin)
+	}
+	if err == nil && !done {
+		err = s.store.ExecTx(ctx, func(tx pgx.Tx) (err error) {
+			if s.cfg.Provider == nil {
+				cl, err = c.claimLocal(ctx, tx, begin, taken)
+			} else {
+				cl, err = c.claimForProvider(ctx, tx, begin)
+			}
+			return err
+		})
+	}
 	switch {
 	case errors.Is(err, store.ErrDuplicateMerchantReference):
 		// Another key already made this business payment.
@@ -168,25 +179,78 @@ func (c *createCall) claim(ctx context.Context, begin idem.BeginRequest) (engine
 	return cl, err
 }
 
+// claimOne is the local-only operation's common case, a free key, in one
+// round trip: the claim statement (store.ClaimWithPayment) alone, as an
+// implicit transaction (store.Store.ExecOne), writes the record COMPLETED
+// with the payment and its event. done is false when the key already has a
+// record (the statement wrote nothing; taken is then true): claimLocal
+// then decides in a transaction. A referencing record stores no body, so the answer is
+// rendered after the statement, with the creation time it returns; with
+// Config.StoreBodies, a schema that shows the creation time needs it
+// before the insert, and goes to claimLocal.
+func (c *createCall) claimOne(ctx context.Context, begin idem.BeginRequest) (cl engine.Claim, done, taken bool, err error) {
+	s, p := c.s, c.payment
+	completion := idem.Completion{Response: idem.Response{Status: 201, SchemaVersion: s.cfg.ResponseSchema, ByReference: true},
+		ResourceType: "payment", ResourceID: p.ID}
+	if s.cfg.StoreBodies {
+		if showsCreationTime(s.cfg.ResponseSchema) {
+			return engine.Claim{}, false, false, nil
+		}
+		if completion, err = s.completion(ctx, nil, p); err != nil {
+			return engine.Claim{}, false, false, err
+		}
+	}
+	var (
+		inserted bool
+		at       time.Time
+	)
+	err = s.store.ExecOne(ctx, func(q store.Querier) (err error) {
+		inserted, at, err = store.ClaimWithPayment(ctx, q, begin, idem.StatusCompleted, idem.CheckpointCompleted, &completion, p, c.event)
+		return err
+	})
+	if err != nil || !inserted {
+		return engine.Claim{}, false, err == nil, err
+	}
+	resp := completion.Response
+	if resp.ByReference {
+		p.CreatedAt = at
+		if resp, err = created(s.cfg.ResponseSchema, p); err != nil {
+			return engine.Claim{}, false, false, err
+		}
+		resp.ByReference = true
+	}
+	return engine.Claim{Decision: idem.Decision{Outcome: idem.OutcomeExecute},
+		Done: &engine.Result{Stored: true, Status: idem.StatusCompleted, Response: resp}}, true, false, nil
+}
+
 // claimLocal is the local-only operation: one transaction claims the key
 // and writes the completed record, the payment and its event; a record it
 // takes over (a key reused after its window, a recovery) gets its payment
 // and completion in the same transaction.
-func (c *createCall) claimLocal(ctx context.Context, tx pgx.Tx, begin idem.BeginRequest) (engine.Claim, error) {
+//
+// taken says claimOne just found the key's record: the transaction decides
+// from it first, and claims the key only if the record has gone since
+// (cleanup), instead of attempting the insert a second time.
+func (c *createCall) claimLocal(ctx context.Context, tx pgx.Tx, begin idem.BeginRequest, taken bool) (engine.Claim, error) {
 	s, p := c.s, c.payment
-	completion, err := s.completion(ctx, tx, p)
-	if err != nil {
-		return engine.Claim{}, err
-	}
-	inserted, err := store.ClaimWithPayment(ctx, tx, begin, idem.StatusCompleted, idem.CheckpointCompleted, &completion, p, c.event)
-	if err != nil {
-		return engine.Claim{}, err
-	}
-	if inserted {
-		return engine.Claim{Decision: idem.Decision{Outcome: idem.OutcomeExecute},
-			Done: &engine.Result{Stored: true, Status: idem.StatusCompleted, Response: completion.Response}}, nil
+	if !taken {
+		completion, err := s.completion(ctx, tx, p)
+		if err != nil {
+			return engine.Claim{}, err
+		}
+		inserted, _, err := store.ClaimWithPayment(ctx, tx, begin, idem.StatusCompleted, idem.CheckpointCompleted, &completion, p, c.event)
+		if err != nil {
+			return engine.Claim{}, err
+		}
+		if inserted {
+			return engine.Claim{Decision: idem.Decision{Outcome: idem.OutcomeExecute},
+				Done: &engine.Result{Stored: true, Status: idem.StatusCompleted, Response: completion.Response}}, nil
+		}
 	}
 	d, err := store.DecideExisting(ctx, tx, begin)
+	if taken && errors.Is(err, pgx.ErrNoRows) {
+		return c.claimLocal(ctx, tx, begin, false)
+	}
 	if err != nil || !owned(d) {
 		return engine.Claim{Decision: d}, err
 	}
@@ -197,7 +261,8 @@ func (c *createCall) claimLocal(ctx context.Context, tx pgx.Tx, begin idem.Begin
 	if err := s.insertOwnedPayment(ctx, tx, d, p, c.event); err != nil {
 		return engine.Claim{}, err
 	}
-	if completion, err = s.completion(ctx, tx, p); err != nil {
+	completion, err := s.completion(ctx, tx, p)
+	if err != nil {
 		return engine.Claim{}, err
 	}
 	if err := store.CompleteTx(ctx, tx, d.Lease, completion); err != nil {
@@ -210,7 +275,7 @@ func (c *createCall) claimLocal(ctx context.Context, tx pgx.Tx, begin idem.Begin
 // event, at checkpoint LOCAL_PAYMENT_CREATED, for Execute to charge. A
 // record taken over past RECEIVED is left as it is for Recover.
 func (c *createCall) claimForProvider(ctx context.Context, tx pgx.Tx, begin idem.BeginRequest) (engine.Claim, error) {
-	inserted, err := store.ClaimWithPayment(ctx, tx, begin, idem.StatusInProgress, CheckpointLocalPaymentCreated, nil, c.payment, c.event)
+	inserted, _, err := store.ClaimWithPayment(ctx, tx, begin, idem.StatusInProgress, CheckpointLocalPaymentCreated, nil, c.payment, c.event)
 	if err != nil {
 		return engine.Claim{}, err
 	}

@@ -63,6 +63,10 @@ var renderers = map[string]func(store.Payment) ([]byte, error){
 // status as it moves on).
 const PaymentStatusPending = "PENDING"
 
+// showsCreationTime reports whether schema's body shows the payment's
+// creation time.
+func showsCreationTime(schema string) bool { return schema == "v3" }
+
 // render renders p in schema.
 func render(schema string, p store.Payment) ([]byte, error) {
 	r, ok := renderers[schema]
@@ -104,7 +108,7 @@ func created(schema string, p store.Payment) (idem.Response, error) {
 // The record references the payment instead of storing the answer, unless
 // Config.StoreBodies.
 func (s *Service) completion(ctx context.Context, q store.Querier, p store.Payment) (idem.Completion, error) {
-	if s.cfg.ResponseSchema == "v3" && p.CreatedAt.IsZero() {
+	if showsCreationTime(s.cfg.ResponseSchema) && p.CreatedAt.IsZero() {
 		if err := q.QueryRow(ctx, `SELECT COALESCE((SELECT created_at FROM payments WHERE tenant_id = $1 AND payment_id = $2), now())`,
 			p.Tenant, p.ID).Scan(&p.CreatedAt); err != nil {
 			return idem.Completion{}, fmt.Errorf("payments: read payment creation time: %w", err)

@@ -17,23 +17,25 @@ func BenchmarkCreateOnStore(b *testing.B) {
 	st, _ := storetest.New(b)
 	svc := payments.NewService(st, payments.Config{Region: "bench"})
 	ctx := context.Background()
-	run := time.Now().UnixNano()
-	body := func(i int) []byte {
+	body := func(run int64, i int) []byte {
 		return fmt.Appendf(nil, `{"accountId":"acc_1","amount":"10.50","currency":"EUR","merchantReference":"inv-%d-%d"}`, run, i)
 	}
 	b.Run("new-key", func(b *testing.B) {
+		// With -count N this function runs N times: keys of its own each time.
+		run := time.Now().UnixNano()
 		b.ReportAllocs()
 		i := 0
 		for b.Loop() {
 			i++
-			res, err := svc.Create(ctx, payments.Request{Tenant: "tenant-a", Key: fmt.Sprintf("k-%d-%d", run, i), Body: body(i)})
+			res, err := svc.Create(ctx, payments.Request{Tenant: "tenant-a", Key: fmt.Sprintf("k-%d-%d", run, i), Body: body(run, i)})
 			if err != nil || res.Response.Status != 201 || res.Replayed {
 				b.Fatalf("new key = %d replayed %v, %v", res.Response.Status, res.Replayed, err)
 			}
 		}
 	})
 	b.Run("replay", func(b *testing.B) {
-		req := payments.Request{Tenant: "tenant-a", Key: fmt.Sprintf("replayed-%d", run), Body: body(-1)}
+		run := time.Now().UnixNano()
+		req := payments.Request{Tenant: "tenant-a", Key: fmt.Sprintf("replayed-%d", run), Body: body(run, -1)}
 		if _, err := svc.Create(ctx, req); err != nil {
 			b.Fatal(err)
 		}

@@ -40,7 +40,7 @@ func leftAtLocalPayment(t *testing.T, st *store.Store, key, merchantRef string) 
 	begin := idem.BeginRequest{Scope: idem.Scope{Tenant: "tenant-a", Operation: payments.Operation, Key: key},
 		RequestHashes: hashes, HashVersion: 2, Owner: "dead", HomeRegion: "local", LockFor: time.Minute, Window: time.Hour}
 	err = st.ExecTx(context.Background(), func(tx pgx.Tx) error {
-		inserted, err := store.ClaimWithPayment(context.Background(), tx, begin, idem.StatusInProgress, payments.CheckpointLocalPaymentCreated, nil, p, ev)
+		inserted, _, err := store.ClaimWithPayment(context.Background(), tx, begin, idem.StatusInProgress, payments.CheckpointLocalPaymentCreated, nil, p, ev)
 		if err == nil && !inserted {
 			err = errors.New("claim not inserted")
 		}

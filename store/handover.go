@@ -142,7 +142,7 @@ func copyPayments(ctx context.Context, from, to *Store, tenant string) (int, err
 	copied := 0
 	for _, p := range pays {
 		var tag pgconn.CommandTag
-		err := to.execOne(ctx, func(q Querier) error {
+		err := to.ExecOne(ctx, func(q Querier) error {
 			var err error
 			tag, err = q.Exec(ctx, `INSERT INTO payments (`+paymentColumns+`, updated_at)
 				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now()) ON CONFLICT DO NOTHING`,

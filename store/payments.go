@@ -50,12 +50,14 @@ var ErrDuplicateMerchantReference = errors.New("store: duplicate merchant refere
 // one round trip. The record is written in state status/checkpoint; when
 // completion is non-nil its response is stored with it (status COMPLETED).
 //
-// It reports whether this call inserted the claim. When it did not, nothing
+// It reports whether this call inserted the claim, and the transaction's
+// time (the payment's created_at when it did). When it did not, nothing
 // was written and the caller decides from the existing record
 // (DecideExisting). A merchant-reference violation returns
-// ErrDuplicateMerchantReference and writes nothing.
+// ErrDuplicateMerchantReference and writes nothing. Being one statement,
+// it may run as an implicit transaction of its own (Store.ExecOne).
 func ClaimWithPayment(ctx context.Context, q Querier, req idem.BeginRequest, status idem.Status, cp idem.Checkpoint,
-	completion *idem.Completion, p Payment, ev Event) (bool, error) {
+	completion *idem.Completion, p Payment, ev Event) (inserted bool, at time.Time, err error) {
 	ctx, span := telemetry.Start(ctx, "idem.claim", trace.SpanKindInternal)
 	defer span.End()
 	var resp *idem.Response
@@ -64,9 +66,8 @@ func ClaimWithPayment(ctx context.Context, q Querier, req idem.BeginRequest, sta
 	}
 	r, err := responseColumns(resp)
 	if err != nil {
-		return false, err
+		return false, time.Time{}, err
 	}
-	var inserted bool
 	err = q.QueryRow(ctx, `WITH claim AS (
 		INSERT INTO idempotency_records
 			(tenant_id, operation_name, idempotency_key, request_hash, hash_version, status, checkpoint,
@@ -84,30 +85,39 @@ func ClaimWithPayment(ctx context.Context, q Querier, req idem.BeginRequest, sta
 			channel, status, provider_key, created_at, updated_at)
 		SELECT $1, $16, $17, $18, $19, $20, $21, $22, $23, now(), now() FROM claim
 		RETURNING payment_id
-	), ev AS (
-		INSERT INTO outbox_events (event_id, tenant_id, aggregate_id, event_type, payload, created_at)
-		SELECT $24, $1, payment_id, $25, $26, now() FROM pay
-		RETURNING 1
 	)
-	SELECT EXISTS (SELECT 1 FROM claim) AND EXISTS (SELECT 1 FROM ev)`,
+	INSERT INTO outbox_events (event_id, tenant_id, aggregate_id, event_type, payload, created_at)
+	SELECT $24, $1, payment_id, $25, $26, now() FROM pay
+	RETURNING now()`,
 		req.Tenant, req.Operation, req.Key, req.RequestHashes[0], req.HashVersion, string(status), string(cp),
 		req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds(),
 		r.status, r.headers, r.body, r.schema, p.ID,
 		p.AccountID, p.AmountMinor, p.Currency, p.MerchantReference, p.Channel, p.Status, p.ProviderKey,
 		ev.ID, ev.Type, []byte(ev.Payload), r.byReference,
-	).Scan(&inserted)
-	if err != nil {
-		return false, classifyPaymentErr(err)
+	).Scan(&at)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		// The key has a record: the claim inserted nothing, so neither
+		// did the payment and event that follow from it.
+		return false, time.Time{}, nil
+	case err != nil:
+		return false, time.Time{}, classifyPaymentErr(err)
 	}
-	return inserted, nil
+	return true, at, nil
 }
 
 // settledPaymentSQL is ReadSettledTx's read joined with the payment a
-// referencing record renders its answer from.
+// referencing record renders its answer from. The payment is a LATERAL
+// subquery keyed on both columns of its primary key, so that its lookup is
+// one index probe whatever the planner believes of the tables' sizes: as a
+// plain join, a generic plan made while the tables were small scanned
+// every payment of the tenant for each read.
 var settledPaymentSQL = `SELECT ` + qualified("r.", recordColumns) + `, now(),
 	p.payment_id, p.account_id, p.amount_minor, p.currency, p.merchant_reference, p.channel, p.status, p.provider_key, p.created_at
-	FROM idempotency_records r LEFT JOIN payments p
-	  ON r.response_by_reference AND r.resource_type = 'payment' AND p.tenant_id = r.tenant_id AND p.payment_id = r.resource_id
+	FROM idempotency_records r LEFT JOIN LATERAL (
+		SELECT * FROM payments WHERE tenant_id = $1 AND payment_id = r.resource_id
+		  AND r.response_by_reference AND r.resource_type = 'payment'
+		LIMIT 1) p ON true
 	WHERE r.tenant_id = $1 AND r.operation_name = $2 AND r.idempotency_key = $3
 	AND r.status IN ` + settledStatuses + ` AND r.expires_at > now()`
 

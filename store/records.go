@@ -119,7 +119,7 @@ func (s *Store) Begin(ctx context.Context, req idem.BeginRequest) (idem.Decision
 	// transaction (one round trip); a key with a record is decided in a
 	// transaction that reads it first.
 	inserted := false
-	err = s.execOne(ctx, func(q Querier) error {
+	err = s.ExecOne(ctx, func(q Querier) error {
 		var err error
 		d, inserted, err = insertClaim(ctx, q, req, claim)
 		return err
@@ -457,13 +457,13 @@ func (s *Store) Fail(ctx context.Context, lease idem.Lease, f idem.Failure) erro
 }
 
 // fencedWrite runs fn, a write under lease in one statement (an implicit
-// transaction, see execOne). When its commit goes unanswered
+// transaction, see ExecOne). When its commit goes unanswered
 // the record is read back: written (its token is still lease's and it shows
 // what fn writes) is success; still open under lease's token means the
 // commit did not happen and fn runs again (fenced as always); anything else
 // is idem.ErrFenced, as fn itself would have found.
 func (s *Store) fencedWrite(ctx context.Context, what string, lease idem.Lease, fn func(Querier) error, written func(*idem.Record) bool) error {
-	err := s.execOne(ctx, fn)
+	err := s.ExecOne(ctx, fn)
 	for attempt := 1; errors.Is(err, ErrCommitUnknown) && attempt <= resolveAttempts; attempt++ {
 		if perr := pause(ctx, attempt); perr != nil {
 			break
@@ -478,7 +478,7 @@ func (s *Store) fencedWrite(ctx context.Context, what string, lease idem.Lease, 
 		case rec.FencingToken == lease.Token && written(rec):
 			return nil
 		case rec.FencingToken == lease.Token && openStatus(rec.Status):
-			err = s.execOne(ctx, fn)
+			err = s.ExecOne(ctx, fn)
 		default:
 			err = idem.ErrFenced
 		}

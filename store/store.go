@@ -81,7 +81,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	}
 	cfg.ConnConfig.Tracer = queryTracer{}
 	cfg.ConnConfig.DialFunc = dial
-	// Single-statement writes run as implicit transactions (execOne): at
+	// Single-statement writes run as implicit transactions (ExecOne): at
 	// SERIALIZABLE like every other, whatever the server's default.
 	if cfg.ConnConfig.RuntimeParams == nil {
 		cfg.ConnConfig.RuntimeParams = map[string]string{}
@@ -185,14 +185,15 @@ func (s *Store) Read(ctx context.Context, fn func(Querier) error) error {
 	return s.retry(ctx, func() error { return fn(s.pool) })
 }
 
-// execOne runs fn, which must send exactly one statement through q, as an
-// implicit transaction: one round trip, where ExecTx takes five (BEGIN,
-// SAVEPOINT, the statement, RELEASE, COMMIT). Sessions run at SERIALIZABLE
+// ExecOne runs fn, which must send exactly one statement through q, as an
+// implicit transaction: one round trip, where ExecTx takes three on
+// PostgreSQL (BEGIN, the statement, COMMIT) and five on CockroachDB
+// (crdbpgx's SAVEPOINT and RELEASE besides). Sessions run at SERIALIZABLE
 // (see Open), serialization failures and deadlocks are retried as ExecTx
 // retries them, and errors are classified alike. A statement whose answer
 // is lost after it was sent may have committed, as a lost COMMIT may: that
 // error wraps ErrCommitUnknown.
-func (s *Store) execOne(ctx context.Context, fn func(Querier) error) (err error) {
+func (s *Store) ExecOne(ctx context.Context, fn func(Querier) error) (err error) {
 	ctx, span := telemetry.Start(ctx, "store.exec", trace.SpanKindInternal)
 	defer func() { endSpan(span, err) }()
 	return s.retry(ctx, func() error { return s.execOnce(ctx, fn) })
