@@ -3,6 +3,7 @@ package payments
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -15,13 +16,13 @@ import (
 // Execute and its Recover, bound to the request's command.
 //
 //   - The claim (engine.ClaimFunc) answers a settled record from one read
-//     (a referencing record's answer is rendered from the payment that
-//     read joins), then claims the key in the statement that
+//     (store.ReadSettledPayment: a referencing record's answer is rendered
+//     from the payment that read joins), then claims the key in the statement that
 //     writes the payment row and its PaymentCreated event
 //     (store.ClaimWithPayment). Without a provider that statement also
 //     completes the record: record, payment and event commit in one
-//     transaction (engine.Claim.Done); the read and, for a free key, the
-//     claim statement are then one round trip (claimOne). With one, the record is claimed at
+//     transaction (engine.Claim.Done), for a free key the statement alone
+//     as an implicit transaction, one round trip (claimOne). With one, the record is claimed at
 //     LOCAL_PAYMENT_CREATED (engine.Claim.Progress) and Execute charges.
 //     A record taken over at RECEIVED (a key reused after its window) gets
 //     its payment in the claim's transaction too.
@@ -126,25 +127,18 @@ func owned(d idem.Decision) bool {
 // claim is the request's engine.ClaimFunc.
 func (c *createCall) claim(ctx context.Context, begin idem.BeginRequest) (engine.Claim, error) {
 	s := c.s
-	// The payment is derived from the command (same id, same provider key
-	// in every attempt).
-	c.payment, c.event = s.newPayment(begin.Scope, c.cmd)
-	local := s.cfg.Provider == nil
-	// Without a provider, a settled key is answered and a free key claimed
-	// in one round trip (claimOne), unless stored bodies in a schema that
-	// shows the creation time need it before the insert.
-	oneTrip := local && !(s.cfg.StoreBodies && showsCreationTime(s.cfg.ResponseSchema))
-	if !oneTrip || c.uncertain {
-		// A settled record answers from one read (with the payment a
-		// referencing record renders from); anything else claims below.
-		if d, p, ok, err := s.store.ReadSettledPayment(ctx, begin); err != nil || ok {
-			if err != nil {
-				return engine.Claim{}, err
+	// A settled record answers from one read (with the payment a
+	// referencing record renders from); anything else claims below.
+	if d, p, ok, err := s.store.ReadSettledPayment(ctx, begin); err != nil || ok {
+		if err == nil && p != nil && d.Outcome == idem.OutcomeReplay && d.Record.Response != nil && d.Record.Response.ByReference {
+			var resp idem.Response
+			if resp, err = s.replay(ctx, s.store.Pool(), d.Record, p); err == nil {
+				d.Record.Response = &resp
 			}
-			return c.settled(ctx, d, p)
 		}
+		return engine.Claim{Decision: d}, err
 	}
-	if c.uncertain && local {
+	if c.uncertain && s.cfg.Provider == nil {
 		// Nothing to ask whether the old region executed a key unknown
 		// here: refuse it until the handover or the window's end.
 		if _, err := s.store.Get(ctx, begin.Scope); errors.Is(err, idem.ErrRecordNotFound) {
@@ -154,17 +148,20 @@ func (c *createCall) claim(ctx context.Context, begin idem.BeginRequest) (engine
 			return engine.Claim{}, err
 		}
 	}
+	// The payment is derived from the command (same id, same provider key
+	// in every attempt); a replay above never needs it.
+	c.payment, c.event = s.newPayment(begin.Scope, c.cmd)
 	var (
 		cl          engine.Claim
 		done, taken bool
 		err         error
 	)
-	if oneTrip {
+	if s.cfg.Provider == nil {
 		cl, done, taken, err = c.claimOne(ctx, begin)
 	}
 	if err == nil && !done {
 		err = s.store.ExecTx(ctx, func(tx pgx.Tx) (err error) {
-			if local {
+			if s.cfg.Provider == nil {
 				cl, err = c.claimLocal(ctx, tx, begin, taken)
 			} else {
 				cl, err = c.claimForProvider(ctx, tx, begin)
@@ -182,52 +179,41 @@ func (c *createCall) claim(ctx context.Context, begin idem.BeginRequest) (engine
 	return cl, err
 }
 
-// settled answers a request from a settled record the fast path read (a
-// replay or a conflict): a referencing record's answer is rendered from p,
-// the payment read with it.
-func (c *createCall) settled(ctx context.Context, d idem.Decision, p *store.Payment) (engine.Claim, error) {
-	if p != nil && d.Outcome == idem.OutcomeReplay && d.Record.Response != nil && d.Record.Response.ByReference {
-		resp, err := c.s.replay(ctx, c.s.store.Pool(), d.Record, p)
-		if err != nil {
-			return engine.Claim{}, err
-		}
-		d.Record.Response = &resp
-	}
-	return engine.Claim{Decision: d}, nil
-}
-
-// claimOne is the local-only operation's common cases in one round trip
-// (store.Store.ReadOrClaimPayment): a settled key is answered from the
-// fast path's read, and a free key is claimed by the claim statement,
-// pipelined after the read in one implicit transaction, which writes the
-// record COMPLETED with the payment and its event. done is false when the
-// key has a record that is not settled (taken is then true): claimLocal
-// decides in a transaction. A referencing record stores no body, so a new
-// answer is rendered after the statement, with the creation time it
-// returns.
+// claimOne is the local-only operation's common case, a free key, in one
+// round trip: the claim statement (store.ClaimWithPayment) alone, as an
+// implicit transaction (store.Store.ExecOne), writes the record COMPLETED
+// with the payment and its event. done is false when the key already has a
+// record (the statement wrote nothing; taken is then true): claimLocal
+// then decides in a transaction. A referencing record stores no body, so the answer is
+// rendered after the statement, with the creation time it returns; with
+// Config.StoreBodies, a schema that shows the creation time needs it
+// before the insert, and goes to claimLocal.
 func (c *createCall) claimOne(ctx context.Context, begin idem.BeginRequest) (cl engine.Claim, done, taken bool, err error) {
 	s, p := c.s, c.payment
 	completion := idem.Completion{Response: idem.Response{Status: 201, SchemaVersion: s.cfg.ResponseSchema, ByReference: true},
 		ResourceType: "payment", ResourceID: p.ID}
 	if s.cfg.StoreBodies {
-		// (Only a schema without the creation time gets here.)
+		if showsCreationTime(s.cfg.ResponseSchema) {
+			return engine.Claim{}, false, false, nil
+		}
 		if completion, err = s.completion(ctx, nil, p); err != nil {
 			return engine.Claim{}, false, false, err
 		}
 	}
-	res, err := s.store.ReadOrClaimPayment(ctx, begin, idem.StatusCompleted, idem.CheckpointCompleted, &completion, p, c.event)
-	switch {
-	case err != nil:
-		return engine.Claim{}, false, false, err
-	case res.Settled:
-		cl, err = c.settled(ctx, res.Decision, res.Payment)
-		return cl, err == nil, false, err
-	case !res.Inserted:
-		return engine.Claim{}, false, true, nil
+	var (
+		inserted bool
+		at       time.Time
+	)
+	err = s.store.ExecOne(ctx, func(q store.Querier) (err error) {
+		inserted, at, err = store.ClaimWithPayment(ctx, q, begin, idem.StatusCompleted, idem.CheckpointCompleted, &completion, p, c.event)
+		return err
+	})
+	if err != nil || !inserted {
+		return engine.Claim{}, false, err == nil, err
 	}
 	resp := completion.Response
 	if resp.ByReference {
-		p.CreatedAt = res.At
+		p.CreatedAt = at
 		if resp, err = created(s.cfg.ResponseSchema, p); err != nil {
 			return engine.Claim{}, false, false, err
 		}

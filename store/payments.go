@@ -68,34 +68,16 @@ func ClaimWithPayment(ctx context.Context, q Querier, req idem.BeginRequest, sta
 	if err != nil {
 		return false, time.Time{}, err
 	}
-	err = q.QueryRow(ctx, claimPaymentSQL, claimPaymentArgs(req, status, cp, r, p, ev)...).Scan(&at)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		// The key has a record: the claim inserted nothing, so neither
-		// did the payment and event that follow from it.
-		return false, time.Time{}, nil
-	case err != nil:
-		return false, time.Time{}, classifyPaymentErr(err)
-	}
-	return true, at, nil
-}
-
-// claimPaymentStatement is ClaimWithPayment's statement; the claim's insert
-// is attempted only where guard holds. It ends in the outbox INSERT, whose
-// one returned row (the transaction's time) says that all three were
-// written.
-func claimPaymentStatement(guard string) string {
-	return `WITH claim AS (
+	err = q.QueryRow(ctx, `WITH claim AS (
 		INSERT INTO idempotency_records
 			(tenant_id, operation_name, idempotency_key, request_hash, hash_version, status, checkpoint,
 			 owner, fencing_token, locked_until, home_region, created_at, updated_at, expires_at,
 			 response_status, response_headers, response_body, response_schema_version, response_by_reference,
 			 resource_type, resource_id)
-		SELECT $1, $2, $3, $4, $5, $6, $7, $8, 1,
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 1,
 			CASE WHEN $6 = 'IN_PROGRESS' THEN now() + $9::INT8 * INTERVAL '1 millisecond' END,
 			$10, now(), now(), now() + $11::INT8 * INTERVAL '1 millisecond',
-			$12, $13, $14, $15, $27, 'payment', $16
-		WHERE ` + guard + `
+			$12, $13, $14, $15, $27, 'payment', $16)
 		ON CONFLICT DO NOTHING
 		RETURNING 1 AS n
 	), pay AS (
@@ -106,110 +88,22 @@ func claimPaymentStatement(guard string) string {
 	)
 	INSERT INTO outbox_events (event_id, tenant_id, aggregate_id, event_type, payload, created_at)
 	SELECT $24, $1, payment_id, $25, $26, now() FROM pay
-	RETURNING now()`
-}
-
-var (
-	// claimPaymentSQL is ClaimWithPayment's statement.
-	claimPaymentSQL = claimPaymentStatement("true")
-	// guardedClaimPaymentSQL attempts the insert only when the scope has
-	// no record: a retry of a settled key never attempts one.
-	guardedClaimPaymentSQL = claimPaymentStatement(`NOT EXISTS (SELECT 1 FROM idempotency_records
-			WHERE tenant_id = $1 AND operation_name = $2 AND idempotency_key = $3)`)
-)
-
-// claimPaymentArgs are the arguments of claimPaymentStatement.
-func claimPaymentArgs(req idem.BeginRequest, status idem.Status, cp idem.Checkpoint, r storedResponse, p Payment, ev Event) []any {
-	return []any{req.Tenant, req.Operation, req.Key, req.RequestHashes[0], req.HashVersion, string(status), string(cp),
+	RETURNING now()`,
+		req.Tenant, req.Operation, req.Key, req.RequestHashes[0], req.HashVersion, string(status), string(cp),
 		req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds(),
 		r.status, r.headers, r.body, r.schema, p.ID,
 		p.AccountID, p.AmountMinor, p.Currency, p.MerchantReference, p.Channel, p.Status, p.ProviderKey,
-		ev.ID, ev.Type, []byte(ev.Payload), r.byReference}
-}
-
-// ReadOrClaim is what ReadOrClaimPayment found or did.
-type ReadOrClaim struct {
-	// Inserted: the key was free and is claimed, with the payment and its
-	// event, in the state asked for; At is the transaction's time (the
-	// payment's created_at).
-	Inserted bool
-	At       time.Time
-	// Settled: the key has a settled record inside its window, and
-	// Decision (replay or conflict) answers the request; Payment is the
-	// payment a referencing record renders its answer from (nil when it
-	// references none).
-	Settled  bool
-	Decision idem.Decision
-	Payment  *Payment
-}
-
-// ReadOrClaimPayment is the replay fast path and create_payment's claim
-// of a free key in one round trip: two statements pipelined in one
-// implicit transaction (one Sync, SERIALIZABLE as every session). The
-// first reads the scope's settled record with its payment
-// (ReadSettledPayment's read); the second is ClaimWithPayment's statement,
-// which attempts the insert only when the scope has no record at all, so a
-// retry of a settled key is answered from the read without any insert
-// attempt, and execution rights still come only from the atomic insert.
-// When it reports neither Inserted nor Settled, the key has a record that
-// is not settled (or was claimed concurrently): the caller decides in a
-// transaction (DecideExisting). With the fast path turned off
-// (Options.NoReplayRead) it is ClaimWithPayment alone. A merchant-reference
-// violation returns ErrDuplicateMerchantReference; a lost answer,
-// ErrCommitUnknown.
-func (s *Store) ReadOrClaimPayment(ctx context.Context, req idem.BeginRequest, status idem.Status, cp idem.Checkpoint,
-	completion *idem.Completion, p Payment, ev Event) (ReadOrClaim, error) {
-	ctx, span := telemetry.Start(ctx, "idem.claim", trace.SpanKindInternal)
-	defer span.End()
-	var resp *idem.Response
-	if completion != nil {
-		resp = &completion.Response
+		ev.ID, ev.Type, []byte(ev.Payload), r.byReference,
+	).Scan(&at)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		// The key has a record: the claim inserted nothing, so neither
+		// did the payment and event that follow from it.
+		return false, time.Time{}, nil
+	case err != nil:
+		return false, time.Time{}, classifyPaymentErr(err)
 	}
-	r, err := responseColumns(resp)
-	if err != nil {
-		return ReadOrClaim{}, err
-	}
-	args := claimPaymentArgs(req, status, cp, r, p, ev)
-	var out ReadOrClaim
-	err = s.ExecOne(ctx, func(q Querier) error {
-		out = ReadOrClaim{}
-		if !s.replayRead {
-			err := q.QueryRow(ctx, claimPaymentSQL, args...).Scan(&out.At)
-			out.Inserted = err == nil
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil
-			}
-			return err
-		}
-		b, ok := q.(interface {
-			SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
-		})
-		if !ok {
-			return fmt.Errorf("store: %T cannot pipeline", q)
-		}
-		batch := &pgx.Batch{}
-		batch.Queue(settledPaymentSQL, req.Tenant, req.Operation, req.Key)
-		batch.Queue(guardedClaimPaymentSQL, args...)
-		res := b.SendBatch(ctx, batch)
-		d, pay, settled, rerr := scanSettledPayment(res.QueryRow(), req)
-		cerr := res.QueryRow().Scan(&out.At)
-		if err := errors.Join(rerr, res.Close()); err != nil {
-			return err
-		}
-		switch {
-		case cerr == nil:
-			out.Inserted = true
-		case !errors.Is(cerr, pgx.ErrNoRows):
-			return cerr
-		case settled:
-			out.Settled, out.Decision, out.Payment = true, d, pay
-		}
-		return nil
-	})
-	if err != nil {
-		return ReadOrClaim{}, classifyPaymentErr(err)
-	}
-	return out, nil
+	return true, at, nil
 }
 
 // settledPaymentSQL is ReadSettledTx's read joined with the payment a
@@ -245,19 +139,6 @@ func (s *Store) ReadSettledPayment(ctx context.Context, req idem.BeginRequest) (
 	if !s.replayRead || len(req.RequestHashes) == 0 {
 		return idem.Decision{}, nil, false, nil
 	}
-	d, p, ok, err := scanSettledPayment(s.pool.QueryRow(ctx, settledPaymentSQL, req.Tenant, req.Operation, req.Key), req)
-	if err != nil {
-		if fallThrough(err) {
-			return idem.Decision{}, nil, false, nil
-		}
-		return idem.Decision{}, nil, false, fmt.Errorf("store: read settled record: %w", unavailableOr(err))
-	}
-	return d, p, ok, nil
-}
-
-// scanSettledPayment scans settledPaymentSQL's row and decides from it
-// (settledDecision).
-func scanSettledPayment(row pgx.Row, req idem.BeginRequest) (idem.Decision, *Payment, bool, error) {
 	var (
 		now                            time.Time
 		id, account, currency, ref, ch *string
@@ -265,10 +146,17 @@ func scanSettledPayment(row pgx.Row, req idem.BeginRequest) (idem.Decision, *Pay
 		amount                         *int64
 		created                        *time.Time
 	)
-	rec, err := scanRecord(row, &now, &id, &account, &amount, &currency, &ref, &ch, &status, &providerKey, &created)
+	rec, err := scanRecord(s.pool.QueryRow(ctx, settledPaymentSQL, req.Tenant, req.Operation, req.Key),
+		&now, &id, &account, &amount, &currency, &ref, &ch, &status, &providerKey, &created)
 	d, ok, err := settledDecision(rec, err, req, now)
-	if err != nil || !ok || id == nil {
-		return d, nil, ok, err
+	if err != nil {
+		if fallThrough(err) {
+			return idem.Decision{}, nil, false, nil
+		}
+		return idem.Decision{}, nil, false, fmt.Errorf("store: read settled record: %w", unavailableOr(err))
+	}
+	if !ok || id == nil {
+		return d, nil, ok, nil
 	}
 	return d, &Payment{Tenant: req.Tenant, ID: *id, AccountID: *account, AmountMinor: *amount, Currency: *currency,
 		MerchantReference: *ref, Channel: *ch, Status: *status, ProviderKey: *providerKey, CreatedAt: *created}, true, nil

@@ -38,39 +38,6 @@ func (queryTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx.Trac
 	endSpan(span, data.Err)
 }
 
-type batchSpanKey struct{}
-
-// TraceBatchStart implements pgx.BatchTracer: a pipeline (statements sent
-// together, one round trip) gets a span, "db.pipeline", and each of its
-// statements a child span named as a lone statement's, ended as its result
-// is read.
-func (queryTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
-	if !trace.SpanFromContext(ctx).IsRecording() {
-		return ctx
-	}
-	ctx, span := telemetry.Start(ctx, "db.pipeline", trace.SpanKindClient,
-		attribute.String("db.system.name", "postgresql"), attribute.Int("db.operation.batch.size", data.Batch.Len()))
-	return context.WithValue(ctx, batchSpanKey{}, span)
-}
-
-// TraceBatchQuery implements pgx.BatchTracer.
-func (queryTracer) TraceBatchQuery(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
-	if _, ok := ctx.Value(batchSpanKey{}).(trace.Span); !ok {
-		return
-	}
-	op := statementVerb(data.SQL)
-	_, span := telemetry.Start(ctx, "db "+op, trace.SpanKindClient,
-		attribute.String("db.system.name", "postgresql"), attribute.String("db.operation.name", op))
-	endSpan(span, data.Err)
-}
-
-// TraceBatchEnd implements pgx.BatchTracer.
-func (queryTracer) TraceBatchEnd(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchEndData) {
-	if span, ok := ctx.Value(batchSpanKey{}).(trace.Span); ok {
-		endSpan(span, data.Err)
-	}
-}
-
 // statementVerb returns the first word of a statement (SELECT, INSERT, ...):
 // statements are the store's own text, the arguments are never recorded.
 func statementVerb(sql string) string {
