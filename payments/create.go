@@ -132,7 +132,7 @@ func (c *createCall) claim(ctx context.Context, begin idem.BeginRequest) (engine
 	if d, p, ok, err := s.store.ReadSettledPayment(ctx, begin); err != nil || ok {
 		if err == nil && p != nil && d.Outcome == idem.OutcomeReplay && d.Record.Response != nil && d.Record.Response.ByReference {
 			var resp idem.Response
-			if resp, err = s.replay(ctx, s.store.Pool(), d.Record, p); err == nil {
+			if resp, err = s.replay(ctx, d.Record, p); err == nil {
 				d.Record.Response = &resp
 			}
 		}

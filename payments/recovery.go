@@ -109,7 +109,7 @@ func (s *Service) recoverOwned(ctx context.Context, a *engine.Attempt) (string, 
 		// Claimed but no payment was ever written: nothing happened downstream.
 		return RecoveryReleased, released, s.release(ctx, a.Lease)
 	}
-	p, err := store.GetPayment(ctx, s.store.Pool(), rec.Tenant, rec.ResourceID)
+	p, err := s.getPayment(ctx, rec.Tenant, rec.ResourceID)
 	if err != nil {
 		if errors.Is(err, store.ErrPaymentNotFound) {
 			return RecoveryReleased, released, s.release(ctx, a.Lease)

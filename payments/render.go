@@ -124,9 +124,9 @@ func (s *Service) completion(ctx context.Context, q store.Querier, p store.Payme
 
 // replay returns the answer to a retry of a finished record, following the
 // replay rule. A referencing record's answer is rendered again from its
-// payment: p when the caller read it with the record, otherwise read
-// through q.
-func (s *Service) replay(ctx context.Context, q store.Querier, rec *idem.Record, p *store.Payment) (idem.Response, error) {
+// payment: p when the caller read it with the record, otherwise read here
+// (getPayment).
+func (s *Service) replay(ctx context.Context, rec *idem.Record, p *store.Payment) (idem.Response, error) {
 	stored := *rec.Response
 	current := s.cfg.ReplayRule == ReconstructCurrent && stored.SchemaVersion != s.cfg.ResponseSchema &&
 		rec.Status == idem.StatusCompleted && rec.ResourceType == "payment"
@@ -134,7 +134,7 @@ func (s *Service) replay(ctx context.Context, q store.Querier, rec *idem.Record,
 		return stored, nil
 	}
 	if p == nil || p.ID != rec.ResourceID {
-		got, err := store.GetPayment(ctx, q, rec.Tenant, rec.ResourceID)
+		got, err := s.getPayment(ctx, rec.Tenant, rec.ResourceID)
 		if err != nil {
 			return idem.Response{}, paymentNotFound(err, "The payment does not exist.")
 		}
@@ -161,5 +161,18 @@ func (s *Service) replay(ctx context.Context, q store.Querier, rec *idem.Record,
 // replayRecord is create_payment's engine Replay: the stored answer,
 // following the replay rule.
 func (s *Service) replayRecord(ctx context.Context, rec *idem.Record) (idem.Response, error) {
-	return s.replay(ctx, s.store.Pool(), rec, nil)
+	return s.replay(ctx, rec, nil)
+}
+
+// getPayment reads a payment through the store's retrying Read: sessions
+// run at SERIALIZABLE, where even a lone read can be chosen to fail
+// (SQLSTATE 40001) beside concurrent writers, and a replay must not answer
+// that as an internal error.
+func (s *Service) getPayment(ctx context.Context, tenant, id string) (store.Payment, error) {
+	var p store.Payment
+	err := s.store.Read(ctx, func(q store.Querier) (err error) {
+		p, err = store.GetPayment(ctx, q, tenant, id)
+		return err
+	})
+	return p, err
 }

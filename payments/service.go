@@ -326,7 +326,7 @@ func (s *Service) newPayment(scope idem.Scope, cmd Command) (store.Payment, stor
 
 // Get returns the tenant's payment as its current representation.
 func (s *Service) Get(ctx context.Context, tenant, id string) ([]byte, error) {
-	p, err := store.GetPayment(ctx, s.store.Pool(), tenant, id)
+	p, err := s.getPayment(ctx, tenant, id)
 	if err != nil {
 		return nil, paymentNotFound(err, "The payment does not exist.")
 	}

@@ -492,7 +492,13 @@ func (s *Store) fencedWrite(ctx context.Context, what string, lease idem.Lease, 
 // Get implements idem.Coordinator. It returns idem.ErrRecordNotFound when the
 // scope has no record.
 func (s *Store) Get(ctx context.Context, scope idem.Scope) (*idem.Record, error) {
-	rec, err := GetTx(ctx, s.pool, scope)
+	// A lone read at SERIALIZABLE may still be chosen to fail beside
+	// concurrent writers (40001): retried as every read is (Read).
+	var rec *idem.Record
+	err := s.Read(ctx, func(q Querier) (err error) {
+		rec, err = GetTx(ctx, q, scope)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("store: get record: %w", unavailableOr(err))
 	}
