@@ -130,13 +130,17 @@ func (c *createCall) claim(ctx context.Context, begin idem.BeginRequest) (engine
 	// A settled record answers from one read (with the payment a
 	// referencing record renders from); anything else claims below.
 	if d, p, ok, err := s.store.ReadSettledPayment(ctx, begin); err != nil || ok {
-		if err == nil && p != nil && d.Outcome == idem.OutcomeReplay && d.Record.Response != nil && d.Record.Response.ByReference {
-			var resp idem.Response
-			if resp, err = s.replay(ctx, d.Record, p); err == nil {
-				d.Record.Response = &resp
-			}
+		if err != nil || p == nil || d.Outcome != idem.OutcomeReplay {
+			return engine.Claim{Decision: d}, err
 		}
-		return engine.Claim{Decision: d}, err
+		// A referencing record (the read joined its payment): its
+		// answer, rendered from that payment.
+		resp, err := s.replay(ctx, d.Record, p)
+		if err != nil {
+			return engine.Claim{}, err
+		}
+		d.Record.Response = &resp
+		return engine.Claim{Decision: d}, nil
 	}
 	if c.uncertain && s.cfg.Provider == nil {
 		// Nothing to ask whether the old region executed a key unknown

@@ -95,10 +95,15 @@ func created(schema string, p store.Payment) (idem.Response, error) {
 	}
 	return idem.Response{
 		Status:        201,
-		Headers:       map[string]string{"Content-Type": "application/json", "Location": "/payments/" + p.ID},
+		Headers:       createdHeaders(p.ID),
 		Body:          body,
 		SchemaVersion: schema,
 	}, nil
+}
+
+// createdHeaders are the headers of the 201 answer to payment id's creation.
+func createdHeaders(id string) map[string]string {
+	return map[string]string{"Content-Type": "application/json", "Location": "/payments/" + id}
 }
 
 // completion renders the 201 answer of a payment that is about to be (or has
@@ -153,7 +158,7 @@ func (s *Service) replay(ctx context.Context, rec *idem.Record, p *store.Payment
 	}
 	headers := stored.Headers
 	if stored.ByReference {
-		headers = map[string]string{"Content-Type": "application/json", "Location": "/payments/" + p.ID}
+		headers = createdHeaders(p.ID)
 	}
 	return idem.Response{Status: stored.Status, Headers: headers, Body: body, SchemaVersion: s.cfg.ResponseSchema}, nil
 }

@@ -150,10 +150,7 @@ func (s *Store) ReadSettledPayment(ctx context.Context, req idem.BeginRequest) (
 		&now, &id, &account, &amount, &currency, &ref, &ch, &status, &providerKey, &created)
 	d, ok, err := settledDecision(rec, err, req, now)
 	if err != nil {
-		if fallThrough(err) {
-			return idem.Decision{}, nil, false, nil
-		}
-		return idem.Decision{}, nil, false, fmt.Errorf("store: read settled record: %w", unavailableOr(err))
+		return idem.Decision{}, nil, false, settledReadError(err)
 	}
 	if !ok || id == nil {
 		return d, nil, ok, nil

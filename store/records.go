@@ -188,12 +188,19 @@ func (s *Store) ReadSettled(ctx context.Context, req idem.BeginRequest) (d idem.
 	}
 	d, ok, err = ReadSettledTx(ctx, s.pool, req)
 	if err != nil {
-		if fallThrough(err) {
-			return idem.Decision{}, false, nil
-		}
-		return idem.Decision{}, false, fmt.Errorf("store: read settled record: %w", unavailableOr(err))
+		return idem.Decision{}, false, settledReadError(err)
 	}
 	return d, ok, nil
+}
+
+// settledReadError is what a failed fast-path read returns: nil (the
+// caller claims as if the read had found nothing) when fallThrough says
+// so, the error otherwise.
+func settledReadError(err error) error {
+	if fallThrough(err) {
+		return nil
+	}
+	return fmt.Errorf("store: read settled record: %w", unavailableOr(err))
 }
 
 // fallThrough reports whether a failed fast-path read should leave the
