@@ -1,10 +1,13 @@
 package fingerprint
 
 import (
+	"cmp"
 	"errors"
 	"math"
+	"slices"
 	"strings"
 	"testing"
+	"unicode/utf16"
 
 	"github.com/gowebpki/jcs"
 )
@@ -138,6 +141,53 @@ func TestV2TellsLargeIntegersApart(t *testing.T) {
 	}
 }
 
+// TestHashesTakesV1FromV2OnlyWhereExact checks Hashes' shortcut against
+// the whole version 1 computation (encoding/json, then gowebpki/jcs): the
+// same hash wherever it takes the shortcut, and the rounded one for Go
+// integers beyond 2^53, nested or not.
+func TestHashesTakesV1FromV2OnlyWhereExact(t *testing.T) {
+	for _, n := range []any{int64(1<<53 - 1), int64(1 << 53), int64(-1 << 53), int64(1<<53 + 1), int64(-1<<53 - 1),
+		math.MaxInt64, math.MinInt64, 1<<53 + 1, uint64(1 << 53), uint64(1<<53 + 1), uint(1<<53 + 1), int32(math.MaxInt32),
+		uint32(math.MaxUint32), int8(-8), uint16(7), 0.1, 1e21, Number("10.50"), Number("1e3"), "\u2028<&>", true, nil} {
+		for _, fields := range []map[string]any{
+			{"n": n},
+			{"a": []any{"x", map[string]any{"n": n}}},
+			{"m": map[string]any{"\U0001F600": n, "\uFFFF": 1}},
+		} {
+			got, err := Hashes("op", fields)
+			if err != nil {
+				t.Fatalf("Hashes(%v): %v", fields, err)
+			}
+			want, err := HashVersion(1, "op", fields)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got[1] != want {
+				t.Errorf("Hashes(%v)[1] = %s, want the whole v1 computation's %s", fields, got[1], want)
+			}
+			if exact := exactInV1(fields); exact != (got[0][3:] == got[1][3:]) {
+				t.Errorf("exactInV1(%v) = %v, but v2 %s and v1 %s", fields, exact, got[0], got[1])
+			}
+		}
+	}
+}
+
+func TestCompareUTF16(t *testing.T) {
+	// RFC 8785 3.2.3's order: by UTF-16 code units, where a supplementary
+	// character (a surrogate pair, 0xD83D...) sorts below U+E000..U+FFFF.
+	ordered := []string{"", "\r", "1", "a", "ab", "\u00e9", "\u20ac", "\U0001F600", "\U0001F600a", "\U0001F601", "\ue000", "\uffff"}
+	for i, a := range ordered {
+		for j, b := range ordered {
+			if got, want := compareUTF16(a, b), cmp.Compare(i, j); got != want {
+				t.Errorf("compareUTF16(%q, %q) = %d, want %d", a, b, got, want)
+			}
+			if got, want := compareUTF16(a, b), slices.Compare(utf16.Encode([]rune(a)), utf16.Encode([]rune(b))); got != want {
+				t.Errorf("compareUTF16(%q, %q) = %d, but the UTF-16 encodings compare %d", a, b, got, want)
+			}
+		}
+	}
+}
+
 func itoa(n int64) string {
 	c, _ := appendValue(nil, n)
 	return string(c)
@@ -263,6 +313,11 @@ func FuzzCanonical(f *testing.F) {
 		// bytes and a v1 record compares exactly.
 		if h1[0][len("v2:"):] != h1[1][len("v1:"):] {
 			t.Fatalf("v1 and v2 hash %s differently: %v", c1, h1)
+		}
+		// Hashes takes that v1 hash from v2's: the whole v1
+		// computation agrees.
+		if v1, err := HashVersion(1, "op", m); err != nil || v1 != h1[1] {
+			t.Fatalf("Hashes' v1 %s, the whole v1 computation %s (%v)", h1[1], v1, err)
 		}
 	})
 }
