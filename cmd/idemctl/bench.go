@@ -33,6 +33,7 @@ func runBench(ctx context.Context, args []string, env *Env) error {
 	scaleRows := fs.String("scale-rows", "10000,1000000", "records table sizes the scale suite claims at, ascending, comma-separated (e.g. 10000,1000000,10000000)")
 	cleanupExpired := fs.Int("cleanup-expired", 20000, "records whose body cleanup drops, and as many whose metadata it deletes, loaded before each phase of the scale suite with cleanup running")
 	expiredMetadata := fs.Int("expired-metadata", 1000000, "records of expired metadata (a week's, kept by default) in the table while the scale suite's cleanup runs; negative: none")
+	keys := fs.String("keys", bench.KeysRandom, "order of fresh requests' idempotency keys: random (as UUIDs) or sequential (numbered)")
 	out := fs.String("out", "", "also write the report as JSON to this file")
 	asJSON := fs.Bool("json", false, "print the report as JSON instead of a table")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (clients and the layer) to this file")
@@ -49,6 +50,9 @@ func runBench(ctx context.Context, args []string, env *Env) error {
 			return usageError{fmt.Errorf("bench: --scale-rows %q: want ascending positive counts", *scaleRows)}
 		}
 		rows = append(rows, n)
+	}
+	if *keys != bench.KeysRandom && *keys != bench.KeysSequential {
+		return usageError{fmt.Errorf("bench: --keys %q: want %s or %s", *keys, bench.KeysRandom, bench.KeysSequential)}
 	}
 	suites := strings.Split(*suite, ",")
 	for _, name := range suites {
@@ -97,7 +101,7 @@ func runBench(ctx context.Context, args []string, env *Env) error {
 	}
 	fmt.Fprintf(env.Stderr, "GOMAXPROCS %d, CPUs %d\n", runtime.GOMAXPROCS(0), runtime.NumCPU())
 	rep, err := bench.Run(ctx, st, bench.Config{Concurrency: *concurrency, PhaseDuration: *duration, Rounds: *rounds,
-		ReplayKeys: *replayKeys, ScaleRows: rows, CleanupExpired: *cleanupExpired, ExpiredMetadata: *expiredMetadata, ClaimFirst: claimFirst, Progress: env.Stderr}, suites...)
+		ReplayKeys: *replayKeys, Keys: *keys, ScaleRows: rows, CleanupExpired: *cleanupExpired, ExpiredMetadata: *expiredMetadata, ClaimFirst: claimFirst, Progress: env.Stderr}, suites...)
 	if err != nil {
 		return err
 	}

@@ -73,6 +73,14 @@ type Config struct {
 	// idemd keeps by default) sit in the table while cleanup runs.
 	// Default 1,000,000; negative: none.
 	ExpiredMetadata int
+	// Keys orders the idempotency keys of fresh requests: KeysRandom
+	// (the default), spread as random (UUID v4) keys are, or
+	// KeysSequential, numbered as a client counting its requests would.
+	// On PostgreSQL sequential keys put every claim on the same leaf page
+	// of the records' primary key, where serializable transactions'
+	// page-level predicate locks make concurrent claims abort each other
+	// (see docs/benchmarks.md).
+	Keys string
 	// ClaimFirst, if set, is a store on the same database opened with
 	// store.Options.NoReplayRead: the store and replay suites then also
 	// measure the layer without the replay fast path, side by side.
@@ -109,6 +117,12 @@ func (c Config) withDefaults() Config {
 	c.ExpiredMetadata = max(c.ExpiredMetadata, 0)
 	return c
 }
+
+// Key orders of Config.Keys.
+const (
+	KeysRandom     = "random"
+	KeysSequential = "sequential"
+)
 
 // Result summarises one kind of operation over all its phases.
 type Result struct {

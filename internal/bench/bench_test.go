@@ -138,3 +138,26 @@ func TestUnknownSuite(t *testing.T) {
 		t.Errorf("unknown suite: %v", err)
 	}
 }
+
+// TestKeyOrders: fresh requests' keys are 32 hex digits by default (spread
+// as random keys are) and numbered with Config.Keys = KeysSequential.
+func TestKeyOrders(t *testing.T) {
+	st, _ := storetest.New(t)
+	for _, tc := range []struct {
+		keys, suite, pattern string
+	}{
+		{"", bench.SuiteStore, `^[0-9a-f]{32}$`},
+		{bench.KeysSequential, bench.SuiteHTTP, `^key-[0-9a-f]{8}-[a-z]*-[0-9]+$`},
+	} {
+		rep, err := bench.Run(context.Background(), st, bench.Config{Concurrency: 2, PhaseDuration: 100 * time.Millisecond, Rounds: 1, Keys: tc.keys}, tc.suite)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := rep.Suite(tc.suite).Records; n == 0 {
+			t.Fatalf("%s: no records written", tc.suite)
+		}
+		if bad := storetest.Count(t, st, `SELECT count(*) FROM idempotency_records WHERE starts_with(tenant_id, 'bench-`+tc.suite+`-') AND idempotency_key !~ '`+tc.pattern+`'`); bad != 0 {
+			t.Errorf("keys %q, suite %s: %d keys do not match %s", tc.keys, tc.suite, bad, tc.pattern)
+		}
+	}
+}

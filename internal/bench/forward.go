@@ -197,7 +197,7 @@ func startRegionNode(ctx context.Context, cli *clientv3.Client, st *store.Store,
 // link (ForwardDials): pooled connections keep it near the concurrency,
 // whatever the number of requests.
 func runForward(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, error) {
-	w := newWriter(SuiteForward)
+	w := newWriter(SuiteForward, cfg)
 	dir, err := os.MkdirTemp("", "idem-bench-etcd-")
 	if err != nil {
 		return SuiteReport{}, fmt.Errorf("etcd dir: %w", err)

@@ -112,7 +112,7 @@ func post(client *http.Client, url, token string, w *writer, prefix string) func
 			req.Header.Set("Authorization", "Bearer "+token)
 		}
 		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Idempotency-Key", fmt.Sprintf("key-%s-%s-%d", w.run, prefix, n))
+		req.Header.Set("Idempotency-Key", w.key(prefix, n))
 		resp, err := client.Do(req)
 		if err != nil {
 			return err
@@ -127,7 +127,7 @@ func post(client *http.Client, url, token string, w *writer, prefix string) func
 }
 
 func runHTTP(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, error) {
-	w := newWriter(SuiteHTTP)
+	w := newWriter(SuiteHTTP, cfg)
 	node, err := region.NewServer(region.Config{Addr: "127.0.0.1:0", Region: "bench", Tokens: map[string]string{benchToken: w.tenant}},
 		st, region.Payments(payments.NewService(st, payments.Config{Region: "bench"})))
 	if err != nil {

@@ -158,7 +158,7 @@ func claimer(st *store.Store, prefix, run string) func(context.Context) error {
 // (cfg.CleanupExpired expired records loaded before each cleanup phase),
 // and the cleanup's deletion rate.
 func runScale(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, error) {
-	w := newWriter(SuiteScale)
+	w := newWriter(SuiteScale, cfg)
 	prefix := w.tenant
 	rep := SuiteReport{Suite: SuiteScale, Concurrency: cfg.Concurrency}
 	var loaded int64

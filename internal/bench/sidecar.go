@@ -66,7 +66,7 @@ func benchTransport(cfg Config) *http.Transport {
 // (claim, proxy, store the answer) against the same request sent to the
 // upstream directly.
 func runSidecar(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, error) {
-	w := newWriter(SuiteSidecar)
+	w := newWriter(SuiteSidecar, cfg)
 	upURL, stopUp, err := serve(&upstreamHandler{st: st, tenant: w.tenant, run: w.run})
 	if err != nil {
 		return SuiteReport{}, err

@@ -30,14 +30,26 @@ var storedBodies = payments.Config{Region: "bench", StoreBodies: true}
 
 // writer issues fresh operations with unique bodies and keys.
 type writer struct {
-	run    string
-	tenant string
-	seq    atomic.Int64
+	run        string
+	tenant     string
+	sequential bool
+	seq        atomic.Int64
 }
 
-func newWriter(suite string) *writer {
+func newWriter(suite string, cfg Config) *writer {
 	run := runID()
-	return &writer{run: run, tenant: "bench-" + suite + "-" + run}
+	return &writer{run: run, tenant: "bench-" + suite + "-" + run, sequential: cfg.Keys == KeysSequential}
+}
+
+// key is the idempotency key of the writer's nth request of a kind
+// (prefix): "key-<run>-<prefix>-<n>" with sequential keys, else 32 hex
+// digits spread as random (UUID v4) keys are.
+func (w *writer) key(prefix string, n int64) string {
+	k := fmt.Sprintf("key-%s-%s-%d", w.run, prefix, n)
+	if w.sequential {
+		return k
+	}
+	return scaleKey(k, n)
 }
 
 // baseline is the business write without the layer: parse and validate the
@@ -75,7 +87,7 @@ func baselineWrite(ctx context.Context, st *store.Store, tenant, id string, b []
 func (w *writer) idempotent(svc *payments.Service) func(context.Context) error {
 	return func(ctx context.Context) error {
 		n := w.seq.Add(1)
-		res, err := svc.Create(ctx, payments.Request{Tenant: w.tenant, Key: fmt.Sprintf("key-%s-%d", w.run, n), Body: body(w.run, n)})
+		res, err := svc.Create(ctx, payments.Request{Tenant: w.tenant, Key: w.key("", n), Body: body(w.run, n)})
 		if err == nil && (res.Response.Status != 201 || res.Replayed) {
 			err = fmt.Errorf("%w: %d replayed=%v", errUnexpected, res.Response.Status, res.Replayed)
 		}
@@ -84,7 +96,7 @@ func (w *writer) idempotent(svc *payments.Service) func(context.Context) error {
 }
 
 func runStore(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, error) {
-	w := newWriter(SuiteStore)
+	w := newWriter(SuiteStore, cfg)
 	ops := []op{
 		{OpBaseline, w.baseline(st)},
 		{OpIdempotent, w.idempotent(payments.NewService(st, payments.Config{Region: "bench"}))},
@@ -110,7 +122,7 @@ func runStore(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, er
 // function that retries them in turn, expecting a replay.
 func seedReplays(ctx context.Context, svc *payments.Service, w *writer, prefix string, n int) error {
 	for i := range n {
-		if _, err := svc.Create(ctx, payments.Request{Tenant: w.tenant, Key: fmt.Sprintf("%s-%d", prefix, i), Body: body(w.run+prefix, int64(i))}); err != nil {
+		if _, err := svc.Create(ctx, payments.Request{Tenant: w.tenant, Key: w.key(prefix, int64(i)), Body: body(w.run+prefix, int64(i))}); err != nil {
 			return fmt.Errorf("seed replay keys: %w", err)
 		}
 	}
@@ -121,7 +133,7 @@ func replayer(svc *payments.Service, w *writer, prefix string, n int) func(conte
 	var seq atomic.Int64
 	return func(ctx context.Context) error {
 		i := seq.Add(1) % int64(n)
-		res, err := svc.Create(ctx, payments.Request{Tenant: w.tenant, Key: fmt.Sprintf("%s-%d", prefix, i), Body: body(w.run+prefix, i)})
+		res, err := svc.Create(ctx, payments.Request{Tenant: w.tenant, Key: w.key(prefix, i), Body: body(w.run+prefix, i)})
 		if err == nil && !res.Replayed {
 			err = fmt.Errorf("%w: key %s-%d was not replayed", errUnexpected, prefix, i)
 		}
@@ -130,7 +142,7 @@ func replayer(svc *payments.Service, w *writer, prefix string, n int) func(conte
 }
 
 func runReplay(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, error) {
-	w := newWriter(SuiteReplay)
+	w := newWriter(SuiteReplay, cfg)
 	svc := payments.NewService(st, payments.Config{Region: "bench"})
 	stored := payments.NewService(st, storedBodies)
 	// Keys "r-N" hold referencing records, "s-N" records with the answer
