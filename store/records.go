@@ -223,12 +223,15 @@ func ReadSettledTx(ctx context.Context, q Querier, req idem.BeginRequest) (idem.
 		return idem.Decision{}, false, nil
 	}
 	var now time.Time
-	rec, err := scanRecord(q.QueryRow(ctx, `SELECT `+recordColumns+`, now()
-		FROM idempotency_records WHERE tenant_id = $1 AND operation_name = $2 AND idempotency_key = $3
-		AND status IN `+settledStatuses+` AND expires_at > now()`,
-		req.Tenant, req.Operation, req.Key), &now)
+	rec, err := scanRecord(q.QueryRow(ctx, settledRecordSQL, req.Tenant, req.Operation, req.Key), &now)
 	return settledDecision(rec, err, req, now)
 }
+
+// settledRecordSQL is the fast path's read of a settled record, and the
+// store's time.
+const settledRecordSQL = `SELECT ` + recordColumns + `, now()
+	FROM idempotency_records WHERE tenant_id = $1 AND operation_name = $2 AND idempotency_key = $3
+	AND status IN ` + settledStatuses + ` AND expires_at > now()`
 
 // settledDecision decides from a fast-path read of a settled record (rec,
 // err from its scan): replay or conflict, or ok=false for no such record
@@ -388,8 +391,16 @@ func leaseOf(r *idem.Record) idem.Lease {
 // sets a higher one), so a writer whose token is lower than the highest the
 // record has seen is rejected; a token the record never granted (higher, or
 // forged by a remote caller) is rejected too.
+//
+// The status test is written as (...) IS TRUE (the same, status being NOT
+// NULL) so that the planner cannot use the partial index
+// idempotency_records_open, whose predicate a bare IN implies: PostgreSQL
+// otherwise prefers a whole scan of that index to the primary key's probe
+// (its statistics hold few live entries, while every record that completed
+// since the last vacuum still has a dead one there), and each write then
+// read all of those entries, and locked all of their pages for SSI.
 const fenced = `tenant_id = $1 AND operation_name = $2 AND idempotency_key = $3 AND fencing_token = $4
-	AND status IN ('IN_PROGRESS', 'UNKNOWN_REQUIRES_RECOVERY')`
+	AND (status IN ('IN_PROGRESS', 'UNKNOWN_REQUIRES_RECOVERY')) IS TRUE`
 
 func fencedExec(ctx context.Context, q Querier, lease idem.Lease, set string, args ...any) error {
 	all := append([]any{lease.Tenant, lease.Operation, lease.Key, lease.Token}, args...)

@@ -1,0 +1,79 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/idemcoord/idem/internal/pgtest"
+)
+
+// TestOneRecordStatementsProbeThePrimaryKey: the statements that act on one
+// record by its scope (an owner's fenced write, the replay fast path's read)
+// look it up by the primary key under both plan modes, on a table whose
+// statistics say that no record is open. With a bare
+// `status IN (...)` PostgreSQL planned the fenced write as a whole scan of
+// the partial index idempotency_records_open (its statistics empty, its
+// pages full of dead entries of records completed since the last vacuum):
+// under load each write read all of them and took SSI locks on every page,
+// and concurrent writes aborted each other.
+func TestOneRecordStatementsProbeThePrimaryKey(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, pgtest.NewDatabase(t), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.pool.Exec(ctx, `INSERT INTO idempotency_records
+		(tenant_id, operation_name, idempotency_key, request_hash, hash_version, status, checkpoint, expires_at)
+		SELECT 'tenant', 'op', 'key-' || n, 'v2:x', 2, 'COMPLETED', 'COMPLETED', now() + INTERVAL '1 day'
+		FROM generate_series(1, 5000) n`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.pool.Exec(ctx, `ANALYZE idempotency_records`); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	for i, tc := range []struct {
+		name, params, sql, args string
+	}{
+		{"fenced write", "TEXT, TEXT, TEXT, INT8, TEXT",
+			`UPDATE idempotency_records SET updated_at = now(), checkpoint = $5 WHERE ` + fenced, `'tenant', 'op', 'key-7', 1, 'X'`},
+		{"settled read", "TEXT, TEXT, TEXT", settledRecordSQL, `'tenant', 'op', 'key-7'`},
+	} {
+		if _, err := conn.Exec(ctx, fmt.Sprintf("PREPARE plan%d (%s) AS %s", i, tc.params, tc.sql)); err != nil {
+			t.Fatalf("%s: prepare: %v", tc.name, err)
+		}
+		for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
+			if _, err := conn.Exec(ctx, "SET plan_cache_mode = "+mode); err != nil {
+				t.Fatal(err)
+			}
+			rows, err := conn.Query(ctx, fmt.Sprintf("EXPLAIN EXECUTE plan%d (%s)", i, tc.args))
+			if err != nil {
+				t.Fatalf("%s: explain: %v", tc.name, err)
+			}
+			var plan []string
+			for rows.Next() {
+				var line string
+				if err := rows.Scan(&line); err != nil {
+					t.Fatal(err)
+				}
+				plan = append(plan, line)
+			}
+			if err := rows.Err(); err != nil {
+				t.Fatal(err)
+			}
+			if p := strings.Join(plan, "\n"); !strings.Contains(p, "Index Scan using idempotency_records_pkey") {
+				t.Errorf("%s (%s) does not probe the primary key:\n%s", tc.name, mode, p)
+			}
+		}
+	}
+}
