@@ -41,6 +41,9 @@ const (
 	DefaultLoopWait = time.Second
 	// DefaultRetryTimeout bounds the agents' etcd and PostgreSQL retries.
 	DefaultRetryTimeout = 4 * time.Second
+	// DefaultStartTimeout bounds how long Start waits for the members to
+	// become healthy.
+	DefaultStartTimeout = 2 * time.Minute
 	// Superuser is the PostgreSQL superuser URL and Cluster.URL use.
 	Superuser = "postgres"
 	// replicator is the replication role.
@@ -102,6 +105,12 @@ type Options struct {
 	// retry_timeout (whole seconds; LoopWait + 2*RetryTimeout <= TTL).
 	// Defaults DefaultTTL, DefaultLoopWait, DefaultRetryTimeout.
 	TTL, LoopWait, RetryTimeout time.Duration
+	// StartTimeout bounds how long Start waits for every member to run,
+	// a leader and a synchronous standby: a member that never comes up
+	// (its port taken by another process since it was picked, say) fails
+	// the start instead of holding it forever. Default
+	// DefaultStartTimeout.
+	StartTimeout time.Duration
 	// Database, if set, is created once the cluster is up.
 	Database string
 	// Advertise, if set, returns the addresses (host:port) the member
@@ -191,6 +200,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	setDuration(&opts.TTL, DefaultTTL)
 	setDuration(&opts.LoopWait, DefaultLoopWait)
 	setDuration(&opts.RetryTimeout, DefaultRetryTimeout)
+	setDuration(&opts.StartTimeout, DefaultStartTimeout)
 	if opts.LoopWait+2*opts.RetryTimeout > opts.TTL {
 		return nil, fmt.Errorf("pgha: LoopWait (%v) + 2*RetryTimeout (%v) must not exceed TTL (%v)", opts.LoopWait, opts.RetryTimeout, opts.TTL)
 	}
@@ -297,7 +307,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			return nil, err
 		}
 	}
-	if err := c.waitStarted(ctx); err != nil {
+	if err := c.waitStarted(ctx, opts.StartTimeout); err != nil {
 		return nil, err
 	}
 	if opts.Database != "" {
@@ -310,10 +320,13 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	return c, nil
 }
 
-// waitStarted is WaitHealthy, failing at once, with the end of its log,
-// when an agent exits meanwhile (a broken installation, say patroni
-// without the python3-etcd module it needs for etcd3).
-func (c *Cluster) waitStarted(ctx context.Context) error {
+// waitStarted is WaitHealthy for at most timeout, failing at once, with
+// the end of its log, when an agent exits meanwhile (a broken
+// installation, say patroni without the python3-etcd module it needs for
+// etcd3).
+func (c *Cluster) waitStarted(ctx context.Context, timeout time.Duration) error {
+	ctx, stop := context.WithTimeout(ctx, timeout)
+	defer stop()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	for _, m := range c.members {

@@ -367,3 +367,34 @@ func TestAgentExitFailsStart(t *testing.T) {
 		t.Fatalf("Start with an agent that exits: %v, want its log in the error", err)
 	}
 }
+
+// TestStartTimesOut: a member that never becomes healthy (here an agent
+// that runs and does nothing; in a chaos run, a PostgreSQL whose port
+// another process took after it was picked) fails the start after
+// StartTimeout instead of holding it forever.
+func TestStartTimesOut(t *testing.T) {
+	if _, err := pgserver.FindBinDir(); err != nil {
+		t.Skip(err.Error())
+	}
+	dir, err := os.MkdirTemp("", "pgha-silent-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	silent := filepath.Join(dir, "patroni")
+	if err := os.WriteFile(silent, []byte("#!/bin/sh\nexec sleep 600\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, err = pgha.Start(t.Context(), pgha.Options{
+		Members:      []pgha.MemberSpec{{Name: "a"}, {Name: "b"}},
+		EtcdHosts:    []string{"127.0.0.1:1"},
+		PatroniPath:  silent,
+		StartTimeout: time.Second,
+	})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Start with agents that never become healthy: %v, want a deadline", err)
+	}
+}
