@@ -342,23 +342,8 @@ func TestStrictSyncWithoutStandby(t *testing.T) {
 // program that exits at once) fails Start with its log instead of a wait
 // for ever.
 func TestAgentExitFailsStart(t *testing.T) {
-	if _, err := pgserver.FindBinDir(); err != nil {
-		t.Skip(err.Error())
-	}
-	// Readable by the postgres OS user the agents run as under root.
-	dir, err := os.MkdirTemp("", "pgha-broken-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	broken := filepath.Join(dir, "patroni")
-	if err := os.WriteFile(broken, []byte("#!/bin/sh\necho 'ModuleNotFoundError: no etcd here' >&2\nexit 1\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	_, err = pgha.Start(t.Context(), pgha.Options{
+	broken := fakePatroni(t, "echo 'ModuleNotFoundError: no etcd here' >&2\nexit 1")
+	_, err := pgha.Start(t.Context(), pgha.Options{
 		Members:     []pgha.MemberSpec{{Name: "a"}, {Name: "b"}},
 		EtcdHosts:   []string{"127.0.0.1:1"},
 		PatroniPath: broken,
@@ -373,22 +358,8 @@ func TestAgentExitFailsStart(t *testing.T) {
 // another process took after it was picked) fails the start after
 // StartTimeout instead of holding it forever.
 func TestStartTimesOut(t *testing.T) {
-	if _, err := pgserver.FindBinDir(); err != nil {
-		t.Skip(err.Error())
-	}
-	dir, err := os.MkdirTemp("", "pgha-silent-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	silent := filepath.Join(dir, "patroni")
-	if err := os.WriteFile(silent, []byte("#!/bin/sh\nexec sleep 600\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	_, err = pgha.Start(t.Context(), pgha.Options{
+	silent := fakePatroni(t, "exec sleep 600")
+	_, err := pgha.Start(t.Context(), pgha.Options{
 		Members:      []pgha.MemberSpec{{Name: "a"}, {Name: "b"}},
 		EtcdHosts:    []string{"127.0.0.1:1"},
 		PatroniPath:  silent,
@@ -397,4 +368,28 @@ func TestStartTimesOut(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Start with agents that never become healthy: %v, want a deadline", err)
 	}
+}
+
+// fakePatroni writes a shell script standing in for the patroni agent
+// (body, after the #! line) and returns its path; it skips the test
+// without PostgreSQL's server binaries, which Start looks for first.
+func fakePatroni(t *testing.T, body string) string {
+	t.Helper()
+	if _, err := pgserver.FindBinDir(); err != nil {
+		t.Skip(err.Error())
+	}
+	// Readable by the postgres OS user the agents run as under root.
+	dir, err := os.MkdirTemp("", "pgha-fake-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "patroni")
+	if err := os.WriteFile(path, []byte("#!/bin/sh\n"+body+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
