@@ -110,7 +110,7 @@ func Hashes(operation string, fields map[string]any) ([]string, error) {
 	out := make([]string, 0, len(Versions()))
 	for _, v := range Versions() {
 		if v == 1 && exactInV1(fields) {
-			out = append(out, "v1:"+strings.TrimPrefix(out[0], "v2:"))
+			out = append(out, Equivalent(out[0])[1])
 			continue
 		}
 		h, err := HashVersion(v, operation, fields)

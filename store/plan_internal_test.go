@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemcoord/idem/internal/pgtest"
 )
 
@@ -60,15 +62,8 @@ func TestOneRecordStatementsProbeThePrimaryKey(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s: explain: %v", tc.name, err)
 			}
-			var plan []string
-			for rows.Next() {
-				var line string
-				if err := rows.Scan(&line); err != nil {
-					t.Fatal(err)
-				}
-				plan = append(plan, line)
-			}
-			if err := rows.Err(); err != nil {
+			plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
 				t.Fatal(err)
 			}
 			if p := strings.Join(plan, "\n"); !strings.Contains(p, "Index Scan using idempotency_records_pkey") {
