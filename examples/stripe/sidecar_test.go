@@ -1,0 +1,451 @@
+package stripeexample_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stripe/stripe-go/v84"
+
+	"github.com/idemcoord/idem/cluster"
+	"github.com/idemcoord/idem/examples/stripe/fakestripe"
+	"github.com/idemcoord/idem/examples/stripe/stripeclient"
+	"github.com/idemcoord/idem/internal/testbin"
+	"github.com/idemcoord/idem/sidecar"
+)
+
+const (
+	tenant    = "tenant-a"
+	operation = "create_charge"
+	// keyReused is the errorCode of a key sent again with another request.
+	keyReused = "IDEMPOTENCY_KEY_REUSED_WITH_DIFFERENT_REQUEST"
+)
+
+// route is the sidecar route of the walkthrough for an upstream at base:
+// the upstream call may take 10s, a retry that finds the first call still
+// running waits up to 10s for its answer, the upstream's Request-Id is
+// stored and replayed with the answer, and Stripe-Version is part of the
+// request's meaning.
+func route(base string) string {
+	return "POST /v1/charges=" + operation + "@" + base + ";timeout=10s;wait=10s;replay-header=Request-Id;header=Stripe-Version"
+}
+
+// TestStripeSDKThroughSidecar builds idemd, idemctl and etcd, starts the
+// fake Stripe upstream in process and a local three-region cluster whose
+// nodes proxy POST /v1/charges to it, and drives a node of a region that is
+// not the tenant's home (so every call is forwarded) with the official
+// stripe-go client, the tenant's token as its API key.
+func TestStripeSDKThroughSidecar(t *testing.T) {
+	bin := buildBinaries(t)
+
+	fake := fakestripe.New()
+	upstream, err := fake.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = fake.Close() })
+
+	info := startCluster(t, bin, route(upstream))
+	token := info.Tokens[tenant]
+	home := info.Placements[tenant]
+	var nodeURL, region string
+	for _, r := range info.Regions {
+		if r.Name != home {
+			nodeURL, region = r.URL, r.Name
+			break
+		}
+	}
+	if token == "" || home == "" || nodeURL == "" {
+		t.Fatalf("cluster.json: token %q, home %q, regions %+v: want a tenant-a token and a region besides its home", token, home, info.Regions)
+	}
+	t.Logf("%s's home is %s; the SDK talks to %s (%s), which forwards", tenant, home, region, nodeURL)
+
+	// client returns a stripe-go client for nodeURL and its recorder.
+	client := func(t *testing.T, timeout time.Duration, retries int64, lose int) (*stripe.Client, *stripeclient.Recorder) {
+		rec := &stripeclient.Recorder{LoseAnswers: lose, Log: func(a stripeclient.Attempt) { t.Logf("attempt: %v", a) }}
+		return stripeclient.New(stripeclient.Config{URL: nodeURL, Key: token, Timeout: timeout, MaxNetworkRetries: retries,
+			Transport: rec, Logger: stripeclient.Logf(t.Logf)}), rec
+	}
+	ctx := context.Background()
+
+	t.Run("a: create, and the SDK's retry after a lost answer replays", func(t *testing.T) {
+		sc, rec := client(t, 30*time.Second, 3, 1)
+		ch, err := sc.V1Charges.Create(ctx, chargeParams(2000, "tok_visa", "order_id", "a"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		at := rec.Attempts()
+		if len(at) != 2 || !errors.Is(at[0].Err, stripeclient.ErrLostAnswer) || at[0].Status != http.StatusOK || at[1].Status != http.StatusOK {
+			t.Fatalf("attempts %v: want a 200 lost on the way and the SDK's retry answered 200", at)
+		}
+		key := at[0].IdempotencyKey
+		if at[1].IdempotencyKey != key || !sdkKeyRE.MatchString(key) {
+			t.Errorf("keys %q and %q: want the SDK's own key, the same on its retry", key, at[1].IdempotencyKey)
+		}
+		if at[0].Replayed() || !at[1].Replayed() || ch.LastResponse.Header.Get("Idempotent-Replayed") != "true" {
+			t.Errorf("Idempotent-Replayed %v then %v: want the first answer executed and the retry replayed", at[0].Replayed(), at[1].Replayed())
+		}
+		if at[1].ResponseBody != at[0].ResponseBody || !strings.HasPrefix(ch.ID, "ch_") || ch.Amount != 2000 || ch.Status != stripe.ChargeStatusSucceeded {
+			t.Errorf("replay %q after %q, charge %+v: want the same bytes and a succeeded charge", at[1].ResponseBody, at[0].ResponseBody, ch)
+		}
+		if id := at[0].ResponseHeader.Get("Request-Id"); id == "" || at[1].ResponseHeader.Get("Request-Id") != id || ch.LastResponse.RequestID != id {
+			t.Errorf("Request-Id %q then %q (SDK %q): want the upstream's, replayed (replay-header=Request-Id)",
+				id, at[1].ResponseHeader.Get("Request-Id"), ch.LastResponse.RequestID)
+		}
+		derived := checkUpstream(t, fake, key, 1)
+		if reqs := fake.RequestsWithKey(derived); len(reqs) == 1 && reqs[0].ChargeID != ch.ID {
+			t.Errorf("the SDK holds charge %s, the upstream made %s", ch.ID, reqs[0].ChargeID)
+		}
+
+		// The application calls again with the key the SDK used: a replay.
+		rec.Reset()
+		p := chargeParams(2000, "tok_visa", "order_id", "a")
+		p.SetIdempotencyKey(key)
+		again, err := sc.V1Charges.Create(ctx, p)
+		if err != nil || again.ID != ch.ID || again.LastResponse.Header.Get("Idempotent-Replayed") != "true" {
+			t.Errorf("second call: %v, charge %q (replayed %q); want %s replayed", err, again.ID, again.LastResponse.Header.Get("Idempotent-Replayed"), ch.ID)
+		}
+
+		// The same form with its fields in another order is the same
+		// request: replayed too.
+		fields := strings.Split(at[0].Body, "&")
+		for i, j := 0, len(fields)-1; i < j; i, j = i+1, j-1 {
+			fields[i], fields[j] = fields[j], fields[i]
+		}
+		status, hdr, body := rawPost(t, nodeURL+"/v1/charges", at[0].Header, strings.Join(fields, "&"))
+		if status != http.StatusOK || hdr.Get("Idempotent-Replayed") != "true" || body != at[0].ResponseBody {
+			t.Errorf("reordered form %q: %d, Idempotent-Replayed %q, %s; want the stored 200 replayed", strings.Join(fields, "&"), status, hdr.Get("Idempotent-Replayed"), body)
+		}
+		checkUpstream(t, fake, key, 1)
+	})
+
+	t.Run("b: the client times out while the upstream works; the SDK's retries get the charge", func(t *testing.T) {
+		sc, rec := client(t, time.Second, 5, 0)
+		began := time.Now()
+		ch, err := sc.V1Charges.Create(ctx, chargeParams(3000, "tok_visa", "order_id", "b", fakestripe.MetaDelay, "2500"))
+		if err != nil {
+			t.Fatalf("after %v: %v", time.Since(began), err)
+		}
+		at := rec.Attempts()
+		t.Logf("%d attempts in %v", len(at), time.Since(began).Round(time.Millisecond))
+		if ch.ID == "" {
+			// stripe-go takes any answer below 400 for a charge: a 202
+			// PAYMENT_OUTCOME_UNKNOWN becomes a nil error and an empty charge.
+			t.Errorf("the SDK returned no error and a charge without an id (last answer %d %s)", ch.LastResponse.StatusCode, ch.LastResponse.RawJSON)
+		}
+		if len(at) < 2 || at[0].Err == nil || at[0].Status != 0 {
+			t.Fatalf("attempts %v: want the first to time out", at)
+		}
+		for _, a := range at[1:] {
+			if a.IdempotencyKey != at[0].IdempotencyKey {
+				t.Errorf("attempt with key %q after %q: the SDK's loop keeps its key", a.IdempotencyKey, at[0].IdempotencyKey)
+			}
+		}
+		last := at[len(at)-1]
+		if last.Status != http.StatusOK || !last.Replayed() {
+			t.Errorf("last attempt %v: want 200 with Idempotent-Replayed: true", last)
+		}
+		derived := checkUpstream(t, fake, at[0].IdempotencyKey, 1)
+		reqs := fake.RequestsWithKey(derived)
+		if len(reqs) != 1 || reqs[0].Status != http.StatusOK || reqs[0].ChargeID != ch.ID {
+			t.Errorf("upstream %+v, SDK charge %q: want the one upstream charge, made after the client left, to be what the SDK got", reqs, ch.ID)
+		}
+	})
+
+	t.Run("c: a declined card is a 402 the SDK does not retry, replayed on a repeat", func(t *testing.T) {
+		sc, rec := client(t, 30*time.Second, 3, 0)
+		key := "order-c-declined"
+		var errs []*stripe.Error
+		for i := range 2 {
+			p := chargeParams(2000, fakestripe.DeclinedSource, "order_id", "c")
+			p.SetIdempotencyKey(key)
+			_, err := sc.V1Charges.Create(ctx, p)
+			var se *stripe.Error
+			if !errors.As(err, &se) {
+				t.Fatalf("call %d: %T %v, want *stripe.Error", i+1, err, err)
+			}
+			var ce *stripe.CardError
+			if se.HTTPStatusCode != http.StatusPaymentRequired || se.Code != stripe.ErrorCodeCardDeclined || se.Type != stripe.ErrorTypeCard ||
+				se.DeclineCode != stripe.DeclineCodeGenericDecline || !errors.As(err, &ce) {
+				t.Errorf("call %d: %+v, want 402 card_error card_declined generic_decline", i+1, se)
+			}
+			errs = append(errs, se)
+		}
+		at := rec.Attempts()
+		if len(at) != 2 {
+			t.Fatalf("attempts %v: want one per call (the SDK does not retry a card_error)", at)
+		}
+		if at[0].Replayed() || !at[1].Replayed() || errs[1].LastResponse.Header.Get("Idempotent-Replayed") != "true" || at[1].ResponseBody != at[0].ResponseBody {
+			t.Errorf("attempts %v: want the decline stored and replayed byte for byte", at)
+		}
+		checkUpstream(t, fake, key, 1)
+	})
+
+	t.Run("d1: a plain 500 from the upstream is retried by the SDK and executes again", func(t *testing.T) {
+		sc, rec := client(t, 30*time.Second, 3, 0)
+		ch, err := sc.V1Charges.Create(ctx, chargeParams(4000, "tok_visa", "order_id", "d1", fakestripe.MetaFailOnce, fakestripe.FailPlain))
+		if err != nil {
+			t.Fatal(err)
+		}
+		at := rec.Attempts()
+		if len(at) != 2 || at[0].Status != http.StatusInternalServerError || at[1].Status != http.StatusOK || at[0].Replayed() || at[1].Replayed() {
+			t.Fatalf("attempts %v: want 500, then the SDK's retry executed (200, not replayed)", at)
+		}
+		derived := checkUpstream(t, fake, at[0].IdempotencyKey, 2)
+		if reqs := fake.RequestsWithKey(derived); len(reqs) == 2 && (reqs[0].Status != 500 || reqs[1].ChargeID != ch.ID) {
+			t.Errorf("upstream %+v, SDK charge %s", reqs, ch.ID)
+		}
+	})
+
+	t.Run("d2: a Stripe-shaped 500 is not retried by the SDK; the application's retry executes again", func(t *testing.T) {
+		sc, rec := client(t, 30*time.Second, 3, 0)
+		key := "order-d2-api-error"
+		p := chargeParams(4500, "tok_visa", "order_id", "d2", fakestripe.MetaFailOnce, fakestripe.FailAPIError)
+		p.SetIdempotencyKey(key)
+		_, err := sc.V1Charges.Create(ctx, p)
+		var se *stripe.Error
+		if !errors.As(err, &se) || se.HTTPStatusCode != http.StatusInternalServerError || se.Type != stripe.ErrorTypeAPI {
+			t.Fatalf("%T %v: want *stripe.Error 500 api_error", err, err)
+		}
+		if at := rec.Attempts(); len(at) != 1 {
+			t.Errorf("attempts %v: stripe-go v84 does not retry an answer with a Stripe error object", at)
+		}
+		checkUpstream(t, fake, key, 1)
+		ch, err := sc.V1Charges.Create(ctx, p)
+		if err != nil || ch.LastResponse.Header.Get("Idempotent-Replayed") == "true" {
+			t.Fatalf("retry with the same key: %v, replayed %q; want a new execution (a 500 is not stored)", err, ch.LastResponse.Header.Get("Idempotent-Replayed"))
+		}
+		checkUpstream(t, fake, key, 2)
+		again, err := sc.V1Charges.Create(ctx, p)
+		if err != nil || again.ID != ch.ID || again.LastResponse.Header.Get("Idempotent-Replayed") != "true" {
+			t.Errorf("third call: %v, %q; want %s replayed", err, again.ID, ch.ID)
+		}
+		checkUpstream(t, fake, key, 2)
+	})
+
+	t.Run("e: the same key with another amount is refused with 409", func(t *testing.T) {
+		sc, rec := client(t, 30*time.Second, 2, 0)
+		key := "order-e-amount"
+		p := chargeParams(5000, "tok_visa", "order_id", "e")
+		p.SetIdempotencyKey(key)
+		ch, err := sc.V1Charges.Create(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec.Reset()
+		changed := chargeParams(5500, "tok_visa", "order_id", "e")
+		changed.SetIdempotencyKey(key)
+		_, err = sc.V1Charges.Create(ctx, changed)
+		if err == nil {
+			t.Fatal("a changed amount under the same key succeeded")
+		}
+		at := rec.Attempts()
+		if len(at) == 0 {
+			t.Fatal("no attempt recorded")
+		}
+		for _, a := range at {
+			if a.Status != http.StatusConflict || !strings.Contains(a.ResponseBody, keyReused) {
+				t.Errorf("attempt %v: %s; want 409 %s", a, a.ResponseBody, keyReused)
+			}
+		}
+		var se *stripe.Error
+		if errors.As(err, &se) {
+			if se.HTTPStatusCode != http.StatusConflict {
+				t.Errorf("*stripe.Error with HTTPStatusCode %d, want 409", se.HTTPStatusCode)
+			}
+			t.Logf("the SDK sees a *stripe.Error (type %q) and made %d attempt(s)", se.Type, len(at))
+		} else {
+			if !strings.Contains(err.Error(), keyReused) {
+				t.Errorf("error %v lacks %s", err, keyReused)
+			}
+			if len(at) != 3 {
+				t.Errorf("%d attempts: a 409 without a Stripe error object is retried by the SDK until its budget (1 + 2) is spent", len(at))
+			}
+			t.Logf("the SDK sees a plain error (the 409's body holds no Stripe error object, so HTTPStatusCode is not available) and made %d attempts: %v", len(at), err)
+		}
+		checkUpstream(t, fake, key, 1)
+
+		// The original request still replays its charge.
+		again, err := sc.V1Charges.Create(ctx, p)
+		if err != nil || again.ID != ch.ID {
+			t.Errorf("the original request again: %v, %q; want %s", err, again.ID, ch.ID)
+		}
+		checkUpstream(t, fake, key, 1)
+	})
+}
+
+// checkUpstream checks that the upstream received the client key key's
+// derived key (generation 0) want times, with the tenant, a fencing token
+// and no Authorization, and returns the derived key.
+func checkUpstream(t *testing.T, fake *fakestripe.Server, key string, want int) string {
+	t.Helper()
+	derived := sidecar.DerivedKey(tenant, operation, key, 0)
+	if got := fake.Count(derived); got != want {
+		t.Errorf("the upstream executed client key %q (derived %s) %d times, want %d; it saw %+v", key, derived, got, want, fake.Counts())
+	}
+	if n := fake.Count(key); n != 0 {
+		t.Errorf("the upstream received the client's own key %q %d times, want the derived key only", key, n)
+	}
+	for _, r := range fake.RequestsWithKey(derived) {
+		if r.Tenant != tenant || r.FencingToken == "" || r.Authorization {
+			t.Errorf("upstream request %+v: want Idem-Tenant %s, a fencing token and no Authorization", r, tenant)
+		}
+	}
+	return derived
+}
+
+// rawPost sends body with the headers of a recorded SDK request.
+func rawPost(t *testing.T, u string, h http.Header, body string) (int, http.Header, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, u, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header = h.Clone()
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+// buildBinaries builds idemd, idemctl and etcd from the repository's root
+// module (two directories up), so that it works in the workspace and with
+// GOWORK=off alike.
+func buildBinaries(t *testing.T) testbin.Paths {
+	t.Helper()
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(root, "go.mod")); err != nil || !bytes.HasPrefix(b, []byte("module github.com/idemcoord/idem\n")) {
+		t.Fatalf("%s is not the idem repository's root: %v", root, err)
+	}
+	dir := t.TempDir()
+	t.Chdir(root)
+	began := time.Now()
+	p, err := testbin.BuildAll(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("built idemd, idemctl and etcd in %v", time.Since(began).Round(time.Millisecond))
+	return p
+}
+
+// startCluster runs "idemctl up" as a child process with routes, waits for
+// its cluster.json and stops it (SIGINT) when the test ends.
+func startCluster(t *testing.T, bin testbin.Paths, routes string) cluster.Info {
+	t.Helper()
+	// The state directory must be reachable by the postgres OS user when
+	// the tests run as root (t.TempDir's parent has mode 0700).
+	base, err := os.MkdirTemp("", "idem-stripe-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(base) })
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(base, "state")
+
+	cmd := exec.Command(bin.Idemctl, "up", "--state-dir", dir, "--idemd", bin.Idemd, "--etcd", bin.Etcd,
+		"--etcd-members", "1", "--provider=false", "--proxy-routes", routes)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "IDEM_") { // they would configure idemctl up
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	began := time.Now()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("idemctl up:\n%s", out)
+			logNodeLogs(t, dir)
+		}
+		_ = cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-exited:
+		case <-time.After(time.Minute):
+			t.Errorf("idemctl up still running a minute after SIGINT")
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	})
+
+	path := filepath.Join(dir, cluster.StateFile)
+	deadline := time.After(3 * time.Minute)
+	for {
+		if b, err := os.ReadFile(path); err == nil {
+			var info cluster.Info
+			if err := json.Unmarshal(b, &info); err != nil {
+				t.Fatalf("%s: %v\n%s", path, err, b)
+			}
+			t.Logf("idemctl up: cluster.json after %v", time.Since(began).Round(time.Millisecond))
+			return info
+		}
+		select {
+		case <-exited:
+			t.Fatalf("idemctl up exited (%v) before writing %s:\n%s", cmd.ProcessState, path, out)
+		case <-deadline:
+			t.Fatalf("no %s after three minutes:\n%s", path, out)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// logNodeLogs logs the last lines of each process log of the cluster.
+func logNodeLogs(t *testing.T, dir string) {
+	logs, _ := filepath.Glob(filepath.Join(dir, "logs", "*.log"))
+	for _, l := range logs {
+		b, err := os.ReadFile(l)
+		if err != nil {
+			continue
+		}
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		if len(lines) > 30 {
+			lines = lines[len(lines)-30:]
+		}
+		t.Logf("%s (last %d lines):\n%s", l, len(lines), strings.Join(lines, "\n"))
+	}
+}
+
+// syncBuffer collects a process's output.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
