@@ -1,6 +1,7 @@
 package stripeexample_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -47,6 +49,11 @@ func route(base string) string {
 // not the tenant's home (so every call is forwarded) with the official
 // stripe-go client, the tenant's token as its API key.
 func TestStripeSDKThroughSidecar(t *testing.T) {
+	here, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	walkthrough := buildWalkthrough(t, here)
 	bin := buildBinaries(t)
 
 	fake := fakestripe.New()
@@ -56,7 +63,7 @@ func TestStripeSDKThroughSidecar(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = fake.Close() })
 
-	info := startCluster(t, bin, route(upstream))
+	info, statePath := startCluster(t, bin, route(upstream))
 	token := info.Tokens[tenant]
 	home := info.Placements[tenant]
 	var nodeURL, region string
@@ -234,6 +241,63 @@ func TestStripeSDKThroughSidecar(t *testing.T) {
 		checkUpstream(t, fake, key, 2)
 	})
 
+	t.Run("walkthrough: the charge program", func(t *testing.T) {
+		key := "order-1001"
+		var ids []string
+		for i, want := range []string{`Idempotent-Replayed: ""`, `Idempotent-Replayed: "true"`} {
+			code, out := runCharge(t, walkthrough.charge, statePath, "-key", key, "-amount", "2000")
+			m := chargeIDRE.FindStringSubmatch(out)
+			if code != 0 || m == nil || !strings.Contains(out, want) || !strings.Contains(out, "which forwards") {
+				t.Fatalf("call %d: exit %d, want 0, a charge, %s and a forwarding region:\n%s", i+1, code, want, out)
+			}
+			ids = append(ids, m[1])
+		}
+		if ids[0] != ids[1] {
+			t.Errorf("charges %s then %s, want one replayed", ids[0], ids[1])
+		}
+		if code, out := runCharge(t, walkthrough.charge, statePath, "-key", key, "-amount", "2500", "-retries", "0"); code != 1 || !strings.Contains(out, keyReused) {
+			t.Errorf("changed amount: exit %d, want 1 and %s:\n%s", code, keyReused, out)
+		}
+		checkUpstream(t, fake, key, 1)
+		code, out := runCharge(t, walkthrough.charge, statePath, "-key", "order-1002", "-source", fakestripe.DeclinedSource)
+		if code != 1 || !strings.Contains(out, "HTTP 402 type=card_error code=card_declined decline_code=generic_decline") {
+			t.Errorf("declined: exit %d, want 1 and the card error:\n%s", code, out)
+		}
+	})
+
+	t.Run("walkthrough: the upstream program", func(t *testing.T) {
+		cmd := exec.Command(walkthrough.upstream, "-port", "0")
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = cmd.Process.Kill() }()
+		line, err := bufio.NewReader(stdout).ReadString('\n')
+		base, ok := strings.CutPrefix(strings.TrimSpace(line), "fakestripe listening on ")
+		if err != nil || !ok || !strings.HasPrefix(base, "http://127.0.0.1:") {
+			t.Fatalf("first line %q (%v), want fakestripe listening on http://127.0.0.1:PORT", line, err)
+		}
+		resp, err := http.Get(base + "/_counts")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || strings.TrimSpace(string(b)) != "{}" {
+			t.Errorf("GET /_counts: %s %s, want 200 {}", resp.Status, b)
+		}
+		if err := cmd.Process.Signal(os.Interrupt); err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("after SIGINT: %v, want exit 0", err)
+		}
+	})
+
 	t.Run("e: the same key with another amount is refused with 409", func(t *testing.T) {
 		sc, rec := client(t, 30*time.Second, 2, 0)
 		key := "order-e-amount"
@@ -283,6 +347,41 @@ func TestStripeSDKThroughSidecar(t *testing.T) {
 		}
 		checkUpstream(t, fake, key, 1)
 	})
+}
+
+var chargeIDRE = regexp.MustCompile(`charge (ch_[A-Za-z0-9]+): `)
+
+// runCharge runs the walkthrough's charge program against the cluster of
+// cluster.json at state and returns its exit code and output.
+func runCharge(t *testing.T, charge, state string, args ...string) (int, string) {
+	t.Helper()
+	cmd := exec.Command(charge, append([]string{"-state", state}, args...)...)
+	cmd.Env = os.Environ()
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatalf("charge %q: %v", args, err)
+	}
+	t.Logf("charge %s:\n%s", strings.Join(args, " "), out.String())
+	return cmd.ProcessState.ExitCode(), out.String()
+}
+
+// buildWalkthrough builds the walkthrough's programs (cmd/charge and
+// upstream) from this module's directory dir.
+func buildWalkthrough(t *testing.T, dir string) (w struct{ charge, upstream string }) {
+	t.Helper()
+	out := t.TempDir()
+	w.charge, w.upstream = filepath.Join(out, "charge"), filepath.Join(out, "fakestripe")
+	for bin, pkg := range map[string]string{w.charge: "./cmd/charge", w.upstream: "./upstream"} {
+		cmd := exec.Command("go", "build", "-o", bin, pkg)
+		cmd.Dir = dir
+		if b, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build -o %s %s: %v\n%s", bin, pkg, err, b)
+		}
+	}
+	return w
 }
 
 // checkUpstream checks that the upstream received the client key key's
@@ -347,7 +446,7 @@ func buildBinaries(t *testing.T) testbin.Paths {
 
 // startCluster runs "idemctl up" as a child process with routes, waits for
 // its cluster.json and stops it (SIGINT) when the test ends.
-func startCluster(t *testing.T, bin testbin.Paths, routes string) cluster.Info {
+func startCluster(t *testing.T, bin testbin.Paths, routes string) (cluster.Info, string) {
 	t.Helper()
 	// The state directory must be reachable by the postgres OS user when
 	// the tests run as root (t.TempDir's parent has mode 0700).
@@ -404,7 +503,7 @@ func startCluster(t *testing.T, bin testbin.Paths, routes string) cluster.Info {
 				t.Fatalf("%s: %v\n%s", path, err, b)
 			}
 			t.Logf("idemctl up: cluster.json after %v", time.Since(began).Round(time.Millisecond))
-			return info
+			return info, path
 		}
 		select {
 		case <-exited:
