@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/idemcoord/idem/internal/etcdtest"
-	"github.com/idemcoord/idem/internal/telemetry"
+	"github.com/idemcoord/idem/internal/telemetry/collectors"
 	"github.com/idemcoord/idem/region"
 )
 
@@ -181,7 +181,7 @@ func TestMonitoringNamesRealMetrics(t *testing.T) {
 	if a := c.send(us.url, "monitoring", nil); a.status != http.StatusCreated {
 		t.Fatalf("forwarded payment: %d %s", a.status, a.body)
 	}
-	dial, err := telemetry.EtcdClientMetrics(regs[0])
+	dial, err := collectors.EtcdClientMetrics(regs[0])
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/internal/telemetry"
+	"github.com/idemcoord/idem/internal/telemetry/collectors"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/store"
 )
@@ -41,10 +42,10 @@ func newObservability(cfg Config, st *store.Store, reg prometheus.Registerer) (*
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}, []string{"home_region"}),
 	}
-	if err := telemetry.RegisterStandard(reg); err != nil {
+	if err := collectors.RegisterStandard(reg); err != nil {
 		return nil, err
 	}
-	for _, c := range []prometheus.Collector{telemetry.NewPoolCollector(st.Pool()), o.forwardDuration} {
+	for _, c := range []prometheus.Collector{collectors.NewPoolCollector(st.Pool()), o.forwardDuration} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -14,7 +14,10 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"google.golang.org/grpc"
 
+	"github.com/idemcoord/idem/internal/admin"
 	"github.com/idemcoord/idem/internal/telemetry"
+	"github.com/idemcoord/idem/internal/telemetry/collectors"
+	"github.com/idemcoord/idem/internal/telemetry/otlp"
 )
 
 // Ops are the flags an operator sees the node through: logs, traces and
@@ -69,7 +72,7 @@ func (m *Main) applyOps() error {
 func (m *Main) startOps(ctx context.Context) error {
 	m.ops.registry = prometheus.NewRegistry()
 	var err error
-	if m.ops.etcdDial, err = telemetry.EtcdClientMetrics(m.ops.registry); err != nil {
+	if m.ops.etcdDial, err = collectors.EtcdClientMetrics(m.ops.registry); err != nil {
 		return err
 	}
 	getenv := m.getenv
@@ -77,7 +80,7 @@ func (m *Main) startOps(ctx context.Context) error {
 		getenv = os.Getenv
 	}
 	if m.Ops.OTLPEndpoint != "" || getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != "" {
-		m.ops.tracer, err = telemetry.NewTracerProvider(ctx, telemetry.TracingConfig{
+		m.ops.tracer, err = otlp.NewTracerProvider(ctx, otlp.Config{
 			Endpoint: m.Ops.OTLPEndpoint, Service: "idemd", Region: m.Region, Node: m.NodeID,
 		})
 		if err != nil {
@@ -88,7 +91,7 @@ func (m *Main) startOps(ctx context.Context) error {
 		if m.ops.adminLn, err = net.Listen("tcp", m.Ops.AdminListen); err != nil {
 			return fmt.Errorf("--admin-listen: %w", err)
 		}
-		m.ops.admin = &http.Server{Handler: telemetry.AdminHandler(), ReadHeaderTimeout: 5 * time.Second}
+		m.ops.admin = &http.Server{Handler: admin.Handler(), ReadHeaderTimeout: 5 * time.Second}
 		m.ops.adminErr = make(chan error, 1)
 		go func() { m.ops.adminErr <- m.ops.admin.Serve(m.ops.adminLn) }()
 		m.logger.Info("admin listener serving", "url", m.AdminURL())

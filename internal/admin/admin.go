@@ -1,4 +1,11 @@
-package telemetry
+// Package admin serves what an operator inspects a running process with:
+// net/http/pprof, expvar and the build information.
+//
+// Importing net/http/pprof or expvar registers their handlers on
+// http.DefaultServeMux, in every program that links them. So only main
+// packages (cmd/idemd) import this package; a library package never does,
+// and internal/depcheck's tests keep it that way.
+package admin
 
 import (
 	"encoding/json"
@@ -7,13 +14,15 @@ import (
 	"net/http/pprof"
 	"runtime"
 	"runtime/debug"
+
+	"github.com/idemcoord/idem/internal/telemetry"
 )
 
-// AdminHandler serves what an operator inspects a running process with, on
-// a listener of its own that is never the public one: net/http/pprof under
-// /debug/pprof/, expvar at /debug/vars and the build information (version,
-// Go version, module versions and build settings) at /debug/buildinfo.
-func AdminHandler() http.Handler {
+// Handler serves, on a listener of its own that is never the public one:
+// net/http/pprof under /debug/pprof/, expvar at /debug/vars and the build
+// information (version, Go version, module versions and build settings)
+// at /debug/buildinfo.
+func Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
@@ -22,7 +31,7 @@ func AdminHandler() http.Handler {
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	mux.Handle("/debug/vars", expvar.Handler())
 	mux.HandleFunc("GET /debug/buildinfo", func(w http.ResponseWriter, r *http.Request) {
-		v := map[string]any{"version": BuildVersion(), "goversion": runtime.Version()}
+		v := map[string]any{"version": telemetry.BuildVersion(), "goversion": runtime.Version()}
 		if bi, ok := debug.ReadBuildInfo(); ok {
 			v["path"], v["deps"], v["settings"] = bi.Path, bi.Deps, bi.Settings
 		}

@@ -2,16 +2,10 @@ package telemetry
 
 import (
 	"context"
-	"fmt"
 	"net/http"
-	"strings"
 
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/sdk/resource"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 )
@@ -66,41 +60,4 @@ func Start(ctx context.Context, name string, kind trace.SpanKind, attrs ...attri
 	}
 	return parent.TracerProvider().Tracer(ScopeName).Start(ctx, name,
 		trace.WithSpanKind(kind), trace.WithAttributes(attrs...))
-}
-
-// TracingConfig configures NewTracerProvider.
-type TracingConfig struct {
-	// Endpoint is the OTLP gRPC collector: a URL (http:// for plain text,
-	// https:// for TLS) or host:port (plain text). Empty: the exporter's
-	// standard environment (OTEL_EXPORTER_OTLP_ENDPOINT and friends).
-	Endpoint string
-	// Service, Region and Node describe the resource: service.name,
-	// idem.region, service.instance.id.
-	Service, Region, Node string
-}
-
-// NewTracerProvider returns a tracer provider that batches spans to an
-// OTLP gRPC collector. The caller owns it: Shutdown flushes and stops it.
-// The exporter connects lazily; an unreachable collector loses spans, not
-// requests.
-func NewTracerProvider(ctx context.Context, cfg TracingConfig) (*sdktrace.TracerProvider, error) {
-	var opts []otlptracegrpc.Option
-	switch {
-	case cfg.Endpoint == "":
-	case strings.Contains(cfg.Endpoint, "://"):
-		opts = append(opts, otlptracegrpc.WithEndpointURL(cfg.Endpoint))
-	default:
-		opts = append(opts, otlptracegrpc.WithEndpoint(cfg.Endpoint), otlptracegrpc.WithInsecure())
-	}
-	exp, err := otlptracegrpc.New(ctx, opts...)
-	if err != nil {
-		return nil, fmt.Errorf("telemetry: otlp exporter: %w", err)
-	}
-	res := resource.NewWithAttributes(semconv.SchemaURL,
-		semconv.ServiceName(cfg.Service),
-		semconv.ServiceInstanceID(cfg.Node),
-		semconv.ServiceVersion(BuildVersion()),
-		attribute.String("idem.region", cfg.Region),
-	)
-	return sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res)), nil
 }

@@ -1,4 +1,4 @@
-package telemetry
+package collectors
 
 import (
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"

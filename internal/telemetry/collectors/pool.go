@@ -1,4 +1,4 @@
-package telemetry
+package collectors
 
 import (
 	"github.com/jackc/pgx/v5/pgxpool"
