@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/idemcoord/idem"
-	"github.com/idemcoord/idem/fencing"
 	"github.com/idemcoord/idem/fingerprint"
 	"github.com/idemcoord/idem/internal/ctxtime"
 	"github.com/idemcoord/idem/internal/telemetry"
@@ -49,10 +48,12 @@ func (systemClock) Now() time.Time { return time.Now() }
 func (systemClock) Sleep(ctx context.Context, d time.Duration) error { return ctxtime.Sleep(ctx, d) }
 
 // Locker takes a scope's recovery lock in an external lock service;
-// *fencing.Locker and *routing.Membership satisfy it. A Lock's Token is its
-// etcd create revision.
+// *fencing.Locker (etcd; a Lock's Token is its key's create revision) and
+// *routing.Membership satisfy it. TryLock does not wait: when another owner
+// holds key it fails with an error wrapping idem.ErrLocked, and the request
+// is answered as in progress; any other error answers unavailable.
 type Locker interface {
-	TryLock(ctx context.Context, key string) (*fencing.Lock, error)
+	TryLock(ctx context.Context, key string) (idem.Lock, error)
 }
 
 // StaleLister lists records of an operation that nobody is working on;
@@ -215,7 +216,7 @@ type Attempt struct {
 	// than charge it on its own).
 	Background bool
 	coord      idem.Coordinator
-	lock       *fencing.Lock
+	lock       idem.Lock
 }
 
 // Takeover reports whether the attempt took the record over from an
@@ -509,7 +510,7 @@ func (e *Engine) beginRequest(op Operation, scope idem.Scope, hashes []string, o
 // The caller releases the returned lock (nil without one). A non-zero
 // expect (the recovery worker's) skips, as in progress, a record whose token
 // moved since it was listed: another recoverer got there first.
-func (e *Engine) claim(ctx context.Context, begin idem.BeginRequest, expect int64, claim ClaimFunc) (Claim, *fencing.Lock, error) {
+func (e *Engine) claim(ctx context.Context, begin idem.BeginRequest, expect int64, claim ClaimFunc) (Claim, idem.Lock, error) {
 	c, err := claim(ctx, begin)
 	if err != nil {
 		return c, nil, fenced(err)
@@ -527,7 +528,7 @@ func (e *Engine) claim(ctx context.Context, begin idem.BeginRequest, expect int6
 	}
 	lock, err := e.opts.Locker.TryLock(ctx, LockKey(begin.Scope))
 	switch {
-	case errors.Is(err, fencing.ErrLocked):
+	case errors.Is(err, idem.ErrLocked):
 		return Claim{}, nil, errInProgress(err)
 	case err != nil:
 		return Claim{}, nil, &idem.Error{Code: idem.ECodeUnavailable, Message: "The recovery lock service is unavailable; retry with the same key.", Err: err}
@@ -567,7 +568,7 @@ func fenced(err error) error {
 	return err
 }
 
-func unlock(ctx context.Context, lock *fencing.Lock) {
+func unlock(ctx context.Context, lock idem.Lock) {
 	if lock == nil {
 		return
 	}

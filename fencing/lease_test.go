@@ -81,7 +81,7 @@ func TestLocalDeadlineWithoutEtcd(t *testing.T) {
 	clock := newFakeClock()
 	t0 := clock.Now()
 	o := newOwnerWithClient(t, cli, 5*time.Second, WithClock(clock.Now))
-	lk, err := o.locker.TryLock(testCtx(t), "deadline")
+	lk, err := o.tryLock(testCtx(t), "deadline")
 	if err != nil {
 		t.Fatalf("TryLock: %v", err)
 	}
@@ -126,7 +126,7 @@ func TestLocalDeadlineWithoutEtcd(t *testing.T) {
 		t.Fatalf("Remaining = %v, want 0", got)
 	}
 	waitClosed(t, o.lease.Done(), time.Second, "Done")
-	if _, err := o.locker.TryLock(testCtx(t), "other"); !errors.Is(err, ErrLeaseExpired) {
+	if _, err := o.tryLock(testCtx(t), "other"); !errors.Is(err, ErrLeaseExpired) {
 		t.Fatalf("TryLock on an expired lease = %v, want ErrLeaseExpired", err)
 	}
 	if _, err := NewLocker(cli, o.lease, testPrefix); !errors.Is(err, ErrLeaseExpired) {
@@ -338,7 +338,7 @@ func TestLocalDeadlineRealClockEtcdStopped(t *testing.T) {
 func TestLeaseRevokedExternally(t *testing.T) {
 	srv := etcdtest.Start(t)
 	a := newOwner(t, srv, 5*time.Second, WithKeepAliveInterval(100*time.Millisecond))
-	lk, err := a.locker.TryLock(testCtx(t), "revoked")
+	lk, err := a.tryLock(testCtx(t), "revoked")
 	if err != nil {
 		t.Fatalf("TryLock: %v", err)
 	}
@@ -362,7 +362,7 @@ func TestLeaseRevokedExternally(t *testing.T) {
 	// The revoke deleted the lock key, so a second owner gets the key at
 	// once, with a higher token.
 	b := newOwner(t, srv, 5*time.Second)
-	lk2, err := b.locker.TryLock(testCtx(t), "revoked")
+	lk2, err := b.tryLock(testCtx(t), "revoked")
 	if err != nil {
 		t.Fatalf("second owner TryLock: %v", err)
 	}
@@ -380,7 +380,7 @@ func TestLeaseRevokedExternally(t *testing.T) {
 func TestLeaseCloseRevokes(t *testing.T) {
 	srv := etcdtest.Start(t)
 	a := newOwner(t, srv, 30*time.Second)
-	lk, err := a.locker.TryLock(testCtx(t), "closed")
+	lk, err := a.tryLock(testCtx(t), "closed")
 	if err != nil {
 		t.Fatalf("TryLock: %v", err)
 	}
@@ -409,7 +409,7 @@ func TestLeaseCloseRevokes(t *testing.T) {
 	}
 	// A 30s lease would block for 30s had it not been revoked.
 	b := newOwner(t, srv, 5*time.Second)
-	if _, err := b.locker.TryLock(testCtx(t), "closed"); err != nil {
+	if _, err := b.tryLock(testCtx(t), "closed"); err != nil {
 		t.Fatalf("TryLock after Close: %v", err)
 	}
 }

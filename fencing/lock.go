@@ -11,11 +11,15 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/idemcoord/idem"
 )
 
 // ErrLocked is returned (wrapped) by TryLock when another owner holds the
-// key. When etcd reported the conflict it also wraps concurrency.ErrLocked.
-var ErrLocked = errors.New("fencing: locked by another owner")
+// key. It wraps idem.ErrLocked, the error the engine's Locker contract
+// names. When etcd reported the conflict the error also wraps
+// concurrency.ErrLocked.
+var ErrLocked = fmt.Errorf("fencing: %w", idem.ErrLocked)
 
 // ErrReleased is returned by Lock.Check after Unlock.
 var ErrReleased = errors.New("fencing: lock released")
@@ -24,7 +28,8 @@ var ErrReleased = errors.New("fencing: lock released")
 // or abandoned acquisition.
 const cleanupTimeout = 5 * time.Second
 
-// Locker takes per-key ownership under one Lease.
+// Locker takes per-key ownership under one Lease. It satisfies the
+// engine's and payments' Locker interfaces.
 //
 // Use one Locker per (Lease, prefix): locks are keyed by lease, so two
 // Lockers sharing both would share ownership of each key. A Locker is safe
@@ -87,7 +92,11 @@ func (l *Locker) Close() error {
 // failed ambiguously and left its etcd key behind, TryLock adopts it; the
 // token is then that key's create revision, which is still higher than
 // every earlier owner's.
-func (l *Locker) TryLock(ctx context.Context, key string) (*Lock, error) {
+//
+// The idem.Lock it returns is a *Lock: it is an interface so that
+// consumers (package engine) need not import this package and the etcd
+// client.
+func (l *Locker) TryLock(ctx context.Context, key string) (idem.Lock, error) {
 	if key == "" {
 		return nil, errors.New("fencing: trylock: empty key")
 	}
@@ -182,8 +191,8 @@ func (l *Locker) unreserve(etcdKey string) {
 	delete(l.held, etcdKey)
 }
 
-// Lock is ownership of one key, fenced by Token. Its methods are safe for
-// concurrent use.
+// Lock is ownership of one key, fenced by Token; it implements idem.Lock.
+// Its methods are safe for concurrent use.
 type Lock struct {
 	locker   *Locker
 	name     string
@@ -191,6 +200,8 @@ type Lock struct {
 	token    int64
 	released atomic.Bool
 }
+
+var _ idem.Lock = (*Lock)(nil)
 
 // Token returns the fencing token: the create revision of the lock's etcd
 // key. Successive owners of a key get strictly increasing tokens. Every

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/internal/etcdtest"
 )
 
@@ -24,13 +25,13 @@ func TestTryLockTwoLockers(t *testing.T) {
 	b := newOwner(t, srv, 10*time.Second)
 	ctx := testCtx(t)
 
-	lkA, err := a.locker.TryLock(ctx, "order/42")
+	lkA, err := a.tryLock(ctx, "order/42")
 	if err != nil {
 		t.Fatalf("A TryLock: %v", err)
 	}
 	_, err = b.locker.TryLock(ctx, "order/42")
-	if !errors.Is(err, ErrLocked) || !errors.Is(err, concurrency.ErrLocked) {
-		t.Fatalf("B TryLock while A holds = %v, want ErrLocked wrapping concurrency.ErrLocked", err)
+	if !errors.Is(err, ErrLocked) || !errors.Is(err, idem.ErrLocked) || !errors.Is(err, concurrency.ErrLocked) {
+		t.Fatalf("B TryLock while A holds = %v, want ErrLocked wrapping idem.ErrLocked and concurrency.ErrLocked", err)
 	}
 	if err := lkA.Check(); err != nil {
 		t.Fatalf("A Check: %v", err)
@@ -53,14 +54,14 @@ func TestTryLockTwoLockers(t *testing.T) {
 		t.Fatalf("second Unlock: %v", err)
 	}
 
-	lkB, err := b.locker.TryLock(ctx, "order/42")
+	lkB, err := b.tryLock(ctx, "order/42")
 	if err != nil {
 		t.Fatalf("B TryLock after A unlocked: %v", err)
 	}
 	if lkB.Token() <= lkA.Token() {
 		t.Fatalf("B token %d not strictly above A token %d", lkB.Token(), lkA.Token())
 	}
-	if _, err := a.locker.TryLock(ctx, "order/42"); !errors.Is(err, ErrLocked) {
+	if _, err := a.tryLock(ctx, "order/42"); !errors.Is(err, ErrLocked) {
 		t.Fatalf("A TryLock while B holds = %v, want ErrLocked", err)
 	}
 }
@@ -82,7 +83,7 @@ func TestTryLockConcurrentExactlyOneWins(t *testing.T) {
 		for i, o := range owners {
 			wg.Go(func() {
 				<-start
-				locks[i], errs[i] = o.locker.TryLock(ctx, key)
+				locks[i], errs[i] = o.tryLock(ctx, key)
 			})
 		}
 		close(start)
@@ -134,7 +135,7 @@ func TestMutualExclusionUnderChurn(t *testing.T) {
 	for _, o := range owners {
 		wg.Go(func() {
 			for range attempts {
-				lk, err := o.locker.TryLock(ctx, "churn")
+				lk, err := o.tryLock(ctx, "churn")
 				if errors.Is(err, ErrLocked) {
 					time.Sleep(time.Millisecond)
 					continue
@@ -189,7 +190,7 @@ func TestTokensIncreaseAcrossOwners(t *testing.T) {
 				t.Fatalf("Put: %v", err)
 			}
 		}
-		lk, err := o.locker.TryLock(ctx, "succession")
+		lk, err := o.tryLock(ctx, "succession")
 		if err != nil {
 			t.Fatalf("owner %d TryLock: %v", i, err)
 		}
@@ -220,11 +221,11 @@ func TestTryLockSameLockerTwice(t *testing.T) {
 	srv := etcdtest.Start(t)
 	a := newOwner(t, srv, 10*time.Second)
 	ctx := testCtx(t)
-	lk, err := a.locker.TryLock(ctx, "twice")
+	lk, err := a.tryLock(ctx, "twice")
 	if err != nil {
 		t.Fatalf("TryLock: %v", err)
 	}
-	if _, err := a.locker.TryLock(ctx, "twice"); !errors.Is(err, ErrLocked) {
+	if _, err := a.tryLock(ctx, "twice"); !errors.Is(err, ErrLocked) {
 		t.Fatalf("second TryLock by the same Locker = %v, want ErrLocked", err)
 	}
 	if err := lk.Check(); err != nil || !keyExists(t, a.cli, lk.Key()) {
@@ -233,7 +234,7 @@ func TestTryLockSameLockerTwice(t *testing.T) {
 	if err := lk.Unlock(ctx); err != nil {
 		t.Fatalf("Unlock: %v", err)
 	}
-	lk2, err := a.locker.TryLock(ctx, "twice")
+	lk2, err := a.tryLock(ctx, "twice")
 	if err != nil {
 		t.Fatalf("TryLock after Unlock: %v", err)
 	}
@@ -249,13 +250,13 @@ func TestTryLockKeysDoNotCollide(t *testing.T) {
 	ctx := testCtx(t)
 	// With a plain prefix+key layout, "a/" would be a prefix of "a/b/"
 	// and the two locks would exclude each other.
-	if _, err := a.locker.TryLock(ctx, "a/b"); err != nil {
+	if _, err := a.tryLock(ctx, "a/b"); err != nil {
 		t.Fatalf("TryLock a/b: %v", err)
 	}
-	if _, err := b.locker.TryLock(ctx, "a"); err != nil {
+	if _, err := b.tryLock(ctx, "a"); err != nil {
 		t.Fatalf("TryLock a while a/b is held: %v", err)
 	}
-	if _, err := a.locker.TryLock(ctx, ""); err == nil {
+	if _, err := a.tryLock(ctx, ""); err == nil {
 		t.Fatal("TryLock of an empty key succeeded")
 	}
 }
@@ -283,7 +284,7 @@ func TestPartitionedOwnerGoesQuietBeforeTakeover(t *testing.T) {
 	ctx := testCtx(t)
 	res := &fencedResource{}
 
-	lkA, err := a.locker.TryLock(ctx, "recovery/7")
+	lkA, err := a.tryLock(ctx, "recovery/7")
 	if err != nil {
 		t.Fatalf("A TryLock: %v", err)
 	}
@@ -294,7 +295,7 @@ func TestPartitionedOwnerGoesQuietBeforeTakeover(t *testing.T) {
 
 	var lkB *Lock
 	for giveUp := time.Now().Add(10 * time.Second); ; {
-		lkB, err = b.locker.TryLock(ctx, "recovery/7")
+		lkB, err = b.tryLock(ctx, "recovery/7")
 		if err == nil {
 			break
 		}
@@ -335,7 +336,7 @@ func TestTakeoverAfterEtcdExpiresUnrevokedLease(t *testing.T) {
 	a := newOwner(t, srv, 2*time.Second)
 	b := newOwner(t, srv, 5*time.Second)
 	ctx := testCtx(t)
-	lkA, err := a.locker.TryLock(ctx, "unrevoked")
+	lkA, err := a.tryLock(ctx, "unrevoked")
 	if err != nil {
 		t.Fatalf("A TryLock: %v", err)
 	}
@@ -345,12 +346,12 @@ func TestTakeoverAfterEtcdExpiresUnrevokedLease(t *testing.T) {
 		t.Fatalf("Close with a canceled context = %v, want context.Canceled", err)
 	}
 	closedAt := time.Now()
-	if _, err := b.locker.TryLock(ctx, "unrevoked"); !errors.Is(err, ErrLocked) {
+	if _, err := b.tryLock(ctx, "unrevoked"); !errors.Is(err, ErrLocked) {
 		t.Fatalf("B TryLock right after A stopped = %v, want ErrLocked (etcd still has A's lease)", err)
 	}
 	var lkB *Lock
 	for giveUp := time.Now().Add(10 * time.Second); ; {
-		lkB, err = b.locker.TryLock(ctx, "unrevoked")
+		lkB, err = b.tryLock(ctx, "unrevoked")
 		if err == nil {
 			break
 		}
@@ -374,14 +375,14 @@ func TestLockerClose(t *testing.T) {
 	srv := etcdtest.Start(t)
 	a := newOwner(t, srv, 10*time.Second)
 	ctx := testCtx(t)
-	lk, err := a.locker.TryLock(ctx, "locker-close")
+	lk, err := a.tryLock(ctx, "locker-close")
 	if err != nil {
 		t.Fatalf("TryLock: %v", err)
 	}
 	if err := a.locker.Close(); err != nil {
 		t.Fatalf("Locker Close: %v", err)
 	}
-	if _, err := a.locker.TryLock(ctx, "other"); err == nil {
+	if _, err := a.tryLock(ctx, "other"); err == nil {
 		t.Fatal("TryLock on a closed Locker succeeded")
 	}
 	// The lease and its lock are unaffected.
@@ -411,7 +412,7 @@ func TestTryLockLeaseExpiresDuringAcquire(t *testing.T) {
 		})}
 	a := newOwnerWithClient(t, etcdtest.NewClient(t, cfg), 5*time.Second, WithClock(clock.Now))
 	jump.Store(true)
-	_, err := a.locker.TryLock(testCtx(t), "slow")
+	_, err := a.tryLock(testCtx(t), "slow")
 	if !errors.Is(err, ErrLeaseExpired) {
 		t.Fatalf("TryLock = %v, want ErrLeaseExpired", err)
 	}

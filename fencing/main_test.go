@@ -71,6 +71,15 @@ func newOwnerWithClient(t *testing.T, cli *clientv3.Client, ttl time.Duration, o
 	return &owner{cli: cli, lease: l, locker: lk}
 }
 
+// tryLock is o.locker.TryLock, with the lock as the *Lock it is.
+func (o *owner) tryLock(ctx context.Context, key string) (*Lock, error) {
+	lk, err := o.locker.TryLock(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	return lk.(*Lock), nil
+}
+
 // createRevision reads key's create revision and lease, failing if absent.
 func createRevision(t *testing.T, cli *clientv3.Client, key string) (rev int64, lease clientv3.LeaseID) {
 	t.Helper()

@@ -5,13 +5,13 @@ import (
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/engine"
-	"github.com/idemcoord/idem/fencing"
 )
 
 // Locker takes recovery ownership of a key in an external lock service;
 // *fencing.Locker satisfies it. A Lock's Token is its etcd create revision.
+// It is the engine's Locker (engine.Locker), which its recovery runs under.
 type Locker interface {
-	TryLock(ctx context.Context, key string) (*fencing.Lock, error)
+	TryLock(ctx context.Context, key string) (idem.Lock, error)
 }
 
 // LockKey is the lock name of a scope under the locker's prefix:

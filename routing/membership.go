@@ -10,6 +10,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/fencing"
 )
 
@@ -110,8 +111,9 @@ func (m *Membership) Valid() bool { return m.lease.Load().Valid() }
 // ServingFrom is the etcd revision of the node's latest registration.
 func (m *Membership) ServingFrom() int64 { return m.servingFrom.Load() }
 
-// TryLock takes a recovery fencing lock under the current lease.
-func (m *Membership) TryLock(ctx context.Context, key string) (*fencing.Lock, error) {
+// TryLock takes a recovery fencing lock under the current lease (see
+// fencing.Locker.TryLock); Membership satisfies engine.Locker.
+func (m *Membership) TryLock(ctx context.Context, key string) (idem.Lock, error) {
 	return m.locker.Load().TryLock(ctx, key)
 }
 
