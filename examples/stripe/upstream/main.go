@@ -28,6 +28,10 @@ func main() {
 		fmt.Fprintln(os.Stderr, "usage: upstream [-port N]")
 		os.Exit(2)
 	}
+	// Before the line that says it serves: a SIGINT right after it stops
+	// the server instead of killing the process.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	s := fakestripe.New()
 	url, err := s.Start(net.JoinHostPort("127.0.0.1", strconv.Itoa(*port)))
 	if err != nil {
@@ -35,8 +39,6 @@ func main() {
 		os.Exit(1)
 	}
 	fmt.Printf("fakestripe listening on %s\n", url)
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	<-sig
 	if err := s.Close(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
