@@ -37,7 +37,7 @@ type Config struct {
 	// nil logs nothing.
 	Logger stripe.LeveledLoggerInterface
 	// NoRetrySleep turns off the SDK's back-off between attempts (500ms,
-	// then 1s, 2.5s, 4.5s, at most 5s, less up to a quarter of jitter),
+	// then 1s, 2.5s and 5s from then on, less up to a quarter of jitter),
 	// for tests of what it retries rather than when.
 	NoRetrySleep bool
 }
