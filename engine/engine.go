@@ -96,7 +96,10 @@ type Options struct {
 }
 
 // ExecuteFunc performs an operation under an Attempt's lease. Its ctx ends
-// at the attempt's lock timeout: an owner must not outlive its lock.
+// at the attempt's lock timeout (an owner must not outlive its lock) and
+// not before: it carries the values of Do's ctx but not its cancellation,
+// so a client that goes away does not cut off a call it started, and the
+// answer is stored for its retry.
 type ExecuteFunc func(ctx context.Context, a *Attempt) (Result, error)
 
 // ClaimFunc claims a request's key in place of the Coordinator's Begin: an
@@ -730,12 +733,15 @@ func (e *Engine) stored(ans Answer, op Operation, res Result, err error) (Answer
 	return ans, nil
 }
 
-// call runs fn with a deadline at the attempt's lock timeout. A panic
+// call runs fn with a deadline at the attempt's lock timeout, detached
+// from the caller's cancellation: a client that hangs up (its own timeout,
+// a dropped connection) cancels nothing it started, so the operation runs
+// to its answer, which is stored for the client's retry. A panic
 // may come after a side effect, like an unclassified error: the record is
 // left UNKNOWN_REQUIRES_RECOVERY at once (what a crash would leave at the
 // lock timeout, sooner) and the panic goes on.
 func (e *Engine) call(ctx context.Context, op Operation, a *Attempt, fn ExecuteFunc) (res Result, err error) {
-	cctx, cancel := context.WithTimeout(ctx, op.LockTimeout)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), op.LockTimeout)
 	defer cancel()
 	defer func() {
 		if p := recover(); p != nil {

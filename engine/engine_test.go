@@ -924,3 +924,42 @@ func TestReferencingRecord(t *testing.T) {
 		t.Fatalf("replay without a Replay = %+v, %v; want %s", ans, err, idem.ECodeInternal)
 	}
 }
+
+// TestClientGoneCancelsNothingStarted: a caller whose context ends while
+// Execute runs (a client that hung up) does not cut Execute off: it runs
+// to its answer with its own deadline (the lock timeout), the answer is
+// stored, and the retry replays it.
+func TestClientGoneCancelsNothingStarted(t *testing.T) {
+	st, _ := storetest.New(t)
+	e := newEngine(t, st, engine.Options{}, engine.Operation{LockTimeout: time.Minute})
+	h := hashes(t, map[string]any{"amount": "1"})
+	client, hangUp := context.WithCancel(ctxOf(t))
+	req := request("k-gone", h)
+	var sawCancel atomic.Bool
+	req.Execute = func(ctx context.Context, a *engine.Attempt) (engine.Result, error) {
+		if _, ok := ctx.Deadline(); !ok {
+			return engine.Result{}, errors.New("no deadline on Execute")
+		}
+		hangUp()
+		select {
+		case <-ctx.Done():
+			sawCancel.Store(true)
+			return engine.Result{}, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		return engine.Result{Response: idem.Response{Status: 201, Body: []byte(`{"ok":true}`)}}, nil
+	}
+	ans, err := e.Do(client, req)
+	if err != nil || sawCancel.Load() || !ans.Executed || ans.Status != idem.StatusCompleted {
+		t.Fatalf("Do = %+v, %v (Execute cancelled: %v); want it completed", ans, err, sawCancel.Load())
+	}
+	if rec := record(t, st, "k-gone"); rec.Status != idem.StatusCompleted {
+		t.Fatalf("record %s, want COMPLETED", rec.Status)
+	}
+	req.Execute = func(context.Context, *engine.Attempt) (engine.Result, error) {
+		return engine.Result{}, errors.New("executed twice")
+	}
+	if ans, err := e.Do(ctxOf(t), req); err != nil || !ans.Replayed || string(ans.Response.Body) != `{"ok":true}` {
+		t.Fatalf("retry = %+v, %v; want the stored answer", ans, err)
+	}
+}
