@@ -111,6 +111,12 @@ type Options struct {
 	LockTimeout time.Duration
 	// MaxWait caps Prefer: wait=N. Default engine.DefaultMaxWait (60s).
 	MaxWait time.Duration
+	// Wait is how long a request that finds its key in progress is held
+	// for the first answer when it does not ask itself (Prefer: wait=N,
+	// which takes precedence): clients whose retry loop stops on a 409
+	// (most SDKs) then get the answer instead. Capped by MaxWait. Default
+	// 0: 409 IDEMPOTENCY_REQUEST_IN_PROGRESS at once.
+	Wait time.Duration
 	// MaxRequestBody bounds the request body: larger answers 413
 	// REQUEST_BODY_TOO_LARGE and stores nothing. Default 1 MiB.
 	MaxRequestBody int64
@@ -288,14 +294,10 @@ func (m *middleware) answer(w http.ResponseWriter, r *http.Request, h http.Handl
 		w.Header().Set("WWW-Authenticate", "Bearer")
 		return &idem.Error{Code: idem.ECodeUnauthenticated, Message: "A valid credential is required.", Err: err}
 	}
-	key, present := r.Header[HeaderKey]
-	switch {
-	case !present:
+	key, err := KeyFromHeader(r.Header)
+	if err != nil {
 		m.count("rejected")
-		return idem.Errorf(idem.ECodeKeyMissing, "The Idempotency-Key header is required.")
-	case len(key) != 1 || !idem.ValidKey(key[0]):
-		m.count("rejected")
-		return idem.Errorf(idem.ECodeKeyInvalid, "The Idempotency-Key header must be 1 to 255 visible ASCII characters.")
+		return err
 	}
 	body, err := readBody(w, r, m.opts.MaxRequestBody)
 	if err != nil {
@@ -311,7 +313,7 @@ func (m *middleware) answer(w http.ResponseWriter, r *http.Request, h http.Handl
 	// ans.Executed.
 	var rec *recorder
 	*ans, err = m.eng.Do(r.Context(), engine.Request{
-		Operation: m.opts.Operation, Tenant: tenant, Key: key[0], RequestHashes: cmd.Hashes, Wait: preferWait(r.Header, m.opts.MaxWait),
+		Operation: m.opts.Operation, Tenant: tenant, Key: key, RequestHashes: cmd.Hashes, Wait: m.wait(r.Header),
 		Claim: cmd.Claim, Recover: cmd.Recover, RetryOn: m.opts.RetryOn,
 		Execute: func(ctx context.Context, a *engine.Attempt) (engine.Result, error) {
 			rec = newRecorder(m.opts.MaxResponseBody)
@@ -564,21 +566,31 @@ func clientError(err error) error {
 	return strictjson.ClientError(err)
 }
 
-// preferWait reads Prefer: wait=N (RFC 7240), capped at limit.
-func preferWait(h http.Header, limit time.Duration) time.Duration {
+// wait is how long a request waits for a key in progress: Prefer: wait=N,
+// or else Options.Wait, capped at MaxWait.
+func (m *middleware) wait(h http.Header) time.Duration {
+	if d, ok := preferWaitOf(h); ok {
+		return min(d, m.opts.MaxWait)
+	}
+	return min(m.opts.Wait, m.opts.MaxWait)
+}
+
+// preferWaitOf reads Prefer: wait=N (RFC 7240); ok is false when the
+// request states no wait (wait=0 is a stated wait of none).
+func preferWaitOf(h http.Header) (d time.Duration, ok bool) {
 	for _, v := range h.Values("Prefer") {
 		for _, pref := range strings.Split(v, ",") {
-			name, val, ok := strings.Cut(strings.TrimSpace(pref), "=")
-			if !ok || !strings.EqualFold(strings.TrimSpace(name), "wait") {
+			name, val, found := strings.Cut(strings.TrimSpace(pref), "=")
+			if !found || !strings.EqualFold(strings.TrimSpace(name), "wait") {
 				continue
 			}
 			n, err := strconv.Atoi(strings.Trim(strings.TrimSpace(val), `"`))
-			if err == nil && n > 0 {
-				return time.Duration(min(n, int(limit/time.Second))) * time.Second
+			if err == nil && n >= 0 {
+				return time.Duration(min(n, 1<<20)) * time.Second, true
 			}
 		}
 	}
-	return 0
+	return 0, false
 }
 
 type errorBody struct {
