@@ -269,14 +269,15 @@ func NewServer(cfg Config, st *store.Store, ops ...Operation) (*Server, error) {
 	}
 	mux.HandleFunc("GET /v1/idempotency/records/{operation}/{key}", s.authenticated(s.handleGetRecord))
 	s.registerCoordination(mux)
-	if err := s.registerSidecar(mux); err != nil {
-		return nil, err
-	}
 	mux.Handle("GET /metrics", s.metricsAuth(promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{})))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "region": cfg.Region})
 	})
 	mux.HandleFunc("GET /readyz", s.handleReady)
+	// After every endpoint of the node's own, which no route may overlap.
+	if err := s.registerSidecar(mux); err != nil {
+		return nil, err
+	}
 	for _, p := range append(paths, "/v1/idempotency/records/{operation}/{key}", "/metrics", "/healthz", "/readyz") {
 		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
 			writeError(w, r, s.logger, idem.Errorf(idem.ECodeMethodNotAllowed, "The method is not allowed here."))

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/idemcoord/idem/engine"
-	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/sidecar"
 )
 
@@ -23,33 +22,36 @@ type SidecarConfig struct {
 	Locker engine.Locker
 }
 
-// reservedPrefixes are the node's own paths, which no proxied route may
-// overlap.
-var reservedPrefixes = []string{"/payments", "/v1", "/metrics", "/healthz", "/readyz"}
-
 type sidecarState struct {
 	engine *engine.Engine
 	stop   context.CancelFunc
 }
 
 // registerSidecar mounts the sidecar routes behind authenticated (so they
-// are forwarded to the tenant's home region).
+// are forwarded to the tenant's home region). The proxied namespace is the
+// upstream's: a route may claim any path, /v1/... included, that none of
+// the node's own endpoints (registered on mux before) lies under or above.
 func (s *Server) registerSidecar(mux *routeMux) error {
 	cfg := s.cfg.Sidecar
 	if len(cfg.Routes) == 0 {
 		return nil
 	}
 	for _, rt := range cfg.Routes {
-		for _, p := range reservedPrefixes {
+		for _, pattern := range mux.patterns {
+			p := literalPrefix(pattern)
 			if underPath(rt.Prefix, p) || underPath(p, rt.Prefix) {
-				return fmt.Errorf("region: proxied route %s %s overlaps the node's own %s", rt.Method, rt.Prefix, p)
+				return fmt.Errorf("region: proxied route %s %s overlaps the node's own endpoint %q", rt.Method, rt.Prefix, pattern)
 			}
+		}
+		if rt.Wait >= s.cfg.WriteTimeout {
+			// A held retry would be cut before it got the answer.
+			return fmt.Errorf("region: proxied route %s %s: wait %v is not below the write timeout %v", rt.Method, rt.Prefix, rt.Wait, s.cfg.WriteTimeout)
 		}
 		if rt.Timeout >= s.cfg.WriteTimeout {
 			// The node would cut the answer before the upstream gave it.
 			return fmt.Errorf("region: proxied route %s %s: timeout %v is not below the write timeout %v", rt.Method, rt.Prefix, rt.Timeout, s.cfg.WriteTimeout)
 		}
-		if rt.Operation == payments.Operation || s.operations[rt.Operation] {
+		if _, own := s.own[rt.Operation]; own || s.operations[rt.Operation] {
 			return fmt.Errorf("region: proxied route %s %s: operation %q is the node's own or the coordination API's", rt.Method, rt.Prefix, rt.Operation)
 		}
 	}
@@ -73,6 +75,22 @@ func (s *Server) registerSidecar(mux *routeMux) error {
 	}
 	s.sidecar = &sidecarState{engine: e}
 	return nil
+}
+
+// literalPrefix is the path of a mux pattern ("GET /v1/x/{id}/y") up to its
+// first wildcard ("/v1/x"): every path the pattern matches lies under it.
+func literalPrefix(pattern string) string {
+	_, path, ok := strings.Cut(pattern, " ")
+	if !ok {
+		path = pattern
+	}
+	if i := strings.IndexByte(path, '{'); i >= 0 {
+		path = path[:i]
+	}
+	if path != "/" {
+		path = strings.TrimSuffix(path, "/")
+	}
+	return path
 }
 
 // underPath reports whether path is base or lies under it.

@@ -146,6 +146,10 @@ func TestSidecarRoutesMayNotShadowTheNode(t *testing.T) {
 	for _, s := range []string{
 		"POST /payments=create_transfer@http://h",
 		"POST /v1/coordination=create_transfer@http://h",
+		"POST /v1/coordination/create_transfer=create_transfer@http://h",
+		"POST /v1=create_transfer@http://h",
+		"POST /v1/idempotency=create_transfer@http://h",
+		"POST /healthz=create_transfer@http://h",
 		"POST /metrics/x=create_transfer@http://h",
 		"POST /transfers=" + payments.Operation + "@http://h",
 		"POST /transfers=op@http://h",
@@ -173,5 +177,37 @@ func TestSidecarRecordVisible(t *testing.T) {
 	rec := n.do(http.MethodGet, "/v1/idempotency/records/create_transfer/u1", "tok-a", nil, "")
 	if rec.status != 200 || !strings.Contains(string(rec.body), string(idem.StatusFailedRetryable)) {
 		t.Errorf("record view: %d %s", rec.status, rec.body)
+	}
+}
+
+// TestSidecarRouteUnderV1: the proxied namespace is the upstream's: a route
+// under /v1/ that none of the node's endpoints lies under or above starts
+// and serves (a form-encoded body, as payment SDKs send), beside the node's
+// own /v1 endpoints, which still answer.
+func TestSidecarRouteUnderV1(t *testing.T) {
+	st, _ := storetest.New(t)
+	up := newCountingUpstream(t)
+	routes, err := sidecar.ParseRoutes("POST /v1/charges=create_charge@" + up.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := startNode(t, st, payments.NewService(st, payments.Config{Region: "test"}), region.Config{Sidecar: region.SidecarConfig{Routes: routes}})
+	form := map[string]string{"Idempotency-Key": "ch-1", "Content-Type": "application/x-www-form-urlencoded"}
+	first := n.do(http.MethodPost, "/v1/charges", "tok-a", form, "amount=2000&currency=eur")
+	if first.status != http.StatusCreated || !strings.Contains(string(first.body), `"path":"/v1/charges"`) {
+		t.Fatalf("first: %d %s", first.status, first.body)
+	}
+	again := n.do(http.MethodPost, "/v1/charges", "tok-a", form, "currency=eur&amount=2000")
+	if again.status != http.StatusCreated || string(again.body) != string(first.body) || again.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("retry: %d %s %v", again.status, again.body, again.header)
+	}
+	if runs, _ := up.snapshot(); len(runs) != 1 {
+		t.Errorf("upstream runs %v, want one", runs)
+	}
+	if rec := n.do(http.MethodGet, "/v1/idempotency/records/create_charge/ch-1", "tok-a", nil, ""); rec.status != 200 {
+		t.Errorf("the node's record endpoint: %d %s", rec.status, rec.body)
+	}
+	if a := n.do(http.MethodPost, "/v1/refunds", "tok-a", form, "amount=1"); a.status != http.StatusNotFound {
+		t.Errorf("an unrouted /v1 path: %d %s", a.status, a.body)
 	}
 }
