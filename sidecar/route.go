@@ -40,8 +40,37 @@ type Route struct {
 	Headers []string
 	// Timeout bounds one upstream call and is the operation's lock timeout
 	// (how long a crashed owner blocks a retry). Default DefaultTimeout.
+	// The call runs to its end (or Timeout) even when the client hangs up
+	// first, and its answer is stored for the client's retry.
 	Timeout time.Duration
+	// Wait is how long a request that finds its key in progress is held
+	// until the first answer is stored, when the client does not send
+	// Prefer: wait=N: SDKs retry a timed-out call at once and stop on a
+	// 409, so with a Wait their retry gets the answer. Default 0: 409
+	// IDEMPOTENCY_REQUEST_IN_PROGRESS at once.
+	Wait time.Duration
+	// Ignore are body fields left out of the fingerprint, such as request
+	// timestamps or envelope ids that change on every retry: JSON pointers
+	// (RFC 6901, "/meta/sent_at") into a JSON body, or names of a form
+	// body's fields ("request_time").
+	Ignore []string
+	// KeyField, when set, is where the idempotency key is: a body field (a
+	// JSON pointer to a string member, or a form field name) instead of
+	// the Idempotency-Key header, as some APIs (Square's) put it in the
+	// body. The field is left out of the fingerprint, like the header.
+	KeyField string
+	// ReplayHeaders are upstream answer headers stored and replayed besides
+	// DefaultReplayHeaders. Set-Cookie is never stored unless named here.
+	ReplayHeaders []string
+	// PassAuthorization passes the client's Authorization to an upstream
+	// that authenticates end users itself. The tenant still comes from the
+	// node's credentials, and Authorization is never part of the
+	// fingerprint. Default: not passed.
+	PassAuthorization bool
 }
+
+// MaxWait bounds Route.Wait.
+const MaxWait = time.Minute
 
 // DefaultTimeout is a Route's default Timeout.
 const DefaultTimeout = 30 * time.Second
@@ -51,7 +80,9 @@ const DefaultTimeout = 30 * time.Second
 //	METHOD PATH_PREFIX=OPERATION@UPSTREAM_URL[;OPTION]...
 //
 // with the options lookup=URL (containing {derivedKey}), idempotent-upstream,
-// header=NAME (repeatable) and timeout=DURATION. Spaces around routes are
+// header=NAME (repeatable), timeout=DURATION, wait=DURATION, ignore=FIELD
+// (repeatable), key-field=FIELD, replay-header=NAME (repeatable) and
+// pass-authorization (see Route's fields). Spaces around routes are
 // ignored; an empty string is no route. Two routes may not share an
 // operation or a method and prefix.
 func ParseRoutes(s string) ([]Route, error) {
@@ -142,8 +173,34 @@ func parseRoute(s string) (Route, error) {
 				return rt, fmt.Errorf("timeout %q: want a duration from 1ns to 1h", val)
 			}
 			rt.Timeout = d
+		case name == "wait" && hasVal:
+			d, err := time.ParseDuration(val)
+			if err != nil || d < 0 || d > MaxWait {
+				return rt, fmt.Errorf("wait %q: want a duration from 0 to %v", val, MaxWait)
+			}
+			rt.Wait = d
+		case name == "ignore" && hasVal:
+			if !validField(val) {
+				return rt, fmt.Errorf("ignore %q: want a JSON pointer (/a/b) or a form field name", val)
+			}
+			rt.Ignore = append(rt.Ignore, val)
+		case name == "key-field" && hasVal:
+			if rt.KeyField != "" {
+				return rt, errors.New("key-field given twice")
+			}
+			if !validField(val) {
+				return rt, fmt.Errorf("key-field %q: want a JSON pointer (/a/b) or a form field name", val)
+			}
+			rt.KeyField = val
+		case name == "replay-header" && hasVal:
+			if !validToken(val) {
+				return rt, fmt.Errorf("replay-header %q: want a header name", val)
+			}
+			rt.ReplayHeaders = append(rt.ReplayHeaders, http.CanonicalHeaderKey(val))
+		case name == "pass-authorization" && !hasVal:
+			rt.PassAuthorization = true
 		default:
-			return rt, fmt.Errorf("option %q: want lookup=URL, idempotent-upstream, header=NAME or timeout=DURATION", name)
+			return rt, fmt.Errorf("option %q: want lookup=URL, idempotent-upstream, header=NAME, timeout=DURATION, wait=DURATION, ignore=FIELD, key-field=FIELD, replay-header=NAME or pass-authorization", name)
 		}
 	}
 	if rt.Timeout == 0 {
@@ -191,6 +248,21 @@ func validPrefix(p string) bool {
 	return true
 }
 
+// validField: a JSON pointer ("/" and segments) or a form field name, 1 to
+// 256 visible ASCII characters without ',' or ';' (the route syntax's
+// separators).
+func validField(s string) bool {
+	if s == "" || len(s) > 256 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c <= ' ' || c > '~' || c == ',' || c == ';' {
+			return false
+		}
+	}
+	return true
+}
+
 // validToken: an HTTP header name (RFC 9110 token), at most 128 bytes.
 func validToken(s string) bool {
 	if s == "" || len(s) > 128 {
@@ -231,6 +303,21 @@ func (rt Route) String() string {
 	}
 	if rt.Timeout != DefaultTimeout {
 		b.WriteString(";timeout=" + rt.Timeout.String())
+	}
+	if rt.Wait != 0 {
+		b.WriteString(";wait=" + rt.Wait.String())
+	}
+	for _, f := range rt.Ignore {
+		b.WriteString(";ignore=" + f)
+	}
+	if rt.KeyField != "" {
+		b.WriteString(";key-field=" + rt.KeyField)
+	}
+	for _, h := range rt.ReplayHeaders {
+		b.WriteString(";replay-header=" + h)
+	}
+	if rt.PassAuthorization {
+		b.WriteString(";pass-authorization")
 	}
 	return b.String()
 }

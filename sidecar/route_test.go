@@ -36,6 +36,23 @@ func TestParseRoutes(t *testing.T) {
 	}
 }
 
+func TestParseRouteOptions(t *testing.T) {
+	routes, err := sidecar.ParseRoutes("POST /v1/charges=create_charge@http://127.0.0.1:9000;wait=10s;ignore=/meta/sent_at;ignore=request_time;" +
+		"key-field=/idempotency_key;replay-header=x-request-id;pass-authorization")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := routes[0]
+	if r.Prefix != "/v1/charges" || r.Wait != 10*time.Second || !reflect.DeepEqual(r.Ignore, []string{"/meta/sent_at", "request_time"}) ||
+		r.KeyField != "/idempotency_key" || !reflect.DeepEqual(r.ReplayHeaders, []string{"X-Request-Id"}) || !r.PassAuthorization {
+		t.Errorf("route = %+v", r)
+	}
+	again, err := sidecar.ParseRoutes(r.String())
+	if err != nil || !reflect.DeepEqual(again[0], r) {
+		t.Errorf("%q parses back to %+v, %v", r.String(), again, err)
+	}
+}
+
 func TestParseRoutesRejects(t *testing.T) {
 	for _, s := range []string{
 		"POST /t=op",                          // no upstream
@@ -59,6 +76,13 @@ func TestParseRoutesRejects(t *testing.T) {
 		"POST /t=op@http://h;timeout=2h",
 		"POST /t=op@http://h;header=a b",
 		"POST /t=op@http://h;retry",
+		"POST /t=op@http://h;wait=-1s",
+		"POST /t=op@http://h;wait=2m",
+		"POST /t=op@http://h;ignore=",
+		"POST /t=op@http://h;ignore=a b",
+		"POST /t=op@http://h;key-field=a;key-field=b",
+		"POST /t=op@http://h;replay-header=a:b",
+		"POST /t=op@http://h;pass-authorization=yes",
 		"POST /t=op@http://h,POST /u=op@http://h", // operation twice
 		"POST /t=a@http://h,POST /t=b@http://h",   // route twice
 	} {

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -62,9 +63,11 @@ type Options struct {
 	// tenant put in the request's context by WithTenant (a request without
 	// one answers 401).
 	Tenant func(r *http.Request) (string, error)
-	// Client calls the upstream. Default: a client that never reuses a
-	// connection, never follows redirects and asks for unencoded answers.
-	// A custom client must do the same (see the package documentation).
+	// Client calls the upstream. Default: a client that keeps connections
+	// alive (DefaultTransport's pool), never follows redirects and asks for
+	// unencoded answers. A custom client must do the same; whatever the
+	// client, the proxy never lets its transport send a request twice (see
+	// the package documentation).
 	Client *http.Client
 	// MaxRequestBody bounds a request's body (413 past it). Default
 	// idemhttp.DefaultMaxRequestBody.
@@ -81,8 +84,9 @@ type Options struct {
 	Registerer prometheus.Registerer
 }
 
-// StoredHeaders are the upstream answer's headers stored and replayed.
-var StoredHeaders = []string{"Content-Type", "Content-Encoding", "Location"}
+// DefaultReplayHeaders are the upstream answer's headers stored and
+// replayed for every route (Route.ReplayHeaders adds to them).
+var DefaultReplayHeaders = []string{"Content-Type", "Content-Encoding", "Location"}
 
 // Call kinds and results of idem_sidecar_upstream_calls_total.
 var (
@@ -100,6 +104,8 @@ type Proxy struct {
 type route struct {
 	Route
 	handler http.Handler
+	// replayHeaders are DefaultReplayHeaders and Route.ReplayHeaders.
+	replayHeaders []string
 }
 
 type tenantKey struct{}
@@ -127,9 +133,9 @@ func New(e *engine.Engine, opts Options) (*Proxy, error) {
 	}
 	if opts.Client == nil {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
-		tr.DisableKeepAlives = true
 		// The answer is stored as received: ask for it unencoded.
 		tr.DisableCompression = true
+		tr.MaxIdleConnsPerHost = 64
 		opts.Client = &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	}
 	if opts.MaxRequestBody <= 0 {
@@ -157,7 +163,7 @@ func New(e *engine.Engine, opts Options) (*Proxy, error) {
 				p.calls.WithLabelValues(rt.Operation, k, res)
 			}
 		}
-		r := &route{Route: rt}
+		r := &route{Route: rt, replayHeaders: append(slices.Clone(DefaultReplayHeaders), rt.ReplayHeaders...)}
 		var recover engine.ExecuteFunc
 		if rt.Lookup != "" || rt.IdempotentUpstream {
 			recover = func(ctx context.Context, a *engine.Attempt) (engine.Result, error) { return p.recover(ctx, r, a) }
@@ -165,10 +171,11 @@ func New(e *engine.Engine, opts Options) (*Proxy, error) {
 		mw, err := idemhttp.Middleware(e, idemhttp.Options{
 			Operation:       rt.Operation,
 			Tenant:          opts.Tenant,
-			Fingerprint:     fingerprintOf(rt.Headers),
-			StoredHeaders:   StoredHeaders,
+			Fingerprint:     fingerprintOf(rt),
+			StoredHeaders:   r.replayHeaders,
 			LockTimeout:     rt.Timeout + lockMargin,
 			MaxWait:         opts.MaxWait,
+			Wait:            rt.Wait,
 			MaxRequestBody:  opts.MaxRequestBody,
 			MaxResponseBody: opts.MaxResponseBody,
 			Recover:         recover,
@@ -178,7 +185,7 @@ func New(e *engine.Engine, opts Options) (*Proxy, error) {
 		if err != nil {
 			return nil, fmt.Errorf("sidecar: route %s %s: %w", rt.Method, rt.Prefix, err)
 		}
-		r.handler = p.keepRequest(mw(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) { p.execute(w, req, r) })))
+		r.handler = p.keepRequest(r, mw(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) { p.execute(w, req, r) })))
 		p.routes = append(p.routes, r)
 	}
 	return p, nil
@@ -230,8 +237,9 @@ type originalKey struct{}
 
 // keepRequest reads the body (bounded; the middleware refuses a larger one)
 // and keeps the request in the context, where Recover finds it when a
-// client's retry triggers recovery.
-func (p *Proxy) keepRequest(next http.Handler) http.Handler {
+// client's retry triggers recovery. For a route whose key is a body field,
+// it puts the key where the middleware reads it.
+func (p *Proxy) keepRequest(rt *route, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var body []byte
 		if r.Body != nil {
@@ -244,6 +252,14 @@ func (p *Proxy) keepRequest(next http.Handler) http.Handler {
 			r.Body = io.NopCloser(rest)
 		}
 		if int64(len(body)) <= p.opts.MaxRequestBody {
+			if rt.KeyField != "" {
+				key, err := keyFromBody(rt.Route, r.Header.Get("Content-Type"), body)
+				if err != nil {
+					writeError(w, idemhttp.StatusOf(idem.ErrorCode(err)), idem.ErrorCode(err), idem.ErrorMessage(err))
+					return
+				}
+				r.Header.Set(idemhttp.HeaderKey, quoteKey(key))
+			}
 			o := &original{method: r.Method, url: r.URL, header: r.Header.Clone(), body: body}
 			r = r.WithContext(context.WithValue(r.Context(), originalKey{}, o))
 		}
@@ -254,37 +270,6 @@ func (p *Proxy) keepRequest(next http.Handler) http.Handler {
 type errReader struct{ err error }
 
 func (e errReader) Read([]byte) (int, error) { return 0, e.err }
-
-// fingerprintOf: the method, the path, the query (decoded, sorted), the
-// semantic headers and the body.
-func fingerprintOf(headers []string) idemhttp.FingerprintFunc {
-	base := idemhttp.DefaultFingerprint(append([]string{"Api-Version"}, headers...)...)
-	return func(r *http.Request, body []byte) (map[string]any, error) {
-		fields, err := base(r, body)
-		if err != nil {
-			return nil, err
-		}
-		q, err := url.ParseQuery(r.URL.RawQuery)
-		if err != nil {
-			return nil, idem.Errorf(idem.ECodeRequestMalformed, "The query string is malformed.")
-		}
-		query := map[string]any{}
-		for k, vs := range q {
-			list := make([]any, len(vs))
-			for i, v := range vs {
-				list[i] = v
-			}
-			query[k] = list
-		}
-		// The mux pattern says which of a route's two patterns matched;
-		// the path says it all.
-		delete(fields, "route")
-		delete(fields, "pathParams")
-		fields["path"] = r.URL.EscapedPath()
-		fields["query"] = query
-		return fields, nil
-	}
-}
 
 // upstreamAnswer is how one upstream call ended.
 type upstreamAnswer struct {
@@ -335,7 +320,7 @@ func (p *Proxy) recover(ctx context.Context, rt *route, a *engine.Attempt) (engi
 		if class == "" {
 			class = idemhttp.DefaultClass(ans.status)
 		}
-		return p.result(ans, class), nil
+		return p.result(rt, ans, class), nil
 	}
 	return unknownResult(), nil
 }
@@ -345,12 +330,12 @@ func unknownResult() engine.Result {
 }
 
 // result is a stored answer of ans.
-func (p *Proxy) result(ans upstreamAnswer, class idem.Status) engine.Result {
+func (p *Proxy) result(rt *route, ans upstreamAnswer, class idem.Status) engine.Result {
 	if class == idem.StatusUnknown || len(ans.body) > p.opts.MaxResponseBody {
 		return unknownResult()
 	}
 	headers := map[string]string{}
-	for _, name := range StoredHeaders {
+	for _, name := range rt.replayHeaders {
 		if v := ans.header.Get(name); v != "" {
 			headers[name] = v
 		}
@@ -394,7 +379,7 @@ func (p *Proxy) lookup(ctx context.Context, rt *route, a *engine.Attempt) (engin
 		return engine.Result{Status: idem.StatusFailedRetryable, ErrorCode: idem.ECodeUnavailable}, true
 	case resp.StatusCode >= 200 && resp.StatusCode < 300 && len(body) <= p.opts.MaxResponseBody:
 		p.count(rt, "lookup", "completed")
-		return p.result(upstreamAnswer{status: resp.StatusCode, header: resp.Header, body: body}, idem.StatusCompleted), true
+		return p.result(rt, upstreamAnswer{status: resp.StatusCode, header: resp.Header, body: body}, idem.StatusCompleted), true
 	}
 	p.count(rt, "lookup", "unknown")
 	return engine.Result{}, false
@@ -436,18 +421,19 @@ func (p *Proxy) call(ctx context.Context, rt *route, kind string, o *original, a
 	}
 	cctx, cancel := context.WithTimeout(httptrace.WithClientTrace(ctx, trace), rt.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(cctx, o.method, u.String(), bytes.NewReader(o.body))
+	req, err := http.NewRequestWithContext(cctx, o.method, u.String(), nil)
 	if err != nil {
 		p.count(rt, kind, "not_sent")
 		p.opts.Logger.ErrorContext(ctx, "sidecar request not built", "operation", rt.Operation, "err", err)
 		return errorAnswer(http.StatusServiceUnavailable, idem.StatusFailedRetryable, "not_sent", idem.ECodeUnavailable,
 			"The upstream could not be called; retry with the same key.")
 	}
-	// Never rewound and resent by the transport.
-	req.GetBody = nil
+	sendOnce(req, o.body)
 	req.Header = o.header.Clone()
 	stripHeaders(req.Header)
-	req.Header.Del("Authorization")
+	if !rt.PassAuthorization {
+		req.Header.Del("Authorization")
+	}
 	req.Header.Del("Cookie")
 	// The client's encoding preference would reach the stored bytes.
 	req.Header.Del("Accept-Encoding")
@@ -496,6 +482,25 @@ func (p *Proxy) call(ctx context.Context, rt *route, kind string, o *original, a
 	}
 	p.count(rt, kind, ans.result)
 	return ans
+}
+
+// sendOnce gives req a body that net/http's transport cannot rewind, so
+// that it never sends req a second time. The transport resends a request
+// on a kept-alive connection that failed (the server closed it as the
+// request went out) when it can rewind the body: when GetBody is set, or
+// when there is no body at all and the request carries an
+// Idempotency-Key, which it takes for a promise that a resend is harmless.
+// The upstream may not deduplicate, so every request gets a body reader
+// and no GetBody; an empty one is still sent as Content-Length: 0.
+func sendOnce(req *http.Request, body []byte) {
+	req.Body = io.NopCloser(bytes.NewReader(body))
+	req.GetBody = nil
+	req.ContentLength = int64(len(body))
+	if len(body) == 0 {
+		// ContentLength 0 with a Body means "unknown" to the transport,
+		// which then probes the body, finds it empty and sends no body.
+		req.ContentLength = 0
+	}
 }
 
 // lost is an answer lost after the request may have reached the upstream.

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // upstream is the service behind the sidecar, the thing these tests break
@@ -23,6 +24,7 @@ type upstream struct {
 	answers    map[string]string
 	headers    []http.Header
 	bodies     []string
+	remotes    []string
 	uris       []string
 	// fail answers the next n requests of a key with failStatus.
 	fail       map[string]int
@@ -33,12 +35,15 @@ type upstream struct {
 	// dedup makes the upstream idempotent on the key: a repeat answers the
 	// first answer without executing.
 	dedup bool
+	// delay holds the answer of a key's requests (after executing) this
+	// long.
+	delay map[string]time.Duration
 }
 
 func newUpstream(t *testing.T) *upstream {
 	t.Helper()
 	u := &upstream{executions: map[string]int{}, received: map[string]int{}, answers: map[string]string{},
-		fail: map[string]int{}, hangUp: map[string]bool{}, failStatus: http.StatusServiceUnavailable}
+		fail: map[string]int{}, hangUp: map[string]bool{}, delay: map[string]time.Duration{}, failStatus: http.StatusServiceUnavailable}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /transfers/by-key/{k}", func(w http.ResponseWriter, r *http.Request) {
 		u.mu.Lock()
@@ -66,6 +71,7 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 	u.received[key]++
 	u.headers = append(u.headers, r.Header.Clone())
 	u.bodies = append(u.bodies, string(body))
+	u.remotes = append(u.remotes, r.RemoteAddr)
 	u.uris = append(u.uris, r.Method+" "+r.URL.RequestURI())
 	if u.fail[key] > 0 {
 		u.fail[key]--
@@ -90,7 +96,9 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 	u.answers[key] = a
 	hang := u.hangUp[key]
 	delete(u.hangUp, key)
+	delay := u.delay[key]
 	u.mu.Unlock()
+	time.Sleep(delay)
 	if hang {
 		conn, _, err := http.NewResponseController(w).Hijack()
 		if err == nil {
@@ -101,6 +109,8 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Location", "/transfers/tr_"+fmt.Sprint(n))
 	w.Header().Set("X-Upstream", "1")
+	w.Header().Set("X-Request-Id", "req_"+fmt.Sprint(n))
+	w.Header().Set("Set-Cookie", "session=s"+fmt.Sprint(n))
 	// Headers of the contract, which the sidecar must not pass on.
 	w.Header().Set("Idempotent-Replayed", "true")
 	w.Header().Set("Idempotency-Window", "1")
