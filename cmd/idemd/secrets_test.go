@@ -75,6 +75,15 @@ func TestSecretsNeverFlags(t *testing.T) {
 	if _, _, err := parseWith(t, nil, map[string]string{"IDEM_AUTH_TOKENS": "a=b,secret-alone"}); err == nil || strings.Contains(err.Error(), "secret-alone") {
 		t.Errorf("malformed IDEM_AUTH_TOKENS: %v, want an error without its content", err)
 	}
+	// So is a line whose tenant is not a tenant name: "tok=tenant-a,x=y"
+	// would otherwise make a tenant named "tenant-a,x=y".
+	pairs := write("pairs", "tok-a=tenant-a\nsecret-tok-b=tenant-b,x=y\n", 0o600)
+	if _, _, err := parseWith(t, []string{"--auth-tokens-file", pairs}, nil); err == nil || !strings.Contains(err.Error(), "line 2") || strings.Contains(err.Error(), "secret-tok-b") {
+		t.Errorf("tokens file with a tenant %q: %v, want an error naming line 2 without its content", "tenant-b,x=y", err)
+	}
+	if _, _, err := parseWith(t, nil, map[string]string{"IDEM_AUTH_TOKENS": "a=b,secret-tok=tenant=c"}); err == nil || strings.Contains(err.Error(), "secret-tok") {
+		t.Errorf("IDEM_AUTH_TOKENS with a tenant %q: %v, want an error without its content", "tenant=c", err)
+	}
 
 	// The provider's API key: from a file or IDEM_PROVIDER_API_KEY.
 	key := write("provider-key", "pk_0123456789\n", 0o600)

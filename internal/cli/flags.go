@@ -6,6 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"strings"
+
+	"github.com/idemcoord/idem/internal/ident"
 )
 
 // EnvName returns the environment variable of a flag: IDEM_ + upper case,
@@ -36,9 +38,9 @@ func ApplyEnv(fs *flag.FlagSet, getenv func(string) string) error {
 
 // ParseTokens parses "token=tenant,token2=tenant2" (the IDEM_AUTH_TOKENS
 // form) into a token -> tenant map, with the rules of ReadTokensFile:
-// spaces around a token and a tenant are trimmed, and a token may appear
-// once. Errors name the pair's position, never its content (it is a
-// secret).
+// spaces around a token and a tenant are trimmed, a token may appear once,
+// and a tenant must be a tenant name (ident.CheckTenant). Errors name the
+// pair's position, never its content (it is a secret).
 func ParseTokens(s string) (map[string]string, error) {
 	out := map[string]string{}
 	if strings.TrimSpace(s) == "" {
@@ -49,6 +51,9 @@ func ParseTokens(s string) (map[string]string, error) {
 		token, tenant = strings.TrimSpace(token), strings.TrimSpace(tenant)
 		if !ok || token == "" || tenant == "" {
 			return nil, fmt.Errorf("auth tokens: pair %d is not token=tenant", i+1)
+		}
+		if err := ident.CheckTenant(tenant); err != nil {
+			return nil, fmt.Errorf("auth tokens: pair %d: the tenant is not a valid tenant name: %w", i+1, err)
 		}
 		if _, dup := out[token]; dup {
 			return nil, fmt.Errorf("auth tokens: pair %d repeats a token", i+1)

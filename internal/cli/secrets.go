@@ -6,20 +6,32 @@ import (
 	"io"
 	"os"
 	"strings"
+
+	"github.com/idemcoord/idem/internal/ident"
 )
 
 // ReadTokensFile reads bearer tokens from the file at path: one
 // token=tenant per line; blank lines and lines starting with # are
 // ignored, and spaces around the token and the tenant are trimmed. A token
-// may appear once. Errors name the line, never its content (it is a
-// secret). warn is non-empty when the file is readable by its group or
-// others, which the caller should log.
+// may appear once, and a tenant must be a tenant name (ident.CheckTenant:
+// no white space, ',' or '=' among other rules). Errors name the line,
+// never its content (it is a secret). warn is non-empty when the file is
+// readable by its group or others, which the caller should log.
 func ReadTokensFile(path string) (tokens map[string]string, warn string, err error) {
 	b, warn, err := readSecretFile(path)
 	if err != nil {
 		return nil, "", err
 	}
-	tokens = map[string]string{}
+	if tokens, err = parseTokensFile(path, b); err != nil {
+		return nil, "", err
+	}
+	return tokens, warn, nil
+}
+
+// parseTokensFile parses the content b of the tokens file at path (named in
+// errors) with the rules of ReadTokensFile.
+func parseTokensFile(path string, b []byte) (map[string]string, error) {
+	tokens := map[string]string{}
 	sc := bufio.NewScanner(strings.NewReader(string(b)))
 	for n := 1; sc.Scan(); n++ {
 		line := strings.TrimSpace(sc.Text())
@@ -29,17 +41,20 @@ func ReadTokensFile(path string) (tokens map[string]string, warn string, err err
 		token, tenant, ok := strings.Cut(line, "=")
 		token, tenant = strings.TrimSpace(token), strings.TrimSpace(tenant)
 		if !ok || token == "" || tenant == "" {
-			return nil, "", fmt.Errorf("tokens file %s, line %d: want token=tenant", path, n)
+			return nil, fmt.Errorf("tokens file %s, line %d: want token=tenant", path, n)
+		}
+		if err := ident.CheckTenant(tenant); err != nil {
+			return nil, fmt.Errorf("tokens file %s, line %d: the tenant is not a valid tenant name: %w", path, n, err)
 		}
 		if _, dup := tokens[token]; dup {
-			return nil, "", fmt.Errorf("tokens file %s, line %d: token given twice", path, n)
+			return nil, fmt.Errorf("tokens file %s, line %d: token given twice", path, n)
 		}
 		tokens[token] = tenant
 	}
 	if err := sc.Err(); err != nil {
-		return nil, "", fmt.Errorf("tokens file %s: %w", path, err)
+		return nil, fmt.Errorf("tokens file %s: %w", path, err)
 	}
-	return tokens, warn, nil
+	return tokens, nil
 }
 
 // ReadKeyFile reads a key (an API key, for example) from the file at path:

@@ -1,6 +1,7 @@
 // Package ident checks identifiers a client chooses (account ids, merchant
-// references, owners, resource ids): text that is stored, compared byte for
-// byte and shown back to people.
+// references, owners, resource ids) and the tenant names an operator
+// configures: text that is stored, compared byte for byte and shown back to
+// people.
 //
 // An identifier must be valid UTF-8 in Unicode Normalization Form C, and must
 // not hold control characters (C0, DEL, C1), the replacement character
@@ -14,6 +15,8 @@ package ident
 
 import (
 	"errors"
+	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"golang.org/x/text/unicode/norm"
@@ -25,7 +28,13 @@ var (
 	ErrControl     = errors.New("ident: control or replacement character")
 	ErrBidi        = errors.New("ident: bidirectional control character")
 	ErrNotNFC      = errors.New("ident: not in Unicode Normalization Form C")
+	// ErrTenant is CheckTenant's reason for a name that is empty, longer
+	// than MaxTenantLen bytes, or holds white space, ',' or '='.
+	ErrTenant = errors.New("ident: a tenant name is 1 to 128 bytes without white space, ',' or '='")
 )
+
+// MaxTenantLen is the longest tenant name CheckTenant accepts, in bytes.
+const MaxTenantLen = 128
 
 // Check returns nil if s is an acceptable identifier (see the package
 // documentation), or one of the package's errors. The empty string passes;
@@ -50,4 +59,17 @@ func Check(s string) error {
 		return ErrNotNFC
 	}
 	return nil
+}
+
+// CheckTenant returns nil if s is an acceptable tenant name, or one of the
+// package's errors. A tenant name is an identifier (Check) of 1 to
+// MaxTenantLen bytes without white space, ',' or '=': those separate the
+// token=tenant pairs tenants are configured in (idemd's tokens file,
+// IDEM_AUTH_TOKENS), so a line such as "tok=tenant-a,x=y" is refused rather
+// than read as a tenant named "tenant-a,x=y".
+func CheckTenant(s string) error {
+	if s == "" || len(s) > MaxTenantLen || strings.ContainsAny(s, ",=") || strings.ContainsFunc(s, unicode.IsSpace) {
+		return ErrTenant
+	}
+	return Check(s)
 }

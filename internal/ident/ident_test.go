@@ -2,6 +2,7 @@ package ident
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"golang.org/x/text/unicode/norm"
@@ -59,4 +60,36 @@ func FuzzCheck(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestCheckTenant(t *testing.T) {
+	for _, tc := range []struct {
+		name, s string
+		want    error
+	}{
+		{"plain", "tenant-a", nil},
+		{"dotted", "acme.eu_1:prod", nil},
+		{"email-like", "ops@acme.example", nil},
+		{"nfc", "caf\u00e9", nil},
+		{"longest", strings.Repeat("t", MaxTenantLen), nil},
+		{"empty", "", ErrTenant},
+		{"too long", strings.Repeat("t", MaxTenantLen+1), ErrTenant},
+		{"a second pair", "tenant-a,x=y", ErrTenant},
+		{"comma", "a,b", ErrTenant},
+		{"equals", "a=b", ErrTenant},
+		{"space", "tenant a", ErrTenant},
+		{"tab", "a\tb", ErrTenant},
+		{"no-break space", "a\u00a0b", ErrTenant},
+		{"ideographic space", "a\u3000b", ErrTenant},
+		{"nul", "a\x00b", ErrControl},
+		{"nfd", "cafe\u0301", ErrNotNFC},
+		{"rlo", "inv\u202eoice", ErrBidi},
+		{"invalid utf-8", "a\xffb", ErrInvalidUTF8},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := CheckTenant(tc.s); !errors.Is(got, tc.want) || (tc.want == nil) != (got == nil) {
+				t.Errorf("CheckTenant(%q) = %v, want %v", tc.s, got, tc.want)
+			}
+		})
+	}
 }
