@@ -7,9 +7,9 @@ import (
 	"os"
 	"regexp"
 	"slices"
-	"strings"
 	"time"
 
+	"github.com/idemcoord/idem/internal/ident"
 	"github.com/idemcoord/idem/internal/images"
 	"github.com/idemcoord/idem/routing"
 )
@@ -150,7 +150,9 @@ type Config struct {
 	DatabaseURL string
 
 	// Tenants get one development token each, "dev_" and 32 random hex
-	// digits, accepted by every node. Default: DefaultTenants().
+	// digits, accepted by every node. Each must be a tenant name as idemd's
+	// tokens file requires (no white space, ',' or '='; see
+	// ident.CheckTenant). Default: DefaultTenants().
 	Tenants []string
 
 	// UnplacedTenants get a development token too, but no placement of
@@ -266,7 +268,7 @@ func (cfg *Config) setDefaults() error {
 	}
 	seen := map[string]bool{}
 	for _, t := range slices.Concat(cfg.Tenants, cfg.UnplacedTenants) {
-		if t == "" || strings.ContainsAny(t, ",= \t\n") || seen[t] {
+		if ident.CheckTenant(t) != nil || seen[t] {
 			return fmt.Errorf("cluster: invalid or duplicate tenant %q", t)
 		}
 		seen[t] = true
