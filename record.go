@@ -199,9 +199,10 @@ func Decide(rec *Record, requestHashes []string, now time.Time) Outcome {
 const MaxOperationLen = 64
 
 // ValidOperation reports whether op is a well-formed operation name: 1 to
-// MaxOperationLen characters of a-z, 0-9, '_', '.' and '-'.
+// MaxOperationLen characters of a-z, 0-9, '_', '.' and '-', other than "."
+// and ".." (path segments that URL normalisation removes; see ValidKey).
 func ValidOperation(op string) bool {
-	if len(op) == 0 || len(op) > MaxOperationLen {
+	if len(op) == 0 || len(op) > MaxOperationLen || op == "." || op == ".." {
 		return false
 	}
 	for i := 0; i < len(op); i++ {
@@ -214,9 +215,13 @@ func ValidOperation(op string) bool {
 }
 
 // ValidKey reports whether key is a well-formed idempotency key: 1 to 255
-// visible ASCII characters (0x21-0x7E).
+// visible ASCII characters (0x21-0x7E), other than "." and "..". Those two
+// would be path segments that URL normalisation removes (RFC 3986's
+// remove_dot_segments; WHATWG URL parsers and proxies treat %2E alike), so
+// a record under such a key could not be named in a path reliably (the
+// coordination API, GET /v1/idempotency/records/{operation}/{key}).
 func ValidKey(key string) bool {
-	if len(key) == 0 || len(key) > 255 {
+	if len(key) == 0 || len(key) > 255 || key == "." || key == ".." {
 		return false
 	}
 	for i := 0; i < len(key); i++ {

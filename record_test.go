@@ -1,6 +1,7 @@
 package idem_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -47,6 +48,8 @@ func TestValidKey(t *testing.T) {
 	for key, want := range map[string]bool{
 		"abc-123": true, "a": true, string(make([]byte, 0)): false, "with space": false,
 		"tab\t": false, "ünïcode": false, "~!@#$%^&*()": true, "\x7f": false,
+		// Dot segments a URL path would lose; longer runs of dots are keys.
+		".": false, "..": false, "...": true, "a/..": true, "%2E": true, "./a": true,
 	} {
 		if got := idem.ValidKey(key); got != want {
 			t.Errorf("ValidKey(%q) = %v, want %v", key, got, want)
@@ -58,6 +61,18 @@ func TestValidKey(t *testing.T) {
 	}
 	if idem.ValidKey(string(long)) || !idem.ValidKey(string(long[:255])) {
 		t.Error("ValidKey length bound is not 255")
+	}
+}
+
+func TestValidOperation(t *testing.T) {
+	for op, want := range map[string]bool{
+		"charge": true, "ship.order": true, "a_b-1": true, "...": true, strings.Repeat("o", idem.MaxOperationLen): true,
+		"": false, "Charge": false, "a/b": false, "a b": false, strings.Repeat("o", idem.MaxOperationLen+1): false,
+		".": false, "..": false,
+	} {
+		if got := idem.ValidOperation(op); got != want {
+			t.Errorf("ValidOperation(%q) = %v, want %v", op, got, want)
+		}
 	}
 }
 

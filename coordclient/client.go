@@ -157,26 +157,26 @@ func (c *Client) Get(ctx context.Context, scope idem.Scope) (*idem.Record, error
 
 // --- plumbing ---
 
-// checkScope refuses locally what the node would refuse anyway, and what
-// could not be put in a URL path (an empty segment would be redirected).
+// checkScope refuses locally, before any request, what the node would
+// refuse: an operation that is not idem.ValidOperation (REQUEST_VALIDATION_FAILED)
+// and a key that is not idem.ValidKey (IDEMPOTENCY_KEY_INVALID), which
+// includes the keys "." and ".." that no URL path can carry reliably. Every
+// key and operation it lets through is one path segment once escaped
+// (segment), which the node reads back unchanged.
 func checkScope(s idem.Scope) error {
-	if s.Operation == "" {
-		return idem.Errorf(idem.ECodeValidationFailed, "A scope needs an operation.")
+	if !idem.ValidOperation(s.Operation) {
+		return idem.Errorf(idem.ECodeValidationFailed, "An operation name is 1 to %d characters of a-z, 0-9, '_', '.' and '-', other than \".\" and \"..\".", idem.MaxOperationLen)
 	}
 	if !idem.ValidKey(s.Key) {
-		return idem.Errorf(idem.ECodeKeyInvalid, "An idempotency key is 1 to 255 visible ASCII characters.")
+		return idem.Errorf(idem.ECodeKeyInvalid, "An idempotency key is 1 to 255 visible ASCII characters, other than \".\" and \"..\".")
 	}
 	return nil
 }
 
-// segment escapes one path segment, including "." and ".." (which a path
-// cleaner would otherwise resolve).
-func segment(s string) string {
-	if s == "." || s == ".." {
-		return strings.Repeat("%2E", len(s))
-	}
-	return url.PathEscape(s)
-}
+// segment escapes one path segment: "/", "?", "#", "%" and the like are
+// percent-encoded. checkScope has refused "." and "..", the only segments
+// a path cleaner would still resolve.
+func segment(s string) string { return url.PathEscape(s) }
 
 func (c *Client) call(ctx context.Context, method string, scope idem.Scope, suffix string, in, out any) error {
 	target := strings.TrimRight(c.BaseURL, "/") + "/v1/coordination/" + segment(scope.Operation) + "/" + segment(scope.Key) + suffix

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -130,8 +131,9 @@ func testCoordinator(t *testing.T, c idem.Coordinator, st *store.Store) {
 	body := append([]byte(`{"id":"res_1","note":"`), 0x00, 0xff, 0xfe, '"', '}')
 
 	t.Run("execute checkpoint complete replay", func(t *testing.T) {
-		// Keys that need escaping in a URL path: the scope is the same either way.
-		for _, key := range []string{"plain-1", "a/b//c", "..", "x?y#z%20&"} {
+		// Keys that need escaping in a URL path, or that look like an escape
+		// or a dot segment: the scope is the same either way.
+		for _, key := range []string{"plain-1", "a/b//c", "x?y#z%20&", "a%2Fb", "%2E%2E", "...", "a/../b", "./x", `back\slash`, "a+b;c=d@e:f~!$&'()*,"} {
 			t.Run(key, func(t *testing.T) {
 				d := begin(t, key, h1)
 				expectOwned(t, d, idem.OutcomeExecute, 1)
@@ -165,6 +167,21 @@ func testCoordinator(t *testing.T, c idem.Coordinator, st *store.Store) {
 				expectFenced(t, "Checkpoint after Complete", c.Checkpoint(ctx, d.Lease, cpConfirmed))
 				expectFenced(t, "Complete twice", c.Complete(ctx, d.Lease, idem.Completion{Response: idem.Response{Status: 500}}))
 			})
+		}
+	})
+
+	t.Run("dot segments are not keys", func(t *testing.T) {
+		// "." and ".." would be resolved away by a path cleaner on the way to
+		// a node; every implementation refuses them, so switching from the
+		// store to a node refuses nothing new.
+		for _, key := range []string{".", ".."} {
+			_, err := c.Begin(ctx, idem.BeginRequest{Scope: scope(key), RequestHashes: []string{h1}, HashVersion: 1, LockFor: time.Minute, Window: time.Hour})
+			if idem.ErrorCode(err) != idem.ECodeKeyInvalid {
+				t.Errorf("Begin(%q) = %v, want %s", key, err, idem.ECodeKeyInvalid)
+			}
+			if _, err := st.Get(ctx, scope(key)); !errors.Is(err, idem.ErrRecordNotFound) {
+				t.Errorf("record of %q: %v, want none", key, err)
+			}
 		}
 	})
 
@@ -336,6 +353,53 @@ func TestClientTenantComesFromToken(t *testing.T) {
 	}
 	if got := d2.Record.ExpiresAt.Sub(d2.Record.CreatedAt); got != 2*time.Second {
 		t.Errorf("window = %v, want 2s", got)
+	}
+}
+
+// TestClientRefusesLocally: a scope the node would refuse is refused by the
+// client with the node's code, before any request: the keys "." and ".."
+// (which a path cleaner would resolve, so the node could act on another
+// path), keys and operations that are not valid.
+func TestClientRefusesLocally(t *testing.T) {
+	var requests atomic.Int32
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		http.Error(w, "no", http.StatusTeapot)
+	}))
+	t.Cleanup(hs.Close)
+	c := &coordclient.Client{BaseURL: hs.URL, Token: "tok-a", HTTP: hs.Client()}
+	ctx := context.Background()
+	for _, tc := range []struct {
+		op, key, code string
+	}{
+		{"op", ".", idem.ECodeKeyInvalid},
+		{"op", "..", idem.ECodeKeyInvalid},
+		{"op", "", idem.ECodeKeyInvalid},
+		{"op", "a b", idem.ECodeKeyInvalid},
+		{"op", "caf\u00e9", idem.ECodeKeyInvalid},
+		{"..", "k", idem.ECodeValidationFailed},
+		{".", "k", idem.ECodeValidationFailed},
+		{"", "k", idem.ECodeValidationFailed},
+		{"Op", "k", idem.ECodeValidationFailed},
+		{"a/b", "k", idem.ECodeValidationFailed},
+	} {
+		scope := idem.Scope{Operation: tc.op, Key: tc.key}
+		lease := idem.Lease{Scope: scope, Token: 1}
+		_, begin := c.Begin(ctx, idem.BeginRequest{Scope: scope, RequestHashes: []string{"v1:abc"}, LockFor: time.Second, Window: time.Minute})
+		_, get := c.Get(ctx, scope)
+		for name, err := range map[string]error{
+			"Begin": begin, "Get": get,
+			"Checkpoint": c.Checkpoint(ctx, lease, "X"),
+			"Complete":   c.Complete(ctx, lease, idem.Completion{Response: idem.Response{Status: 200}}),
+			"Fail":       c.Fail(ctx, lease, idem.Failure{Status: idem.StatusFailedRetryable}),
+		} {
+			if idem.ErrorCode(err) != tc.code {
+				t.Errorf("%s(%q, %q) = %v, want %s", name, tc.op, tc.key, err, tc.code)
+			}
+		}
+	}
+	if n := requests.Load(); n != 0 {
+		t.Errorf("%d requests reached the node, want 0", n)
 	}
 }
 

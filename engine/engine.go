@@ -447,7 +447,7 @@ func (e *Engine) Do(ctx context.Context, req Request) (Answer, error) {
 	case fns.execute == nil:
 		return Answer{}, &idem.Error{Code: idem.ECodeInternal, Message: "Internal error.", Err: fmt.Errorf("engine: operation %q has no Execute", op.Name)}
 	case !idem.ValidKey(req.Key):
-		return Answer{}, idem.Errorf(idem.ECodeKeyInvalid, "An idempotency key is 1 to 255 visible ASCII characters.")
+		return Answer{}, idem.Errorf(idem.ECodeKeyInvalid, "An idempotency key is 1 to 255 visible ASCII characters, other than \".\" and \"..\".")
 	case req.Tenant == "":
 		return Answer{}, idem.Errorf(idem.ECodeUnauthenticated, "A tenant is required.")
 	case len(req.RequestHashes) == 0 || req.RequestHashes[0] == "":

@@ -10,7 +10,8 @@ import (
 // The coordination API exposes the idem.Coordinator contract over HTTP, for
 // services that are not written in Go (package coordclient is the Go client).
 // The tenant always comes from the bearer token; {operation} and {key} are
-// path segments (percent-encode "/" as %2F, and a key of "." or ".." as %2E).
+// path segments (percent-encode "/" as %2F); neither may be "." or ".."
+// (idem.ValidKey, idem.ValidOperation), which path cleaning would resolve.
 //
 //	POST /v1/coordination/{operation}/{key}/begin       -> 200 {"outcome",...}
 //	POST /v1/coordination/{operation}/{key}/checkpoint  -> 204

@@ -17,16 +17,20 @@ import (
 )
 
 // coordScope reads {operation} and {key}: the key must be a valid idempotency
-// key (400), the operation 1-64 characters of [a-z0-9_.-] (422), not one the
-// node serves itself (422), and one the node declares (Config.Operations;
-// 404 OPERATION_UNKNOWN otherwise). The message never echoes the name.
+// key (400; "." and ".." are not, so no record is made under a key that a
+// path cleaner between the caller and the node would resolve away), the
+// operation 1-64 characters of [a-z0-9_.-] other than "." and ".." (422),
+// not one the node serves itself (422), and one the node declares
+// (Config.Operations; 404 OPERATION_UNKNOWN otherwise). Every coordination
+// endpoint reads its scope here, before its body or the store. The message
+// never echoes the name.
 func (s *Server) coordScope(r *http.Request, tenant string) (idem.Scope, error) {
 	op, key := r.PathValue("operation"), r.PathValue("key")
 	if !idem.ValidKey(key) {
-		return idem.Scope{}, idem.Errorf(idem.ECodeKeyInvalid, "An idempotency key is 1 to 255 visible ASCII characters.")
+		return idem.Scope{}, idem.Errorf(idem.ECodeKeyInvalid, "An idempotency key is 1 to 255 visible ASCII characters, other than \".\" and \"..\".")
 	}
 	if !idem.ValidOperation(op) {
-		return idem.Scope{}, idem.Errorf(idem.ECodeValidationFailed, "An operation name is 1 to %d characters of a-z, 0-9, '_', '.' and '-'.", idem.MaxOperationLen)
+		return idem.Scope{}, idem.Errorf(idem.ECodeValidationFailed, "An operation name is 1 to %d characters of a-z, 0-9, '_', '.' and '-', other than \".\" and \"..\".", idem.MaxOperationLen)
 	}
 	if _, mine := s.own[op]; mine {
 		// The node's own operations keep their records to themselves: their

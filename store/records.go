@@ -81,7 +81,7 @@ func validateBegin(req idem.BeginRequest) error {
 	case req.Tenant == "" || req.Operation == "":
 		return idem.Errorf(idem.ECodeValidationFailed, "A scope needs a tenant and an operation.")
 	case !idem.ValidKey(req.Key):
-		return idem.Errorf(idem.ECodeKeyInvalid, "An idempotency key is 1 to 255 visible ASCII characters.")
+		return idem.Errorf(idem.ECodeKeyInvalid, "An idempotency key is 1 to 255 visible ASCII characters, other than \".\" and \"..\".")
 	case len(req.RequestHashes) == 0 || req.RequestHashes[0] == "":
 		return idem.Errorf(idem.ECodeValidationFailed, "A request hash is required.")
 	case req.LockFor <= 0 || req.Window <= 0:
