@@ -37,6 +37,7 @@ type Cluster struct {
 	removeState bool   // stateDir was created by Start
 	statePath   string // cluster.json, once written
 	storeMode   string
+	operations  []string // Config.Operations
 	pg          *pgserver.Server
 	store       *pgha.Cluster // nil unless Config.StoreHA
 	effectsURL  string        // EffectsDatabase's URL; "" unless region-local with several regions
@@ -82,7 +83,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	c := &Cluster{log: cfg.Logger, storeMode: cfg.StoreMode, placements: map[string]string{}}
+	c := &Cluster{log: cfg.Logger, storeMode: cfg.StoreMode, operations: slices.Clone(cfg.Operations), placements: map[string]string{}}
 	ok := false
 	defer func() {
 		if !ok {

@@ -445,6 +445,8 @@ func TestConfigErrors(t *testing.T) {
 		"same database":   {IdemdPath: idemdPath, Regions: []string{"eu-west", "eu_west"}},
 		"negative nodes":  {IdemdPath: idemdPath, NodesPerRegion: -1},
 		"bad tenant":      {IdemdPath: idemdPath, Tenants: []string{"a=b"}},
+		"tenant, space":   {IdemdPath: idemdPath, Tenants: []string{"tenant a"}},
+		"bad operation":   {IdemdPath: idemdPath, Operations: []string{"orders", ".."}},
 		"negative window": {IdemdPath: idemdPath, ReplayWindow: -time.Second},
 		"bad store mode":  {IdemdPath: idemdPath, StoreMode: "everywhere"},
 		"negative etcd":   {IdemdPath: idemdPath, EtcdMembers: -1},

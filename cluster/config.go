@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/internal/ident"
 	"github.com/idemcoord/idem/internal/images"
 	"github.com/idemcoord/idem/routing"
@@ -170,6 +171,12 @@ type Config struct {
 	// sidecar's routes; see package sidecar). Default: none.
 	ProxyRoutes string
 
+	// Operations are the coordination API's operations, passed to every
+	// node as --operations (see package coordclient), each a name
+	// idem.ValidOperation accepts. Info lists them. Default: none (every
+	// coordination request answers 404 OPERATION_UNKNOWN).
+	Operations []string
+
 	// ExtraNodeArgs are appended to every idemd command line, so they
 	// override the cluster's own flags (for example --lock-timeout or
 	// --recovery-interval). Default: none.
@@ -272,6 +279,11 @@ func (cfg *Config) setDefaults() error {
 			return fmt.Errorf("cluster: invalid or duplicate tenant %q", t)
 		}
 		seen[t] = true
+	}
+	for _, op := range cfg.Operations {
+		if !idem.ValidOperation(op) {
+			return fmt.Errorf("cluster: invalid operation %q: want 1 to %d characters of a-z, 0-9, '_', '.' and '-', other than \".\" and \"..\"", op, idem.MaxOperationLen)
+		}
 	}
 	if cfg.ReplayWindow < 0 {
 		return fmt.Errorf("cluster: ReplayWindow %v is negative", cfg.ReplayWindow)

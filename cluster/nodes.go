@@ -65,6 +65,9 @@ func (c *Cluster) newNode(cfg *Config, rs *regionState, i int, env []string) (*P
 	if cfg.ProxyRoutes != "" {
 		args = append(args, "--proxy-routes", cfg.ProxyRoutes)
 	}
+	if len(cfg.Operations) > 0 {
+		args = append(args, "--operations", strings.Join(cfg.Operations, ","))
+	}
 	if etcd := c.EtcdMembers(); len(etcd) > 0 {
 		var endpoints []string
 		for _, m := range etcd {

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 )
 
 // Info describes a running cluster; it is what cluster.json holds.
@@ -36,6 +37,9 @@ type Info struct {
 	// CAFile is the path of the CA certificate that signs every
 	// certificate of a cluster with Config.TLS (omitted without).
 	CAFile string `json:"caFile,omitempty"`
+	// Operations are the operations every node's coordination API serves
+	// (Config.Operations; omitted without).
+	Operations []string `json:"operations,omitempty"`
 }
 
 // RegionInfo describes one region of a running cluster.
@@ -93,6 +97,7 @@ func (c *Cluster) Info() Info {
 		Placements:    maps.Clone(c.placements),
 		CAFile:        c.CAFile(),
 		Store:         c.storeInfo(),
+		Operations:    slices.Clone(c.operations),
 	}
 	if c.provider != nil {
 		info.ProviderAdminKey = c.secrets.adminKey
