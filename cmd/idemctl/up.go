@@ -13,8 +13,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/cluster"
 	"github.com/idemcoord/idem/internal/pgserver"
+	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/sidecar"
 )
 
@@ -55,6 +57,7 @@ func runUp(ctx context.Context, args []string, env *Env) error {
 	withTLS := fs.Bool("tls", false, "TLS everywhere: a throwaway CA and certificates for every node, etcd member and the provider; etcd with client-certificate auth and peer mTLS; nodes forward over mutual TLS; https URLs and the CA's path (caFile) in cluster.json")
 	otlp := fs.String("otlp-endpoint", "", "OTLP gRPC collector every node exports its traces to (idemd --otlp-endpoint); empty: tracing off")
 	proxyRoutes := fs.String("proxy-routes", "", "sidecar routes every node makes idempotent and proxies to an upstream (idemd's --proxy-routes)")
+	operations := fs.String("operations", "", "comma-separated operations every node's coordination API serves (idemd's --operations), e.g. orders.create,ship; names of a-z, 0-9, '_', '.', '-'")
 	autoFailover := fs.Duration("auto-failover-after", 0, "automatic failover: the nodes move a region's tenants once it has had no live node this long (idemd --auto-failover-after; 0: off, operators run idemctl region failover)")
 	leaseTTL := fs.Duration("region-lease-ttl", cluster.DefaultRegionLeaseTTL, "the nodes' region lease TTL (idemd --region-lease-ttl): how soon a dead region's tenants can move")
 	fs.Usage = func() {
@@ -88,6 +91,15 @@ func runUp(ctx context.Context, args []string, env *Env) error {
 	}
 	if _, err := sidecar.ParseRoutes(*proxyRoutes); err != nil {
 		return usageError{fmt.Errorf("--proxy-routes: %w", err)}
+	}
+	opList := upSplitList(*operations)
+	for _, op := range opList {
+		switch {
+		case !idem.ValidOperation(op):
+			return usageError{fmt.Errorf("--operations: %q is not an operation name: want 1 to %d characters of a-z, 0-9, '_', '.' and '-', other than \".\" and \"..\"", op, idem.MaxOperationLen)}
+		case op == payments.Operation:
+			return usageError{fmt.Errorf("--operations: %q is the nodes' own operation (POST /payments)", op)}
+		}
 	}
 	if *idemd == "" {
 		p, err := cluster.FindBinary("idemd")
@@ -140,6 +152,7 @@ func runUp(ctx context.Context, args []string, env *Env) error {
 		DatabaseURL:    *dbURL,
 		ReplayWindow:   *window,
 		ProxyRoutes:    *proxyRoutes,
+		Operations:     opList,
 		Logger:         logger,
 		TLS:            *withTLS,
 	})
@@ -284,12 +297,19 @@ func printUpSummary(w io.Writer, c *cluster.Cluster, tempState bool, took time.D
 		}
 		fmt.Fprintf(w, "\nTry:\n  curl -s %s-X POST %s/payments -H 'Authorization: Bearer %s' -H 'Idempotency-Key: abc-123' -H 'Content-Type: application/json' -d '%s'\n",
 			cacert, info.Regions[0].URL, info.Tokens[tenants[0]], upSamplePayment)
+		if len(info.Operations) > 0 {
+			fmt.Fprintf(w, "\nCoordination API (operations %s):\n  curl -s %s-X POST %s/v1/coordination/%s/abc-123/begin -H 'Authorization: Bearer %s' -H 'Content-Type: application/json' -d '%s'\n",
+				strings.Join(info.Operations, ", "), cacert, info.Regions[0].URL, info.Operations[0], info.Tokens[tenants[0]], upSampleCommand)
+		}
 	}
 	fmt.Fprintln(w, "\nPress Ctrl-C to stop.")
 }
 
 // upSamplePayment is the body of the example request.
 const upSamplePayment = `{"accountId":"acc_1","amount":"10.00","currency":"EUR","merchantReference":"invoice-7781"}`
+
+// upSampleCommand is the body of the example coordination begin.
+const upSampleCommand = `{"command":{"sku":"book-1","quantity":1}}`
 
 func upPlural(n int, word string) string {
 	if n == 1 {

@@ -22,7 +22,9 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/cluster"
+	"github.com/idemcoord/idem/coordclient"
 	"github.com/idemcoord/idem/internal/procfs"
 	"github.com/idemcoord/idem/internal/testbin"
 	"github.com/idemcoord/idem/provider"
@@ -49,12 +51,29 @@ func TestUp(t *testing.T) {
 			{"up", "--provider=maybe"},
 			{"up", "--no-such-flag"},
 			{"up", "--proxy-routes", "POST /payments"},
+			{"up", "--operations", "Orders"},
+			{"up", "--operations", "orders,.."},
+			{"up", "--operations", "create_payment"},
 		} {
 			var stderr bytes.Buffer
 			env := &Env{Stdout: io.Discard, Stderr: &stderr, Getenv: func(string) string { return "" }}
 			if code := Run(context.Background(), args, env); code != 2 {
 				t.Errorf("%q: exit %d, want 2; stderr:\n%s", args, code, stderr.String())
 			}
+			if args[1] == "--operations" && !strings.Contains(stderr.String(), "--operations: ") {
+				t.Errorf("%q: stderr does not say what is wrong with --operations:\n%s", args, stderr.String())
+			}
+		}
+		// IDEM_OPERATIONS stands for --operations, and is checked alike.
+		var stderr bytes.Buffer
+		env := &Env{Stdout: io.Discard, Stderr: &stderr, Getenv: func(k string) string {
+			if k == "IDEM_OPERATIONS" {
+				return "orders,with space"
+			}
+			return ""
+		}}
+		if code := Run(context.Background(), []string{"up"}, env); code != 2 || !strings.Contains(stderr.String(), "--operations") {
+			t.Errorf("IDEM_OPERATIONS with a bad name: exit %d, want 2 naming --operations; stderr:\n%s", code, stderr.String())
 		}
 	})
 
@@ -90,7 +109,7 @@ func TestUp(t *testing.T) {
 		code := make(chan int, 1)
 		go func() {
 			code <- Run(ctx, []string{"up", "--state-dir", dir, "--idemd", idemd, "--etcd", etcd, "--nodes-per-region", "2",
-				"--otlp-endpoint", upOTLP}, env)
+				"--otlp-endpoint", upOTLP, "--operations", "orders.create, ship"}, env)
 		}()
 
 		info := upWaitForState(t, filepath.Join(dir, cluster.StateFile), code, &stderr)
@@ -101,6 +120,7 @@ func TestUp(t *testing.T) {
 		upCheckDefaults(t, info)
 		upCheckPayment(t, info)
 		upCheckSummary(t, stdout.String(), info)
+		upCheckCoordination(t, info, stdout.String())
 
 		cancel() // what SIGINT does through signal.NotifyContext
 		select {
@@ -405,6 +425,41 @@ func upCheckPayment(tb testing.TB, info cluster.Info) {
 		if resp.StatusCode != http.StatusCreated || resp.Header.Get("Idempotent-Replayed") != want {
 			tb.Errorf("POST %d to %s: %s, Idempotent-Replayed %q (want 201, %q): %s", i+1, try.url, resp.Status, resp.Header.Get("Idempotent-Replayed"), want, body)
 		}
+	}
+}
+
+// upCheckCoordination checks a cluster started with --operations
+// "orders.create, ship": cluster.json lists the operations, the summary
+// shows a begin to try, and the coordination API serves them on every
+// region: a key that needs escaping in a path, begun through the last
+// region (forwarded to tenant-a's home) and completed and read back through
+// the first, is the same record.
+func upCheckCoordination(tb testing.TB, info cluster.Info, summary string) {
+	tb.Helper()
+	if len(info.Operations) != 2 || info.Operations[0] != "orders.create" || info.Operations[1] != "ship" {
+		tb.Errorf("cluster.json operations %q, want [orders.create ship]", info.Operations)
+	}
+	if want := info.Regions[0].URL + "/v1/coordination/orders.create/abc-123/begin"; !strings.Contains(summary, want) {
+		tb.Errorf("summary lacks %q:\n%s", want, summary)
+	}
+	tr := &http.Transport{DisableKeepAlives: true, TLSClientConfig: upClientTLS(tb, info)}
+	defer tr.CloseIdleConnections()
+	client := func(url string) *coordclient.Client {
+		return &coordclient.Client{BaseURL: url, Token: info.Tokens["tenant-a"], HTTP: &http.Client{Transport: tr, Timeout: 30 * time.Second}}
+	}
+	first, last := client(info.Regions[0].URL), client(info.Regions[len(info.Regions)-1].URL)
+	ctx := context.Background()
+	scope := idem.Scope{Operation: "orders.create", Key: "order/1?#%2F.."}
+	d, err := last.Begin(ctx, idem.BeginRequest{Scope: scope, RequestHashes: []string{"v1:up-check"}, LockFor: time.Minute, Window: time.Hour})
+	if err != nil || d.Outcome != idem.OutcomeExecute || d.Record.Key != scope.Key {
+		tb.Fatalf("begin through %s = %+v, %v; want execute", info.Regions[len(info.Regions)-1].Name, d, err)
+	}
+	if err := first.Complete(ctx, d.Lease, idem.Completion{Response: idem.Response{Status: 201, Body: []byte(`{"id":"o1"}`)}}); err != nil {
+		tb.Fatalf("complete through %s: %v", info.Regions[0].Name, err)
+	}
+	rec, err := first.Get(ctx, scope)
+	if err != nil || rec.Key != scope.Key || rec.Status != idem.StatusCompleted || rec.Response == nil || rec.Response.Status != 201 {
+		tb.Errorf("get through %s = %+v, %v; want the completed record", info.Regions[0].Name, rec, err)
 	}
 }
 
