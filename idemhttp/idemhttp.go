@@ -15,8 +15,10 @@
 // 409 IDEMPOTENCY_KEY_REUSED_WITH_DIFFERENT_REQUEST without calling the
 // handler; a key in progress answers 409 IDEMPOTENCY_REQUEST_IN_PROGRESS with
 // Retry-After, or waits for the answer when the client sends Prefer: wait=N;
-// every answer carries Idempotency-Window (seconds). Errors are JSON
-// {"errorCode","message"}.
+// every answer carries Idempotency-Window (seconds). Errors are RFC 9457
+// problems (application/problem+json) that also carry errorCode and
+// message, written by one table of codes ([Errors]) that every surface of
+// the service shares.
 //
 // The handler's answer is buffered (up to Options.MaxResponseBody), stored,
 // and only then sent. How it is stored depends on its class, which the
@@ -34,13 +36,12 @@
 // claim that writes its rows with the record, a value for the handler,
 // ValueFrom), records its results with its own writes (Stored), hands the
 // engine its errors (Fail), and answers with its service's error writer
-// and metrics (Options.WriteError, Options.Observe).
+// and metrics (Options.Errors, Options.Observe).
 package idemhttp
 
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -144,9 +145,11 @@ type Options struct {
 	// to be attempted again at once (engine.Request.RetryOn): a commit
 	// whose outcome is unknown, whose record then answers what it did.
 	RetryOn func(error) bool
-	// WriteError writes an error answer. Default: JSON
-	// {"errorCode","message"} with StatusOf's status.
-	WriteError func(w http.ResponseWriter, r *http.Request, err error)
+	// Errors is the table error answers are written by (problem+json,
+	// RFC 9457, with each code's status and Retry-After). Default
+	// DefaultErrors(); a service whose operations declare codes of their
+	// own passes its table extended with them (Errors.With).
+	Errors *Errors
 	// Observe, when set, is called once per request after its answer was
 	// written, with what the engine answered (zero for a request refused
 	// before it), the error answered, and the time taken.
@@ -229,8 +232,8 @@ func Middleware(e *engine.Engine, opts Options) (func(http.Handler) http.Handler
 		return nil, fmt.Errorf("idemhttp: operation %q is not registered with the engine", opts.Operation)
 	}
 	m := &middleware{eng: e, opts: opts, window: strconv.FormatInt(int64(op.Window/time.Second), 10), unknownCode: op.UnknownCode}
-	if m.opts.WriteError == nil {
-		m.opts.WriteError = m.writeError
+	if m.opts.Errors == nil {
+		m.opts.Errors = DefaultErrors()
 	}
 	if opts.Registerer != nil {
 		m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -277,7 +280,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, h http.Handle
 	var ans engine.Answer
 	err := m.answer(w, r, h, &ans)
 	if err != nil {
-		m.opts.WriteError(w, r, err)
+		m.opts.Errors.Write(w, r, m.opts.Logger, err)
 	}
 	if m.opts.Observe != nil {
 		m.opts.Observe(r, ans, err, time.Since(start))
@@ -591,65 +594,4 @@ func preferWaitOf(h http.Header) (d time.Duration, ok bool) {
 		}
 	}
 	return 0, false
-}
-
-type errorBody struct {
-	ErrorCode string `json:"errorCode"`
-	Message   string `json:"message"`
-}
-
-func (m *middleware) writeError(w http.ResponseWriter, r *http.Request, err error) {
-	code := idem.ErrorCode(err)
-	if r.Context().Err() != nil && errors.Is(err, r.Context().Err()) {
-		code = idem.ECodeUnavailable
-		err = idem.Errorf(code, "The request was cancelled; retry with the same key.")
-	}
-	status := StatusOf(code)
-	if status >= 500 {
-		m.opts.Logger.ErrorContext(r.Context(), "idempotent request failed", "operation", m.opts.Operation, "code", code, "err", err)
-	}
-	switch code {
-	case idem.ECodeInProgress, idem.ECodeStoreUnavailable, idem.ECodeUnavailable, idem.ECodeOutcomeUnknown:
-		w.Header().Set("Retry-After", "1")
-	}
-	msg := idem.ErrorMessage(err)
-	if code == idem.ECodeInternal {
-		msg = "Internal error."
-	}
-	b, _ := json.Marshal(errorBody{ErrorCode: code, Message: msg})
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_, _ = w.Write(b)
-}
-
-// statuses are the HTTP statuses of the codes this package answers; a test
-// keeps them equal to region's table.
-var statuses = map[string]int{
-	idem.ECodeKeyMissing:           http.StatusBadRequest,
-	idem.ECodeKeyInvalid:           http.StatusBadRequest,
-	idem.ECodeKeyReused:            http.StatusConflict,
-	idem.ECodeInProgress:           http.StatusConflict,
-	idem.ECodeOutcomeUnknown:       http.StatusAccepted,
-	idem.ECodeUnauthenticated:      http.StatusUnauthorized,
-	idem.ECodeRequestMalformed:     http.StatusUnprocessableEntity,
-	idem.ECodeValidationFailed:     http.StatusUnprocessableEntity,
-	idem.ECodeBodyTooLarge:         http.StatusRequestEntityTooLarge,
-	idem.ECodeUnsupportedMediaType: http.StatusUnsupportedMediaType,
-	idem.ECodeOperationUnknown:     http.StatusNotFound,
-	idem.ECodeResponseTooLarge:     http.StatusInternalServerError,
-	idem.ECodeFencingTokenStale:    http.StatusConflict,
-	idem.ECodeNotHome:              http.StatusServiceUnavailable,
-	idem.ECodeRequestTimeout:       http.StatusRequestTimeout,
-	idem.ECodeStoreUnavailable:     http.StatusServiceUnavailable,
-	idem.ECodeUnavailable:          http.StatusServiceUnavailable,
-	idem.ECodeInternal:             http.StatusInternalServerError,
-}
-
-// StatusOf returns the HTTP status this package answers an error code with
-// (the same as package region's table; 500 for codes it does not answer).
-func StatusOf(code string) int {
-	if s, ok := statuses[code]; ok {
-		return s
-	}
-	return http.StatusInternalServerError
 }

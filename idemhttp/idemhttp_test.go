@@ -134,7 +134,7 @@ func errorCode(t *testing.T, a answer) string {
 		ErrorCode string `json:"errorCode"`
 		Message   string `json:"message"`
 	}
-	if err := json.Unmarshal([]byte(a.body), &b); err != nil || b.Message == "" || a.header.Get("Content-Type") != "application/json" {
+	if err := json.Unmarshal([]byte(a.body), &b); err != nil || b.Message == "" || a.header.Get("Content-Type") != idemhttp.ProblemContentType {
 		t.Fatalf("error body %q (%s): %v", a.body, a.header.Get("Content-Type"), err)
 	}
 	return b.ErrorCode
@@ -490,27 +490,30 @@ func TestOversizedAnswerRecovered(t *testing.T) {
 // payments does) parses its own command (Options.Command: its fields and a
 // value for the handler), records its result itself (Stored: the
 // middleware writes nothing to the record) and answers with the node's
-// error writer and metrics (WriteError, Observe).
+// table of errors, extended with a code of its own, and metrics (Errors,
+// Observe).
 func TestCommandStoredAndHooks(t *testing.T) {
 	var (
 		st       *store.Store
 		observed []string
 		mu       sync.Mutex
 	)
+	table, err := idemhttp.DefaultErrors().With(map[string]idemhttp.ErrorClass{
+		"AMOUNT_NOT_POSITIVE": {Status: http.StatusTeapot, Title: "Amount not positive"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	opts := idemhttp.Options{
+		Errors: table,
 		Command: func(r *http.Request, body []byte) (idemhttp.Command, error) {
 			var c struct {
 				Amount int `json:"amount"`
 			}
 			if err := json.Unmarshal(body, &c); err != nil || c.Amount <= 0 {
-				return idemhttp.Command{}, idem.Errorf(idem.ECodeValidationFailed, "The amount must be positive.")
+				return idemhttp.Command{}, idem.Errorf("AMOUNT_NOT_POSITIVE", "The amount must be positive.")
 			}
 			return idemhttp.Command{Fields: map[string]any{"amount": int64(c.Amount)}, Value: c.Amount}, nil
-		},
-		WriteError: func(w http.ResponseWriter, r *http.Request, err error) {
-			w.Header().Set("Content-Type", "text/plain")
-			w.WriteHeader(http.StatusTeapot)
-			_, _ = io.WriteString(w, idem.ErrorCode(err))
 		},
 		Observe: func(r *http.Request, ans engine.Answer, err error, _ time.Duration) {
 			mu.Lock()
@@ -548,19 +551,26 @@ func TestCommandStoredAndHooks(t *testing.T) {
 		t.Errorf("record = %s %q, want the handler's own completion", rec.Status, rec.Response.Body)
 	}
 	// Another command under the key, a refused command, a missing key:
-	// the node's error writer answers each.
-	for _, c := range []struct{ key, body, code string }{
-		{"k-own", `{"amount": 8}`, idem.ECodeKeyReused},
-		{"k-bad", `{"amount": -1}`, idem.ECodeValidationFailed},
-		{"", `{"amount": 1}`, idem.ECodeKeyMissing},
+	// the table answers each, the operation's own code included.
+	for _, c := range []struct {
+		key, body, code string
+		status          int
+	}{
+		{"k-own", `{"amount": 8}`, idem.ECodeKeyReused, http.StatusConflict},
+		{"k-bad", `{"amount": -1}`, "AMOUNT_NOT_POSITIVE", http.StatusTeapot},
+		{"", `{"amount": 1}`, idem.ECodeKeyMissing, http.StatusBadRequest},
 	} {
-		if a := f.post(t, "tok-a", c.key, c.body); a.status != http.StatusTeapot || a.body != c.code {
-			t.Errorf("key %q body %s = %d %q, want the custom writer's 418 %s", c.key, c.body, a.status, a.body, c.code)
+		a := f.post(t, "tok-a", c.key, c.body)
+		var p idemhttp.Problem
+		_ = json.Unmarshal([]byte(a.body), &p)
+		if a.status != c.status || p.ErrorCode != c.code || p.Status != c.status || a.header.Get("Content-Type") != idemhttp.ProblemContentType ||
+			p.Type != idemhttp.DefaultTypeBase+strings.ToLower(c.code) {
+			t.Errorf("key %q body %s = %d %s, want %d %s as a problem", c.key, c.body, a.status, a.body, c.status, c.code)
 		}
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	want := []string{"execute/false/", "replay/true/", "conflict/false/" + idem.ECodeKeyReused, "unknown/false/" + idem.ECodeValidationFailed, "unknown/false/" + idem.ECodeKeyMissing}
+	want := []string{"execute/false/", "replay/true/", "conflict/false/" + idem.ECodeKeyReused, "unknown/false/AMOUNT_NOT_POSITIVE", "unknown/false/" + idem.ECodeKeyMissing}
 	if fmt.Sprint(observed) != fmt.Sprint(want) {
 		t.Errorf("observed %v, want %v", observed, want)
 	}

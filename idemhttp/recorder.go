@@ -75,7 +75,7 @@ func Stored(w http.ResponseWriter, s idem.Status) {
 // Fail reports that the handler failed with err: the engine gets err (so
 // an *idem.Error keeps its code, idem.ErrFenced stays fenced, and an
 // unclassified error leaves the record for recovery unless Stored was
-// called) and the client the error answer (Options.WriteError). Whatever
+// called) and the client the error answer (Options.Errors). Whatever
 // the handler wrote to w is dropped. On a writer that is not the
 // middleware's it does nothing.
 func Fail(w http.ResponseWriter, err error) {

@@ -1,10 +1,15 @@
 package payments
 
-import "github.com/idemcoord/idem"
+import (
+	"net/http"
+
+	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/idemhttp"
+)
 
 // Error codes of the payments API. They are part of the API contract: never
-// rename one. Their HTTP statuses are in region's status table, and the
-// README's error table lists them.
+// rename one. How each answers over HTTP is in Errors, which the node adds
+// to its one table; docs/errors.md documents them.
 const (
 	// ECodeOutcomeUnknown: the provider may have charged but its answer
 	// was lost; a retry with the same key asks the provider.
@@ -16,11 +21,15 @@ const (
 	ECodeProviderUnavailable  = "PROVIDER_UNAVAILABLE"
 )
 
-// Codes are every error code the payments API answers with besides the
-// engine's (package idem), for a status table to cover.
-var Codes = []string{
-	ECodeOutcomeUnknown, ECodeDuplicateMerchantRef, ECodeProviderKeyConflict,
-	ECodePaymentNotFound, ECodePaymentDeclined, ECodeProviderUnavailable,
+// Errors are the payments API's own codes, as an operation declares them
+// for the node's one table (idemhttp.Errors.With).
+var Errors = map[string]idemhttp.ErrorClass{
+	ECodeOutcomeUnknown:       {Status: http.StatusAccepted, RetryAfter: 1, Title: "Payment outcome not known yet"},
+	ECodeDuplicateMerchantRef: {Status: http.StatusConflict, Title: "Duplicate merchant reference"},
+	ECodeProviderKeyConflict:  {Status: http.StatusConflict, Title: "Provider key conflict"},
+	ECodePaymentNotFound:      {Status: http.StatusNotFound, Title: "Payment not found"},
+	ECodePaymentDeclined:      {Status: http.StatusPaymentRequired, Title: "Payment declined"},
+	ECodeProviderUnavailable:  {Status: http.StatusServiceUnavailable, RetryAfter: 1, Title: "Provider unavailable"},
 }
 
 // Checkpoints of create_payment, in order: RECEIVED ->

@@ -30,7 +30,7 @@ func TestCodesAreTheAPIContract(t *testing.T) {
 	if idem.ECodeOutcomeUnknown == payments.ECodeOutcomeUnknown {
 		t.Errorf("the engine's unknown-outcome code is the payments API's %s", payments.ECodeOutcomeUnknown)
 	}
-	if len(payments.Codes) != 6 {
-		t.Errorf("payments.Codes has %d codes, want 6", len(payments.Codes))
+	if len(payments.Errors) != 6 {
+		t.Errorf("payments.Errors has %d codes, want 6", len(payments.Errors))
 	}
 }

@@ -56,7 +56,7 @@ func (s *Server) registerCoordination(mux *routeMux) {
 	} {
 		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Allow", allow)
-			writeError(w, r, s.logger, idem.Errorf(idem.ECodeMethodNotAllowed, "The method is not allowed here."))
+			s.writeError(w, r, idem.Errorf(idem.ECodeMethodNotAllowed, "The method is not allowed here."))
 		})
 	}
 }

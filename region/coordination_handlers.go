@@ -175,7 +175,7 @@ func (s *Server) handleCoordGet(w http.ResponseWriter, r *http.Request, tenant s
 
 func (s *Server) coordFail(w http.ResponseWriter, r *http.Request, err error) {
 	w.Header().Set("Cache-Control", "no-store")
-	writeError(w, r, s.logger, err)
+	s.writeError(w, r, err)
 }
 
 func (s *Server) coordNoContent(w http.ResponseWriter, r *http.Request, err error) {

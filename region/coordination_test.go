@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/fingerprint"
+	"github.com/idemcoord/idem/idemhttp"
 	"github.com/idemcoord/idem/internal/storetest"
 )
 
@@ -67,13 +68,16 @@ func (n *node) begin(token, op, key, body string) (answer, beginAnswer) {
 	return a, b
 }
 
-// expectError checks status, code and that the body is exactly
-// {"errorCode","message"}.
+// expectError checks status, code and that the body is exactly an RFC
+// 9457 problem with errorCode and message (application/problem+json).
 func expectError(t *testing.T, what string, a answer, status int, code string) {
 	t.Helper()
-	var body map[string]any
-	if err := json.Unmarshal(a.body, &body); err != nil || a.status != status || a.code() != code || len(body) != 2 || body["message"] == "" {
-		t.Errorf("%s = %d %s, want %d {errorCode:%s, message}", what, a.status, a.body, status, code)
+	var p map[string]any
+	err := json.Unmarshal(a.body, &p)
+	if err != nil || a.status != status || a.code() != code || len(p) != 6 || p["message"] == "" || p["detail"] != p["message"] ||
+		p["status"] != float64(status) || p["title"] == "" || p["type"] != idemhttp.DefaultTypeBase+strings.ToLower(code) ||
+		a.header.Get("Content-Type") != idemhttp.ProblemContentType {
+		t.Errorf("%s = %d %s (%s), want %d, a problem with errorCode %s", what, a.status, a.body, a.header.Get("Content-Type"), status, code)
 	}
 }
 

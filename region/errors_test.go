@@ -7,48 +7,75 @@ import (
 	"testing"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/idemhttp"
 	"github.com/idemcoord/idem/payments"
 )
 
-// TestErrorTableMatchesREADME: every code the README documents maps to the
-// documented status, and every code in the table is documented.
-func TestErrorTableMatchesREADME(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
+// testErrors is the table of a node serving payments.
+func testErrors(t testing.TB) *idemhttp.Errors {
+	t.Helper()
+	table, err := nodeErrors([]Operation{{Name: payments.Operation, Errors: payments.Errors}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	row := regexp.MustCompile("(?m)^\\| `([A-Z_]+)` \\| (\\d{3}) \\|")
-	documented := map[string]int{}
-	for _, m := range row.FindAllStringSubmatch(string(readme), -1) {
+	return table
+}
+
+// TestErrorTableMatchesDocs: docs/errors.md has a section for every code
+// of the node's table (the anchor its problem type URI points at) with the
+// code's status and Retry-After, and no section for a code the table
+// lacks.
+func TestErrorTableMatchesDocs(t *testing.T) {
+	doc, err := os.ReadFile("../docs/errors.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	section := regexp.MustCompile(`(?m)^## ([A-Z0-9_]+)\n\n\*\*(\d{3})\*\* · (no Retry-After|Retry-After: (\d+))$`)
+	table := testErrors(t)
+	documented := map[string]bool{}
+	for _, m := range section.FindAllStringSubmatch(string(doc), -1) {
+		code := m[1]
+		documented[code] = true
 		status, _ := strconv.Atoi(m[2])
-		documented[m[1]] = status
-	}
-	if len(documented) < 10 {
-		t.Fatalf("found only %d error rows in the README", len(documented))
-	}
-	for code, status := range documented {
-		if got, ok := codeStatus[code]; !ok || got != status {
-			t.Errorf("README: %s is %d; code table: %d (present %v)", code, status, got, ok)
+		retry, _ := strconv.Atoi(m[4])
+		c := table.Class(code)
+		if table.TypeURI(code) != idemhttp.DefaultTypeBase+lowerCode(code) || (code != idem.ECodeInternal && c == table.Class(idem.ECodeInternal)) {
+			t.Errorf("docs/errors.md documents %s, which the table does not have", code)
+			continue
+		}
+		if c.Status != status || c.RetryAfter != retry {
+			t.Errorf("docs/errors.md: %s is %d, Retry-After %d; the table says %d, %d", code, status, retry, c.Status, c.RetryAfter)
 		}
 	}
-	for code := range codeStatus {
-		if _, ok := documented[code]; !ok {
-			t.Errorf("code %s is not documented in the README's error table", code)
+	for _, code := range table.Codes() {
+		if !documented[code] {
+			t.Errorf("code %s has no section in docs/errors.md (its type URI's anchor)", code)
 		}
 	}
 }
 
-// TestStatusTableCoversPaymentsCodes: every code the payments operation
-// answers with has a status in the one table (the codes live in package
-// payments, not in the engine's vocabulary).
-func TestStatusTableCoversPaymentsCodes(t *testing.T) {
-	for _, code := range payments.Codes {
-		if _, ok := codeStatus[code]; !ok {
-			t.Errorf("payments code %s has no status in the table", code)
+func lowerCode(code string) string {
+	b := []byte(code)
+	for i, c := range b {
+		if c >= 'A' && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
 		}
 	}
-	if codeStatus[payments.ECodeOutcomeUnknown] != 202 || codeStatus[idem.ECodeOutcomeUnknown] != 202 {
+	return string(b)
+}
+
+// TestPaymentsCodesInTheTable: the payments operation's codes are in the
+// node's table because the operation declares them, not because the node
+// knows payments.
+func TestPaymentsCodesInTheTable(t *testing.T) {
+	withPayments, without := testErrors(t), idemhttp.DefaultErrors()
+	for code, class := range payments.Errors {
+		if withPayments.Class(code) != class || without.Status(code) != 500 {
+			t.Errorf("payments code %s: %+v with payments, %d without", code, withPayments.Class(code), without.Status(code))
+		}
+	}
+	if withPayments.Status(payments.ECodeOutcomeUnknown) != 202 || withPayments.Status(idem.ECodeOutcomeUnknown) != 202 {
 		t.Errorf("outcome unknown codes: payments %d, engine %d; want 202 for both",
-			codeStatus[payments.ECodeOutcomeUnknown], codeStatus[idem.ECodeOutcomeUnknown])
+			withPayments.Status(payments.ECodeOutcomeUnknown), withPayments.Status(idem.ECodeOutcomeUnknown))
 	}
 }

@@ -16,7 +16,8 @@ import (
 // clientError fails t unless err is an *idem.Error whose status is a 4xx.
 func clientError(t *testing.T, what string, err error) {
 	t.Helper()
-	if code := idem.ErrorCode(err); code == idem.ECodeInternal || StatusOf(code) >= 500 || StatusOf(code) < 400 {
+	status := testErrors(t).Status(idem.ErrorCode(err))
+	if code := idem.ErrorCode(err); code == idem.ECodeInternal || status >= 500 || status < 400 {
 		t.Fatalf("%s: error %v is not a client error (code %q)", what, err, code)
 	}
 }

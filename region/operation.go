@@ -4,6 +4,7 @@ import (
 	"net/http"
 
 	"github.com/idemcoord/idem/engine"
+	"github.com/idemcoord/idem/idemhttp"
 )
 
 // Operation is an operation the node serves itself, with endpoints of its
@@ -24,6 +25,11 @@ type Operation struct {
 	// whose RecoverStale the recovery worker runs for every operation.
 	// Optional.
 	Engine *engine.Operation
+	// Errors are the error codes the operation answers with besides
+	// package idem's, with their statuses, Retry-After and titles: the node
+	// adds them to its one table (idemhttp.Errors.With), which every
+	// surface answers through. A code may not change how another answers.
+	Errors map[string]idemhttp.ErrorClass
 	// RecoveryOutcomes are outcomes its Recover counts besides the
 	// engine's (engine.RecoveryOutcomes), so that their series exist from
 	// the start.

@@ -30,6 +30,7 @@ func Payments(pay *payments.Service) Operation {
 			}
 		},
 		Engine:           &op,
+		Errors:           payments.Errors,
 		RecoveryOutcomes: payments.RecoveryOutcomes,
 	}
 }
@@ -85,7 +86,7 @@ func (s *Server) createPaymentHandler(pay *payments.Service) TenantHandler {
 		MaxRequestBody: s.cfg.MaxBodyBytes,
 		MaxWait:        engine.DefaultMaxWait,
 		Logger:         s.logger,
-		WriteError:     func(w http.ResponseWriter, r *http.Request, err error) { writeError(w, r, s.logger, err) },
+		Errors:         s.errors,
 		Observe: func(r *http.Request, ans engine.Answer, err error, d time.Duration) {
 			var unknown, conflict bool
 			if pr := paymentRequestOf(r.Context()); pr != nil && pr.call != nil && !ans.Replayed {
@@ -98,7 +99,7 @@ func (s *Server) createPaymentHandler(pay *payments.Service) TenantHandler {
 	if err != nil {
 		// Only a service without its engine operation gets here.
 		return func(w http.ResponseWriter, r *http.Request, _ string) {
-			writeError(w, r, s.logger, &idem.Error{Code: idem.ECodeInternal, Message: "Internal error.", Err: err})
+			s.writeError(w, r, &idem.Error{Code: idem.ECodeInternal, Message: "Internal error.", Err: err})
 		}
 	}
 	h := mw(http.HandlerFunc(handleCreatePayment))
@@ -172,12 +173,12 @@ func (s *Server) handleGetPayment(pay *payments.Service, w http.ResponseWriter, 
 	if !validPaymentID(id) {
 		// No payment has such an id; PostgreSQL would refuse it (NUL,
 		// invalid UTF-8) with an error that is not the client's to see.
-		writeError(w, r, s.logger, idem.Errorf(payments.ECodePaymentNotFound, "No such payment."))
+		s.writeError(w, r, idem.Errorf(payments.ECodePaymentNotFound, "No such payment."))
 		return
 	}
 	body, err := pay.Get(r.Context(), tenant, id)
 	if err != nil {
-		writeError(w, r, s.logger, err)
+		s.writeError(w, r, err)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")

@@ -143,7 +143,7 @@ func (s *Server) routed(h tenantHandler, hops int) tenantHandler {
 		}
 		rt, err := s.cfg.Router.Route(r.Context(), tenant)
 		if err != nil {
-			writeError(w, r, s.logger, err)
+			s.writeError(w, r, err)
 			return
 		}
 		if rt.ForwardTo == "" {
@@ -151,20 +151,20 @@ func (s *Server) routed(h tenantHandler, hops int) tenantHandler {
 			return
 		}
 		if hops >= maxHops {
-			writeError(w, r, s.logger, idem.Errorf(idem.ECodeRoutingLoop,
+			s.writeError(w, r, idem.Errorf(idem.ECodeRoutingLoop,
 				"The request was already forwarded once and would be forwarded again."))
 			return
 		}
 		target, err := url.Parse(rt.ForwardTo)
 		if err != nil {
-			writeError(w, r, s.logger, fmt.Errorf("region: bad node url %q: %w", rt.ForwardTo, err))
+			s.writeError(w, r, fmt.Errorf("region: bad node url %q: %w", rt.ForwardTo, err))
 			return
 		}
 		peer := routing.Peer{Region: rt.Placement.Region, Node: rt.ForwardNode}
 		transport, bySecret, err := s.transportTo(target, peer)
 		if err != nil {
 			s.logger.WarnContext(r.Context(), "cannot forward", "to", peer.String(), "url", rt.ForwardTo, "err", err)
-			writeError(w, r, s.logger, idem.Errorf(idem.ECodeNotHome,
+			s.writeError(w, r, idem.Errorf(idem.ECodeNotHome,
 				"This node cannot forward to the tenant's home region; retry later."))
 			return
 		}
@@ -186,7 +186,7 @@ func (s *Server) routed(h tenantHandler, hops int) tenantHandler {
 			},
 			Transport: transport,
 			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-				writeError(w, r, s.logger, &idem.Error{Code: idem.ECodeUnavailable,
+				s.writeError(w, r, &idem.Error{Code: idem.ECodeUnavailable,
 					Message: "The tenant's home region could not be reached; retry with the same key.", Err: err})
 			},
 		}

@@ -24,6 +24,7 @@ import (
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/coordapi"
 	"github.com/idemcoord/idem/engine"
+	"github.com/idemcoord/idem/idemhttp"
 	"github.com/idemcoord/idem/internal/telemetry"
 	"github.com/idemcoord/idem/internal/tlsutil"
 	"github.com/idemcoord/idem/routing"
@@ -165,6 +166,8 @@ type Server struct {
 	workers          workerGroup
 	stopWorkers      context.CancelFunc
 	sidecar          *sidecarState
+	// errors is the node's one table of error codes (nodeErrors).
+	errors *idemhttp.Errors
 }
 
 // NewServer returns a Server over st serving ops, the node's own operations
@@ -251,6 +254,9 @@ func NewServer(cfg Config, st *store.Store, ops ...Operation) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, store: st, engine: cfg.Engine, metrics: m, workerMetrics: wm, obs: obs, logger: cfg.Logger, operations: coordOps, own: own, window: window,
 		forwardTransport: newPeerTransport()}
+	if s.errors, err = nodeErrors(ops); err != nil {
+		return nil, err
+	}
 	for token, tenant := range cfg.Tokens {
 		s.tokens = append(s.tokens, tokenDigest{sum: sha256.Sum256([]byte(token)), tenant: tenant})
 	}
@@ -280,11 +286,11 @@ func NewServer(cfg Config, st *store.Store, ops ...Operation) (*Server, error) {
 	}
 	for _, p := range append(paths, "/v1/idempotency/records/{operation}/{key}", "/metrics", "/healthz", "/readyz") {
 		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
-			writeError(w, r, s.logger, idem.Errorf(idem.ECodeMethodNotAllowed, "The method is not allowed here."))
+			s.writeError(w, r, idem.Errorf(idem.ECodeMethodNotAllowed, "The method is not allowed here."))
 		})
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, r, s.logger, idem.Errorf(idem.ECodeNotFound, "No such endpoint."))
+		s.writeError(w, r, idem.Errorf(idem.ECodeNotFound, "No such endpoint."))
 	})
 	s.routes = mux.patterns
 	s.handler = s.observed(s.deadlines(s.instrument(mux)))
@@ -414,7 +420,7 @@ func (s *Server) metricsAuth(h http.Handler) http.Handler {
 		got := sha256.Sum256([]byte(token))
 		if subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="idem-metrics"`)
-			writeError(w, r, s.logger, idem.Errorf(idem.ECodeUnauthenticated, "A valid bearer token is required."))
+			s.writeError(w, r, idem.Errorf(idem.ECodeUnauthenticated, "A valid bearer token is required."))
 			return
 		}
 		h.ServeHTTP(w, r)
@@ -431,7 +437,7 @@ func (s *Server) authenticated(h tenantHandler) http.HandlerFunc {
 		if _, ok := r.Header[HeaderForwardedBy]; ok {
 			tenant, hops, err := s.forwarded(r)
 			if err != nil {
-				writeError(w, r, s.logger, err)
+				s.writeError(w, r, err)
 				return
 			}
 			s.routed(h, hops)(w, r, tenant)
@@ -444,7 +450,7 @@ func (s *Server) authenticated(h tenantHandler) http.HandlerFunc {
 		}
 		if tenant == "" {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="idem"`)
-			writeError(w, r, s.logger, idem.Errorf(idem.ECodeUnauthenticated, "A valid bearer token is required."))
+			s.writeError(w, r, idem.Errorf(idem.ECodeUnauthenticated, "A valid bearer token is required."))
 			return
 		}
 		s.routed(h, 0)(w, r, tenant)
@@ -496,15 +502,15 @@ func (s *Server) handleGetRecord(w http.ResponseWriter, r *http.Request, tenant 
 	op, key := r.PathValue("operation"), r.PathValue("key")
 	switch {
 	case !idem.ValidKey(key):
-		writeError(w, r, s.logger, idem.Errorf(idem.ECodeKeyInvalid, "An idempotency key is 1 to 255 visible ASCII characters."))
+		s.writeError(w, r, idem.Errorf(idem.ECodeKeyInvalid, "An idempotency key is 1 to 255 visible ASCII characters."))
 		return
 	case !idem.ValidOperation(op):
-		writeError(w, r, s.logger, idem.Errorf(idem.ECodeValidationFailed, "An operation name is 1 to %d characters of a-z, 0-9, '_', '.' and '-'.", idem.MaxOperationLen))
+		s.writeError(w, r, idem.Errorf(idem.ECodeValidationFailed, "An operation name is 1 to %d characters of a-z, 0-9, '_', '.' and '-'.", idem.MaxOperationLen))
 		return
 	}
 	rec, err := s.store.Get(r.Context(), idem.Scope{Tenant: tenant, Operation: op, Key: key})
 	if err != nil {
-		writeError(w, r, s.logger, err)
+		s.writeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, viewOf(rec))
@@ -517,12 +523,12 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	if err := s.store.Ping(ctx); err != nil {
-		writeError(w, r, s.logger, err)
+		s.writeError(w, r, err)
 		return
 	}
 	if s.cfg.Router != nil {
 		if err := s.cfg.Router.Ready(); err != nil {
-			writeError(w, r, s.logger, err)
+			s.writeError(w, r, err)
 			return
 		}
 	}

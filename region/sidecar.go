@@ -60,7 +60,7 @@ func (s *Server) registerSidecar(mux *routeMux) error {
 		eopts.Locker = cfg.Locker
 	}
 	e := engine.New(s.store, eopts)
-	p, err := sidecar.New(e, sidecar.Options{Routes: cfg.Routes, MaxRequestBody: s.cfg.MaxBodyBytes, Logger: s.logger, Registerer: s.cfg.Registry})
+	p, err := sidecar.New(e, sidecar.Options{Routes: cfg.Routes, MaxRequestBody: s.cfg.MaxBodyBytes, Errors: s.errors, Logger: s.logger, Registerer: s.cfg.Registry})
 	if err != nil {
 		return fmt.Errorf("region: %w", err)
 	}

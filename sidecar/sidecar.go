@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -77,6 +76,10 @@ type Options struct {
 	MaxResponseBody int
 	// MaxWait caps Prefer: wait=N. Default engine.DefaultMaxWait.
 	MaxWait time.Duration
+	// Errors is the table the proxy's own error answers are written by
+	// (problem+json; the upstream's answers are passed on as they are).
+	// Default idemhttp.DefaultErrors().
+	Errors *idemhttp.Errors
 	// Logger receives upstream failures. Default: discard.
 	Logger *slog.Logger
 	// Registerer, when set, receives idem_sidecar_upstream_calls_total and
@@ -147,6 +150,9 @@ func New(e *engine.Engine, opts Options) (*Proxy, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if opts.Errors == nil {
+		opts.Errors = idemhttp.DefaultErrors()
+	}
 	p := &Proxy{opts: opts}
 	p.calls = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "idem_sidecar_upstream_calls_total",
@@ -178,6 +184,7 @@ func New(e *engine.Engine, opts Options) (*Proxy, error) {
 			Wait:            rt.Wait,
 			MaxRequestBody:  opts.MaxRequestBody,
 			MaxResponseBody: opts.MaxResponseBody,
+			Errors:          opts.Errors,
 			Recover:         recover,
 			Logger:          opts.Logger,
 			Registerer:      opts.Registerer,
@@ -222,7 +229,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	writeError(w, http.StatusNotFound, idem.ECodeNotFound, "No such endpoint.")
+	p.opts.Errors.Write(w, r, p.opts.Logger, idem.Errorf(idem.ECodeNotFound, "No such endpoint."))
 }
 
 // original is the client's request as received, kept for a re-send.
@@ -255,7 +262,7 @@ func (p *Proxy) keepRequest(rt *route, next http.Handler) http.Handler {
 			if rt.KeyField != "" {
 				key, err := keyFromBody(rt.Route, r.Header.Get("Content-Type"), body)
 				if err != nil {
-					writeError(w, idemhttp.StatusOf(idem.ErrorCode(err)), idem.ErrorCode(err), idem.ErrorMessage(err))
+					p.opts.Errors.Write(w, r, p.opts.Logger, err)
 					return
 				}
 				r.Header.Set(idemhttp.HeaderKey, quoteKey(key))
@@ -288,7 +295,7 @@ func (p *Proxy) execute(w http.ResponseWriter, r *http.Request, rt *route) {
 	o, _ := r.Context().Value(originalKey{}).(*original)
 	if a == nil || o == nil {
 		idemhttp.Classify(w, idem.StatusFailedRetryable)
-		writeError(w, http.StatusInternalServerError, idem.ECodeInternal, "Internal error.")
+		p.opts.Errors.Write(w, r, p.opts.Logger, idem.Errorf(idem.ECodeInternal, "Internal error."))
 		return
 	}
 	// The body the middleware read is the one kept.
@@ -425,7 +432,7 @@ func (p *Proxy) call(ctx context.Context, rt *route, kind string, o *original, a
 	if err != nil {
 		p.count(rt, kind, "not_sent")
 		p.opts.Logger.ErrorContext(ctx, "sidecar request not built", "operation", rt.Operation, "err", err)
-		return errorAnswer(http.StatusServiceUnavailable, idem.StatusFailedRetryable, "not_sent", idem.ECodeUnavailable,
+		return p.errorAnswer(idem.StatusFailedRetryable, "not_sent", idem.ECodeUnavailable,
 			"The upstream could not be called; retry with the same key.")
 	}
 	sendOnce(req, o.body)
@@ -447,7 +454,7 @@ func (p *Proxy) call(ctx context.Context, rt *route, kind string, o *original, a
 	req.Header.Set(HeaderFencingToken, strconv.FormatInt(a.Lease.Token, 10))
 	if err := a.Check(); err != nil {
 		p.count(rt, kind, "not_sent")
-		return errorAnswer(http.StatusConflict, idem.StatusFailedRetryable, "not_sent", idem.ECodeInProgress,
+		return p.errorAnswer(idem.StatusFailedRetryable, "not_sent", idem.ECodeInProgress,
 			"A request with this idempotency key is still in progress; retry later.")
 	}
 	resp, err := p.opts.Client.Do(req)
@@ -455,7 +462,7 @@ func (p *Proxy) call(ctx context.Context, rt *route, kind string, o *original, a
 		if !written.Load() {
 			p.count(rt, kind, "not_sent")
 			p.opts.Logger.WarnContext(ctx, "sidecar upstream unreachable", "operation", rt.Operation, "err", err)
-			return errorAnswer(http.StatusServiceUnavailable, idem.StatusFailedRetryable, "not_sent", idem.ECodeUnavailable,
+			return p.errorAnswer(idem.StatusFailedRetryable, "not_sent", idem.ECodeUnavailable,
 				"The upstream could not be reached; retry with the same key.")
 		}
 		return p.lost(ctx, rt, kind, err)
@@ -508,22 +515,12 @@ func (p *Proxy) lost(ctx context.Context, rt *route, kind string, err error) ups
 	p.count(rt, kind, "unknown")
 	p.opts.Logger.WarnContext(ctx, "sidecar upstream answer lost after the request was written; outcome unknown",
 		"operation", rt.Operation, "err", err)
-	return errorAnswer(http.StatusAccepted, idem.StatusUnknown, "unknown", idem.ECodeOutcomeUnknown,
+	return p.errorAnswer(idem.StatusUnknown, "unknown", idem.ECodeOutcomeUnknown,
 		"The outcome of the request with this idempotency key is not known yet; retry with the same key later.")
 }
 
-func errorAnswer(status int, class idem.Status, result, code, msg string) upstreamAnswer {
-	b, _ := json.Marshal(map[string]string{"errorCode": code, "message": msg})
-	h := http.Header{"Content-Type": {"application/json"}}
-	if status == http.StatusAccepted || status == http.StatusServiceUnavailable || status == http.StatusConflict {
-		h.Set("Retry-After", "1")
-	}
+// errorAnswer is the proxy's own answer of code, recorded as class.
+func (p *Proxy) errorAnswer(class idem.Status, result, code, msg string) upstreamAnswer {
+	status, h, b := p.opts.Errors.Render(code, msg)
 	return upstreamAnswer{status: status, header: h, body: b, result: result, class: class}
-}
-
-func writeError(w http.ResponseWriter, status int, code, msg string) {
-	b, _ := json.Marshal(map[string]string{"errorCode": code, "message": msg})
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_, _ = w.Write(b)
 }
