@@ -102,9 +102,6 @@ func (s *Store) Begin(ctx context.Context, req idem.BeginRequest) (idem.Decision
 	if err := validateBegin(req); err != nil {
 		return idem.Decision{}, err
 	}
-	if d, ok, err := s.ReadSettled(ctx, req); err != nil || ok {
-		return d, err
-	}
 	claim, err := newClaimID()
 	if err != nil {
 		return idem.Decision{}, err
@@ -116,15 +113,17 @@ func (s *Store) Begin(ctx context.Context, req idem.BeginRequest) (idem.Decision
 		return err
 	}
 	// A free key is claimed by the insert alone, as an implicit
-	// transaction (one round trip); a key with a record is decided in a
-	// transaction that reads it first.
-	inserted := false
+	// transaction (one round trip), which also reads the record that holds
+	// the key otherwise: a settled one answers a replay (or a conflict)
+	// from that same round trip, with nothing written. Any other record is
+	// decided in a transaction that reads it first.
+	settled := false
 	err = s.ExecOne(ctx, func(q Querier) error {
 		var err error
-		d, inserted, err = insertClaim(ctx, q, req, claim)
+		d, settled, err = s.claimOrRead(ctx, q, req, claim)
 		return err
 	})
-	if err == nil && !inserted {
+	if err == nil && !settled {
 		err = s.ExecTx(ctx, run)
 	}
 	// A claim whose commit went unanswered may hold the record: decide
@@ -283,6 +282,48 @@ func decideOrClaim(ctx context.Context, tx Querier, req idem.BeginRequest, claim
 		return idem.Decision{}, &pgconn.PgError{Code: codeSerializationFailure, Message: "store: the key was claimed concurrently"}
 	}
 	return d, err
+}
+
+// claimOrReadSQL is the insert-first claim and, when the key is taken, a
+// read of the record that took it (as of the statement's snapshot: a record
+// committed concurrently is not seen, and the caller decides in a
+// transaction), with the store's time. The first column says which.
+const claimOrReadSQL = `WITH ins AS (INSERT INTO idempotency_records
+		(tenant_id, operation_name, idempotency_key, request_hash, hash_version, status, checkpoint,
+		 owner, fencing_token, locked_until, home_region, created_at, updated_at, expires_at, claim_id)
+		VALUES ($1, $2, $3, $4, $5, 'IN_PROGRESS', 'RECEIVED', $6, 1,
+		 now() + $7::INT8 * INTERVAL '1 millisecond', $8, now(), now(), now() + $9::INT8 * INTERVAL '1 millisecond', $10)
+		ON CONFLICT DO NOTHING
+		RETURNING ` + recordColumns + `)
+	SELECT ` + recordColumns + `, now(), true FROM ins
+	UNION ALL
+	SELECT ` + recordColumns + `, now(), false FROM idempotency_records
+		WHERE tenant_id = $1 AND operation_name = $2 AND idempotency_key = $3 AND NOT EXISTS (SELECT 1 FROM ins)`
+
+// claimOrRead claims a free key in one statement (claimOrReadSQL) and
+// answers from the same round trip a key whose record is settled (replay or
+// conflict, idem.Decide at the store's time). done is false when the
+// decision needs a transaction: the key's record is open, retryable,
+// expired or not yet visible, or the store's replay fast path is off.
+func (s *Store) claimOrRead(ctx context.Context, q Querier, req idem.BeginRequest, claim string) (d idem.Decision, done bool, err error) {
+	if !s.replayRead {
+		d, inserted, err := insertClaim(ctx, q, req, claim)
+		return d, inserted, err
+	}
+	var (
+		now      time.Time
+		inserted bool
+	)
+	rec, err := scanRecord(q.QueryRow(ctx, claimOrReadSQL,
+		req.Tenant, req.Operation, req.Key, req.RequestHashes[0], req.HashVersion,
+		req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds(), nullable(claim)), &now, &inserted)
+	switch {
+	case err == nil && inserted:
+		return idem.Decision{Outcome: idem.OutcomeExecute, Lease: leaseOf(rec), Record: rec}, true, nil
+	case err == nil || errors.Is(err, pgx.ErrNoRows):
+		return settledDecision(rec, err, req, now)
+	}
+	return idem.Decision{}, false, fmt.Errorf("claim: %w", err)
 }
 
 // insertClaim is the insert-first claim alone, one statement: ok reports

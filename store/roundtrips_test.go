@@ -37,7 +37,9 @@ func statements(t *testing.T, fn func(ctx context.Context)) []string {
 }
 
 // TestRoundTrips pins the statements of the hot path on PostgreSQL: a
-// fresh key's claim is the fast-path read and the insert, a checkpoint or a
+// fresh key's claim is one statement (the insert, which also reads a
+// settled record), a replay of a settled key is that same statement, a
+// checkpoint or a
 // completion is its update alone (each an implicit transaction), and a
 // transaction is BEGIN, its statements and COMMIT, without CockroachDB's
 // savepoint.
@@ -52,9 +54,16 @@ func TestRoundTrips(t *testing.T) {
 		{"claim of a fresh key", func(ctx context.Context) (err error) {
 			d, err = st.Begin(ctx, beginReq("rt-1", "v1:a"))
 			return err
-		}, []string{"SELECT", "INSERT"}},
+		}, []string{"WITH"}},
 		{"checkpoint", func(ctx context.Context) error { return st.Checkpoint(ctx, d.Lease, cpCreated) }, []string{"UPDATE"}},
 		{"completion", func(ctx context.Context) error { return st.Complete(ctx, d.Lease, completion(`{"ok":1}`)) }, []string{"UPDATE"}},
+		{"replay", func(ctx context.Context) error {
+			r, err := st.Begin(ctx, beginReq("rt-1", "v1:a"))
+			if err == nil && r.Outcome != idem.OutcomeReplay {
+				err = errors.New("not a replay: " + r.Outcome.String())
+			}
+			return err
+		}, []string{"WITH"}},
 		{"transaction", func(ctx context.Context) error {
 			return st.ExecTx(ctx, func(tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, "SELECT 1")

@@ -5,10 +5,12 @@
 // answered, so the transaction committed; the client sees its connection
 // fail with the commit in flight and cannot know the outcome.
 //
-// A commit is a COMMIT, or a write statement that is a transaction of its
-// own: its CommandComplete (INSERT, UPDATE or DELETE of at least one row)
-// followed by ReadyForQuery with the idle status, which the server sends
-// once it has committed.
+// A commit is a COMMIT, or a statement of at least one row that is a
+// transaction of its own: its CommandComplete (INSERT, UPDATE or DELETE of
+// at least one row, or a SELECT of at least one, which is how a claim
+// that inserts in a WITH clause and returns its row is tagged) followed by
+// ReadyForQuery with the idle status, which the server sends once it has
+// committed. A read of no row is never a commit.
 //
 // toxiproxy instantiates toxics from a process-wide registry by type name,
 // so the toxic type is registered once per process and each proxy's state
@@ -68,14 +70,15 @@ func isCommit(chunk []byte) bool {
 	return false
 }
 
-// writeTag reports whether a CommandComplete tag is a write of at least
-// one row ("INSERT 0 1", "UPDATE 3", "DELETE 1").
+// writeTag reports whether a CommandComplete tag is a statement of at
+// least one row that may have written ("INSERT 0 1", "UPDATE 3",
+// "DELETE 1", "SELECT 1").
 func writeTag(tag string) bool {
 	f := strings.Fields(tag)
 	switch {
 	case len(f) == 3 && f[0] == "INSERT":
 		return f[2] != "0"
-	case len(f) == 2 && (f[0] == "UPDATE" || f[0] == "DELETE"):
+	case len(f) == 2 && (f[0] == "UPDATE" || f[0] == "DELETE" || f[0] == "SELECT"):
 		return f[1] != "0"
 	}
 	return false
