@@ -31,6 +31,13 @@ type BeginRequest struct {
 	// key's etcd create revision). A takeover sets the record's token to it,
 	// and only if it is higher than the record's current token.
 	FencingToken int64
+	// StartAt, when set, is the checkpoint a record inserted for a free key
+	// begins at, instead of CheckpointReceived: a caller that acts at once
+	// when it gets the key (the engine's Execute) records that it may have
+	// started in the claim itself, saving a write. A Coordinator may ignore
+	// it (the record then shows CheckpointReceived, and the caller writes
+	// its checkpoint itself). Takeovers do not use it.
+	StartAt Checkpoint
 }
 
 // Decision is the answer to Begin.

@@ -21,9 +21,14 @@
 //
 // # What a takeover does
 //
-// The engine writes checkpoint [CheckpointStarted] before it calls Execute,
-// and puts the record back to [idem.CheckpointReceived] before it stores a
-// retryable failure. So a record taken over at RECEIVED never had a side
+// A record reaches checkpoint [CheckpointStarted] before Execute is called:
+// a free key's record is inserted at it by the claim itself
+// (idem.BeginRequest.StartAt, so a fresh request writes only its claim and
+// its outcome), and a record taken over is moved to it by a fenced write.
+// The engine puts the record back to [idem.CheckpointReceived] before it
+// stores a retryable failure. A node that dies between its claim and its
+// call leaves a record at STARTED: it is recovered (asked downstream), never
+// executed again blindly. So a record taken over at RECEIVED never had a side
 // effect and is executed again; any other checkpoint means a previous owner
 // may have acted, and only the operation's Recover (which asks downstream)
 // may settle it. Without Recover such a record is left

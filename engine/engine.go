@@ -28,9 +28,10 @@ const (
 	writeTimeout = 5 * time.Second
 )
 
-// CheckpointStarted is written before Execute is called: a record taken over
-// at any checkpoint other than idem.CheckpointReceived may have had a side
-// effect.
+// CheckpointStarted is where a record stands before Execute is called (the
+// claim inserts a free key's record at it; a takeover writes it): a record
+// taken over at any checkpoint other than idem.CheckpointReceived may have
+// had a side effect.
 const CheckpointStarted idem.Checkpoint = "STARTED"
 
 // Clock is the engine's time source. Record times (locks, windows) are the
@@ -440,7 +441,8 @@ func (e *Engine) Do(ctx context.Context, req Request) (Answer, error) {
 	if req.Claim != nil {
 		fns.claim = req.Claim
 	}
-	if fns.claim == nil {
+	defaultClaim := fns.claim == nil
+	if defaultClaim {
 		fns.claim = e.begin
 	}
 	switch {
@@ -454,6 +456,12 @@ func (e *Engine) Do(ctx context.Context, req Request) (Answer, error) {
 		return Answer{}, idem.Errorf(idem.ECodeValidationFailed, "A request hash is required.")
 	}
 	begin := e.beginRequest(op, idem.Scope{Tenant: req.Tenant, Operation: op.Name, Key: req.Key}, req.RequestHashes, e.opts.Owner, e.opts.HomeRegion)
+	if defaultClaim {
+		// Execute runs as soon as the key is granted: a free key's record
+		// says so from its insert, and run writes no CheckpointStarted.
+		// (A claim of the operation's own records its own progress.)
+		begin.StartAt = CheckpointStarted
+	}
 	clock := e.opts.Clock
 	deadline := clock.Now().Add(min(max(req.Wait, 0), e.opts.MaxWait))
 	poll := e.opts.PollMin
@@ -645,8 +653,9 @@ func (e *Engine) attempt(ctx context.Context, op Operation, begin idem.BeginRequ
 }
 
 // run calls fn under a and stores how it ended. start says fn is Execute
-// on a record nobody has acted on: CheckpointStarted is written first, and
-// a client already gone releases the record before any side effect.
+// on a record nobody has acted on: CheckpointStarted is written first
+// (unless the claim inserted the record at it), and a client already gone
+// releases the record before any side effect.
 func (e *Engine) run(ctx context.Context, ans Answer, op Operation, a *Attempt, fn ExecuteFunc, start bool) (Answer, error) {
 	if start {
 		if err := ctx.Err(); err != nil {
@@ -654,6 +663,8 @@ func (e *Engine) run(ctx context.Context, ans Answer, op Operation, a *Attempt, 
 			ans.Status = idem.StatusFailedRetryable
 			return ans, err
 		}
+	}
+	if start && a.Record.Checkpoint != CheckpointStarted {
 		if err := a.Checkpoint(ctx, CheckpointStarted); err != nil {
 			if !errors.Is(err, idem.ErrFenced) {
 				e.release(ctx, a, idem.ECodeUnavailable)

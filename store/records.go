@@ -86,8 +86,18 @@ func validateBegin(req idem.BeginRequest) error {
 		return idem.Errorf(idem.ECodeValidationFailed, "A request hash is required.")
 	case req.LockFor <= 0 || req.Window <= 0:
 		return idem.Errorf(idem.ECodeValidationFailed, "Lock duration and replay window must be positive.")
+	case len(req.StartAt) > 64 || req.StartAt == idem.CheckpointCompleted:
+		return idem.Errorf(idem.ECodeValidationFailed, "A record cannot start at checkpoint %q.", req.StartAt)
 	}
 	return nil
+}
+
+// startAt is the checkpoint an inserted record begins at (BeginRequest.StartAt).
+func startAt(req idem.BeginRequest) string {
+	if req.StartAt == "" {
+		return string(idem.CheckpointReceived)
+	}
+	return string(req.StartAt)
 }
 
 // Begin implements idem.Coordinator: it claims the scoped key with one atomic
@@ -291,7 +301,7 @@ func decideOrClaim(ctx context.Context, tx Querier, req idem.BeginRequest, claim
 const claimOrReadSQL = `WITH ins AS (INSERT INTO idempotency_records
 		(tenant_id, operation_name, idempotency_key, request_hash, hash_version, status, checkpoint,
 		 owner, fencing_token, locked_until, home_region, created_at, updated_at, expires_at, claim_id)
-		VALUES ($1, $2, $3, $4, $5, 'IN_PROGRESS', 'RECEIVED', $6, 1,
+		VALUES ($1, $2, $3, $4, $5, 'IN_PROGRESS', $11, $6, 1,
 		 now() + $7::INT8 * INTERVAL '1 millisecond', $8, now(), now(), now() + $9::INT8 * INTERVAL '1 millisecond', $10)
 		ON CONFLICT DO NOTHING
 		RETURNING ` + recordColumns + `)
@@ -316,7 +326,7 @@ func (s *Store) claimOrRead(ctx context.Context, q Querier, req idem.BeginReques
 	)
 	rec, err := scanRecord(q.QueryRow(ctx, claimOrReadSQL,
 		req.Tenant, req.Operation, req.Key, req.RequestHashes[0], req.HashVersion,
-		req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds(), nullable(claim)), &now, &inserted)
+		req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds(), nullable(claim), startAt(req)), &now, &inserted)
 	switch {
 	case err == nil && inserted:
 		return idem.Decision{Outcome: idem.OutcomeExecute, Lease: leaseOf(rec), Record: rec}, true, nil
@@ -333,12 +343,12 @@ func insertClaim(ctx context.Context, tx Querier, req idem.BeginRequest, claim s
 	row := tx.QueryRow(ctx, `INSERT INTO idempotency_records
 		(tenant_id, operation_name, idempotency_key, request_hash, hash_version, status, checkpoint,
 		 owner, fencing_token, locked_until, home_region, created_at, updated_at, expires_at, claim_id)
-		VALUES ($1, $2, $3, $4, $5, 'IN_PROGRESS', 'RECEIVED', $6, 1,
+		VALUES ($1, $2, $3, $4, $5, 'IN_PROGRESS', $11, $6, 1,
 		 now() + $7::INT8 * INTERVAL '1 millisecond', $8, now(), now(), now() + $9::INT8 * INTERVAL '1 millisecond', $10)
 		ON CONFLICT DO NOTHING
 		RETURNING `+recordColumns,
 		req.Tenant, req.Operation, req.Key, req.RequestHashes[0], req.HashVersion,
-		req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds(), nullable(claim))
+		req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds(), nullable(claim), startAt(req))
 	rec, err := scanRecord(row)
 	switch {
 	case err == nil:
@@ -370,9 +380,10 @@ func decideExisting(ctx context.Context, tx Querier, req idem.BeginRequest, clai
 	}
 	if claim != "" && holder != nil && *holder == claim && rec.Status == idem.StatusInProgress {
 		// This claim's own earlier run committed. It was an insert (the
-		// record's first attempt, still at RECEIVED) or a takeover.
+		// record's first attempt, still at the checkpoint it was inserted
+		// at) or a takeover.
 		outcome := idem.OutcomeRecover
-		if rec.Attempts == 1 && rec.Checkpoint == idem.CheckpointReceived {
+		if rec.Attempts == 1 && string(rec.Checkpoint) == startAt(req) {
 			outcome = idem.OutcomeExecute
 		}
 		return idem.Decision{Outcome: outcome, Lease: leaseOf(rec), Record: rec}, nil

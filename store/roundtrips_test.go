@@ -96,3 +96,29 @@ func TestExecTxSwallowedErrorIsDefinite(t *testing.T) {
 		t.Fatalf("ExecTx = %v, want ErrTxCommitRollback, not ErrCommitUnknown", err)
 	}
 }
+
+// TestStartAt: a claim that asks for it inserts its record at the given
+// checkpoint (the engine's STARTED, saving the write before Execute);
+// without it the record starts at RECEIVED, and COMPLETED is refused.
+func TestStartAt(t *testing.T) {
+	st, _ := storetest.New(t)
+	ctx := context.Background()
+	req := beginReq("sa-1", "v1:a")
+	req.StartAt = "STARTED"
+	d, err := st.Begin(ctx, req)
+	if err != nil || d.Outcome != idem.OutcomeExecute || d.Record.Checkpoint != "STARTED" {
+		t.Fatalf("Begin with StartAt = %v, %v, %+v", d.Outcome, err, d.Record)
+	}
+	if rec, err := st.Get(ctx, req.Scope); err != nil || rec.Checkpoint != "STARTED" {
+		t.Errorf("stored record %+v, %v; want it at STARTED", rec, err)
+	}
+	plain, err := st.Begin(ctx, beginReq("sa-2", "v1:a"))
+	if err != nil || plain.Record.Checkpoint != idem.CheckpointReceived {
+		t.Errorf("Begin without StartAt = %+v, %v; want RECEIVED", plain.Record, err)
+	}
+	bad := beginReq("sa-3", "v1:a")
+	bad.StartAt = idem.CheckpointCompleted
+	if _, err := st.Begin(ctx, bad); idem.ErrorCode(err) != idem.ECodeValidationFailed {
+		t.Errorf("StartAt COMPLETED = %v, want %s", err, idem.ECodeValidationFailed)
+	}
+}
