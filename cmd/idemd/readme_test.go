@@ -8,17 +8,17 @@ import (
 	"testing"
 )
 
-// TestReadmeListsEveryFlag: the README's configuration table names every
-// flag idemd accepts, so a new flag cannot ship undocumented.
+// TestReadmeListsEveryFlag: the configuration table of docs/operating.md
+// names every flag idemd accepts, so a new flag cannot ship undocumented.
 func TestReadmeListsEveryFlag(t *testing.T) {
-	b, err := os.ReadFile("../../README.md")
+	b, err := os.ReadFile("../../docs/operating.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	readme := string(b)
 	start := strings.Index(readme, "## Configuration")
 	if start < 0 {
-		t.Fatal("README has no Configuration section")
+		t.Fatal("docs/operating.md has no Configuration section")
 	}
 	section := readme[start:]
 	if end := strings.Index(section[1:], "\n## "); end >= 0 {
@@ -29,7 +29,7 @@ func TestReadmeListsEveryFlag(t *testing.T) {
 	fs.VisitAll(func(f *flag.Flag) {
 		n++
 		if !strings.Contains(section, "`--"+f.Name+"`") {
-			t.Errorf("README's Configuration section does not list --%s", f.Name)
+			t.Errorf("docs/operating.md's Configuration section does not list --%s", f.Name)
 		}
 	})
 	if n < 20 {
