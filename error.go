@@ -43,6 +43,15 @@ const (
 	// idempotency layer may store; the first request's outcome cannot be
 	// replayed, so it is not answered as a success.
 	ECodeResponseTooLarge = "IDEMPOTENCY_RESPONSE_TOO_LARGE"
+	// ECodeResponseNotStored: the first answer to a key was passed to its
+	// client once without being stored (a stream, or an answer larger than
+	// may be stored), and the record settled without it: a retry cannot be
+	// answered with it and is not executed again. It answers 410 Gone, with
+	// no Retry-After: the answer existed and is gone for good, and the same
+	// key never brings it back. Not 409, which clients (and their SDKs) read
+	// as "in progress, retry"; not 422, which would blame a request that was
+	// fine; not 5xx, since nothing failed.
+	ECodeResponseNotStored = "IDEMPOTENCY_RESPONSE_NOT_STORED"
 
 	// Infrastructure.
 	ECodeStoreUnavailable = "STORE_UNAVAILABLE"

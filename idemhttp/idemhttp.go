@@ -25,7 +25,11 @@
 // handler may set with [Classify]; by default a 2xx or 3xx answer is
 // COMPLETED, a 4xx other than 408, 409, 425 and 429 is FAILED_REPLAYABLE
 // (stored and replayed), and 408, 409, 425, 429 and 5xx are FAILED_RETRYABLE:
-// sent to this client but not stored, so a retry executes again.
+// sent to this client but not stored, so a retry executes again. A handler
+// whose answer is too large to store, or a stream, calls [PassThrough]
+// first: its answer then goes to the client as it is written, and the
+// record is settled without the body, so a retry answers 410
+// IDEMPOTENCY_RESPONSE_NOT_STORED instead of executing again.
 //
 // The middleware must run inside the route (mux.Handle(pattern, mw(h))) so
 // that the request's pattern and path values are known; outside a mux the
@@ -126,7 +130,8 @@ type Options struct {
 	// client gets 500 IDEMPOTENCY_RESPONSE_TOO_LARGE, and the record is
 	// left UNKNOWN_REQUIRES_RECOVERY (FAILED_RETRYABLE for a retryable
 	// class), so a retry is never a silent re-execution; Recover may settle
-	// it. Default 1 MiB.
+	// it. A handler that knows its answer is larger (or a stream) calls
+	// PassThrough instead. Default 1 MiB.
 	MaxResponseBody int
 	// Recover, optional, settles a record a crashed or lost execution left
 	// behind (see engine.Operation.Recover).
@@ -277,9 +282,18 @@ func (m *middleware) count(outcome string) {
 
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, h http.Handler) {
 	start := time.Now()
-	var ans engine.Answer
-	err := m.answer(w, r, h, &ans)
-	if err != nil {
+	var (
+		ans  engine.Answer
+		sent bool
+	)
+	err := m.answer(w, r, h, &ans, &sent)
+	switch {
+	case err != nil && sent:
+		// The handler passed its answer through (PassThrough): the client
+		// has it, and the error is the record's.
+		m.opts.Logger.ErrorContext(r.Context(), "answer passed through to the client, but its record failed",
+			"operation", m.opts.Operation, "err", err)
+	case err != nil:
 		m.opts.Errors.Write(w, r, m.opts.Logger, err)
 	}
 	if m.opts.Observe != nil {
@@ -288,8 +302,9 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, h http.Handle
 }
 
 // answer serves one request: it writes the answer, or returns the error to
-// answer, and sets *ans to what the engine answered.
-func (m *middleware) answer(w http.ResponseWriter, r *http.Request, h http.Handler, ans *engine.Answer) error {
+// answer, and sets *ans to what the engine answered and *sent when the
+// handler passed its answer through to w.
+func (m *middleware) answer(w http.ResponseWriter, r *http.Request, h http.Handler, ans *engine.Answer, sent *bool) error {
 	w.Header().Set(HeaderWindow, m.window)
 	tenant, err := m.opts.Tenant(r)
 	if err != nil || tenant == "" {
@@ -319,7 +334,12 @@ func (m *middleware) answer(w http.ResponseWriter, r *http.Request, h http.Handl
 		Operation: m.opts.Operation, Tenant: tenant, Key: key, RequestHashes: cmd.Hashes, Wait: m.wait(r.Header),
 		Claim: cmd.Claim, Recover: cmd.Recover, RetryOn: m.opts.RetryOn,
 		Execute: func(ctx context.Context, a *engine.Attempt) (engine.Result, error) {
-			rec = newRecorder(m.opts.MaxResponseBody)
+			// An answer passes through to the client at most once.
+			client := w
+			if *sent {
+				client = nil
+			}
+			rec = newRecorder(m.opts.MaxResponseBody, client)
 			ctx = withAttempt(ctx, a)
 			if cmd.Value != nil {
 				ctx = context.WithValue(ctx, valueKey{}, cmd.Value)
@@ -328,6 +348,7 @@ func (m *middleware) answer(w http.ResponseWriter, r *http.Request, h http.Handl
 			r2.Body = io.NopCloser(bytes.NewReader(body))
 			r2.ContentLength = int64(len(body))
 			h.ServeHTTP(rec, r2)
+			*sent = *sent || rec.sent
 			return m.result(rec), rec.err
 		},
 	})
@@ -338,12 +359,19 @@ func (m *middleware) answer(w http.ResponseWriter, r *http.Request, h http.Handl
 	switch {
 	case ans.Replayed:
 		m.count("replay")
-		writeStored(w, ans.Response, true)
+		return writeStored(w, ans.Response, true)
 	case ans.Executed && rec.overflow:
 		m.count("error")
 		m.opts.Logger.ErrorContext(r.Context(), "answer larger than MaxResponseBody; record left for recovery",
 			"operation", m.opts.Operation, "limit", m.opts.MaxResponseBody)
 		return idem.Errorf(idem.ECodeResponseTooLarge, "The answer is too large to be stored for replay; retry with the same key later.")
+	case ans.Executed && rec.passing:
+		m.count(ans.Outcome.String())
+		if !rec.sent {
+			// PassThrough, and then nothing written.
+			rec.send()
+			*sent = true
+		}
 	case ans.Executed:
 		m.count(ans.Outcome.String())
 		// The first answer: every header the handler set.
@@ -356,7 +384,7 @@ func (m *middleware) answer(w http.ResponseWriter, r *http.Request, h http.Handl
 		// The operation recorded its result itself (a claim of its own, or
 		// its Recover): its own answer.
 		m.count(ans.Outcome.String())
-		writeStored(w, ans.Response, false)
+		return writeStored(w, ans.Response, false)
 	case ans.Status == idem.StatusUnknown:
 		// Recover could not tell yet.
 		m.count(ans.Outcome.String())
@@ -369,7 +397,7 @@ func (m *middleware) answer(w http.ResponseWriter, r *http.Request, h http.Handl
 		// Settled by a claim of the operation's own or by its Recover:
 		// what it answered.
 		m.count(ans.Outcome.String())
-		writeStored(w, ans.Response, false)
+		return writeStored(w, ans.Response, false)
 	}
 	return nil
 }
@@ -400,7 +428,13 @@ func (m *middleware) command(r *http.Request, body []byte) (Command, error) {
 	return cmd, nil
 }
 
-func writeStored(w http.ResponseWriter, resp idem.Response, replayed bool) {
+// writeStored writes a stored answer, or returns the error that answers
+// one stored without its body (NotStoredSchema).
+func writeStored(w http.ResponseWriter, resp idem.Response, replayed bool) error {
+	if resp.SchemaVersion == NotStoredSchema {
+		return idem.Errorf(idem.ECodeResponseNotStored, "The first answer to this idempotency key was passed on once without being stored "+
+			"(a stream, or larger than can be stored), so it cannot be replayed; the request is not executed again.")
+	}
 	for k, v := range resp.Headers {
 		w.Header().Set(k, v)
 	}
@@ -413,6 +447,7 @@ func writeStored(w http.ResponseWriter, resp idem.Response, replayed bool) {
 	}
 	w.WriteHeader(status)
 	_, _ = w.Write(resp.Body)
+	return nil
 }
 
 func errOutcome(err error) string {
@@ -452,6 +487,10 @@ func (m *middleware) result(rec *recorder) engine.Result {
 		body = []byte{}
 	}
 	res := engine.Result{Response: idem.Response{Status: status, Headers: headers, Body: body}, Status: class, Stored: rec.stored}
+	if rec.passing {
+		// The client has the body; the record keeps the rest.
+		res.Response.Body, res.Response.SchemaVersion = []byte{}, NotStoredSchema
+	}
 	if class != idem.StatusCompleted && !rec.stored {
 		res.ErrorCode = "HTTP_" + strconv.Itoa(status)
 	}

@@ -448,6 +448,58 @@ func TestOversizedAnswer(t *testing.T) {
 	}
 }
 
+// TestPassThrough: an answer the handler passes through reaches the client
+// in full, as written, and is settled without its body: the retry answers
+// 410 IDEMPOTENCY_RESPONSE_NOT_STORED without running the handler, and a
+// retryable one (5xx) runs again, as a buffered one does.
+func TestPassThrough(t *testing.T) {
+	var n atomic.Int32
+	big := strings.Repeat("x", 100)
+	f := newFixture(t, func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		idemhttp.PassThrough(w)
+		w.Header().Set("Content-Type", "text/plain")
+		w.Header().Set("Location", "/accounts/acc_1/transfers/tr_1")
+		status := http.StatusCreated
+		if r.Header.Get("X-Fail") != "" {
+			status = http.StatusBadGateway
+		}
+		w.WriteHeader(status)
+		for i := 0; i < len(big); i += 10 {
+			_, _ = io.WriteString(w, big[i:i+10])
+			if err := http.NewResponseController(w).Flush(); err != nil {
+				t.Errorf("flush: %v", err)
+			}
+		}
+	}, engine.Options{}, idemhttp.Options{MaxResponseBody: 64})
+	first := f.post(t, "tok-a", "k-pass", `{}`)
+	if first.status != 201 || first.body != big || first.header.Get("Location") == "" || first.header.Get("Idempotency-Window") == "" {
+		t.Fatalf("first = %d %q %v", first.status, first.body, first.header)
+	}
+	rec := f.record(t, "tenant-a", "k-pass")
+	if rec.Status != idem.StatusCompleted || rec.Response == nil || rec.Response.Status != 201 ||
+		rec.Response.SchemaVersion != idemhttp.NotStoredSchema || len(rec.Response.Body) != 0 {
+		t.Fatalf("record = %s %+v, want COMPLETED, 201, %s and no body", rec.Status, rec.Response, idemhttp.NotStoredSchema)
+	}
+	for range 2 {
+		a := f.post(t, "tok-a", "k-pass", `{}`)
+		if a.status != http.StatusGone || errorCode(t, a) != idem.ECodeResponseNotStored || a.header.Get("Retry-After") != "" {
+			t.Fatalf("retry = %+v, want 410 %s", a, idem.ECodeResponseNotStored)
+		}
+	}
+	if n.Load() != 1 {
+		t.Fatalf("handler ran %d times, want 1", n.Load())
+	}
+	for i := range 2 {
+		if a := f.post(t, "tok-a", "k-pass-5xx", `{}`, "X-Fail", "1"); a.status != 502 || a.body != big {
+			t.Fatalf("retryable pass-through %d = %d %q", i, a.status, a.body)
+		}
+	}
+	if n.Load() != 3 {
+		t.Fatalf("handler ran %d times, want 3 (a retryable answer executes again)", n.Load())
+	}
+}
+
 func TestOptionsNeedATenantSource(t *testing.T) {
 	st, _ := storetest.New(t)
 	e := engine.New(st, engine.Options{})

@@ -80,6 +80,7 @@ var defaultClasses = map[string]ErrorClass{
 	idem.ECodeOperationUnknown:           {http.StatusNotFound, 0, "Operation unknown"},
 	idem.ECodeRequestTimeout:             {http.StatusRequestTimeout, 0, "Request timeout"},
 	idem.ECodeResponseTooLarge:           {http.StatusInternalServerError, 0, "Response too large to store"},
+	idem.ECodeResponseNotStored:          {http.StatusGone, 0, "Response not stored"},
 	idem.ECodeStoreUnavailable:           {http.StatusServiceUnavailable, 1, "Store unavailable"},
 	idem.ECodeUnavailable:                {http.StatusServiceUnavailable, 1, "Service unavailable"},
 	idem.ECodeInternal:                   {http.StatusInternalServerError, 0, "Internal error"},

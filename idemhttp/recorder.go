@@ -9,7 +9,8 @@ import (
 	"github.com/idemcoord/idem/engine"
 )
 
-// recorder captures a handler's answer, keeping at most limit body bytes.
+// recorder captures a handler's answer, keeping at most limit body bytes,
+// or passes it on to client after PassThrough.
 type recorder struct {
 	header   http.Header
 	status   int
@@ -21,10 +22,15 @@ type recorder struct {
 	// failed (Fail).
 	stored bool
 	err    error
+	// client is the middleware's writer (nil: no pass-through allowed);
+	// passing: PassThrough was called; sent: the status went out to client.
+	client  http.ResponseWriter
+	passing bool
+	sent    bool
 }
 
-func newRecorder(limit int) *recorder {
-	return &recorder{header: http.Header{}, limit: limit}
+func newRecorder(limit int, client http.ResponseWriter) *recorder {
+	return &recorder{header: http.Header{}, limit: limit, client: client}
 }
 
 func (r *recorder) Header() http.Header { return r.header }
@@ -33,13 +39,32 @@ func (r *recorder) WriteHeader(status int) {
 	if r.status == 0 {
 		r.status = status
 	}
+	if r.passing && !r.sent {
+		r.send()
+	}
+}
+
+// send writes the status and headers to the client.
+func (r *recorder) send() {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	for k, v := range r.header {
+		r.client.Header()[k] = v
+	}
+	r.client.WriteHeader(r.status)
+	r.sent = true
 }
 
 // Write keeps the body up to the limit; beyond it the answer is marked
 // overflowing and further bytes are dropped (the handler still runs to its
-// end, so that its effects are whole).
+// end, so that its effects are whole). After PassThrough it writes to the
+// client.
 func (r *recorder) Write(p []byte) (int, error) {
 	r.WriteHeader(http.StatusOK)
+	if r.passing {
+		return r.client.Write(p)
+	}
 	if r.overflow || r.buf.Len()+len(p) > r.limit {
 		r.overflow = true
 		r.buf.Reset()
@@ -47,6 +72,55 @@ func (r *recorder) Write(p []byte) (int, error) {
 	}
 	return r.buf.Write(p)
 }
+
+// FlushError flushes a passed-through answer to the client
+// (http.ResponseController's Flush); a buffered answer has nothing to
+// flush.
+func (r *recorder) FlushError() error {
+	if !r.passing {
+		return nil
+	}
+	if !r.sent {
+		r.send()
+	}
+	return http.NewResponseController(r.client).Flush()
+}
+
+// PassThrough makes the rest of the answer the handler is writing to w go
+// straight to the client, as it is written, instead of being buffered for
+// the record: for an answer larger than Options.MaxResponseBody, or a
+// stream (text/event-stream) that must reach the client as it arrives.
+// Call it before writing; whatever was already written is sent first.
+// Flushing w (http.NewResponseController(w).Flush) flushes to the client.
+//
+// The record is settled by the answer's class (Classify, or DefaultClass
+// of its status) as a buffered answer's would be, but stores the status
+// and Options.StoredHeaders without the body (Response.SchemaVersion
+// NotStoredSchema): a retry with the same key gets 410
+// IDEMPOTENCY_RESPONSE_NOT_STORED, and the handler does not run again. A
+// FAILED_RETRYABLE answer is not stored, as always, so its retry executes
+// again. Once the status is out, Fail still settles the record but the
+// client keeps what it got, and an error of the record's write is logged,
+// not answered. On a writer that is not the middleware's, or after the
+// answer overflowed, it does nothing.
+func PassThrough(w http.ResponseWriter) {
+	r := recorderOf(w)
+	if r == nil || r.client == nil || r.overflow || r.passing {
+		return
+	}
+	r.passing = true
+	if r.status != 0 {
+		r.send()
+		_, _ = r.client.Write(r.buf.Bytes())
+		r.buf.Reset()
+	}
+}
+
+// NotStoredSchema is the Response.SchemaVersion of an answer recorded
+// without its body (PassThrough): its record is settled, and a retry
+// answers 410 IDEMPOTENCY_RESPONSE_NOT_STORED instead of a replay. GET
+// /v1/idempotency/records shows it as responseSchemaVersion.
+const NotStoredSchema = "not-stored"
 
 // Classify sets how the answer the handler is writing to w is stored:
 // idem.StatusCompleted, idem.StatusFailedReplayable (stored and replayed),
