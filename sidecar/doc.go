@@ -52,6 +52,20 @@
 // the record's state at GET /v1/idempotency/records/{operation}/{key}); it
 // is never executed again silently.
 //
+// An answer larger than the route's max-response (Route.MaxResponse;
+// default Options.MaxResponseBody, 1 MiB) and a stream (text/event-stream) are not held for the
+// record: the client gets them as they arrive, flushed as read, and never
+// more than max-response bytes of them is in memory. An answer without a
+// Content-Length is read up to max-response first, so that a short one is
+// stored and replayed as any other, and passed on from there when it is
+// longer. The record of such an answer is settled by its status as above,
+// but without its body: a retry answers 410
+// IDEMPOTENCY_RESPONSE_NOT_STORED and is not executed again, and the
+// record shows responseSchemaVersion "not-stored"
+// (idemhttp.NotStoredSchema). One that breaks off while passed on is
+// settled the same way (its status was received), and the client's
+// connection is aborted so that it cannot take the part for the whole.
+//
 // A client that hangs up (its own timeout, a dropped connection) cancels
 // nothing: the upstream call runs to its answer or to Route.Timeout,
 // detached from the client, and the answer is stored for the client's

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -67,7 +68,18 @@ type Route struct {
 	// node's credentials, and Authorization is never part of the
 	// fingerprint. Default: not passed.
 	PassAuthorization bool
+	// MaxResponse bounds, in bytes, the upstream answer stored for replay:
+	// 1 to MaxMaxResponse. A larger answer, and a text/event-stream one,
+	// is passed to the client as it arrives and settled without its body,
+	// so a retry answers 410 IDEMPOTENCY_RESPONSE_NOT_STORED (see the
+	// package documentation). Default 0: the proxy's
+	// Options.MaxResponseBody.
+	MaxResponse int
 }
+
+// MaxMaxResponse bounds Route.MaxResponse: 64 MiB, CockroachDB's largest
+// write by default (kv.raft.command.max_size); stored answers are rows.
+const MaxMaxResponse = 64 << 20
 
 // MaxWait bounds Route.Wait.
 const MaxWait = time.Minute
@@ -81,8 +93,8 @@ const DefaultTimeout = 30 * time.Second
 //
 // with the options lookup=URL (containing {derivedKey}), idempotent-upstream,
 // header=NAME (repeatable), timeout=DURATION, wait=DURATION, ignore=FIELD
-// (repeatable), key-field=FIELD, replay-header=NAME (repeatable) and
-// pass-authorization (see Route's fields). Spaces around routes are
+// (repeatable), key-field=FIELD, replay-header=NAME (repeatable),
+// pass-authorization and max-response=BYTES (see Route's fields). Spaces around routes are
 // ignored; an empty string is no route. Two routes may not share an
 // operation or a method and prefix.
 func ParseRoutes(s string) ([]Route, error) {
@@ -199,8 +211,17 @@ func parseRoute(s string) (Route, error) {
 			rt.ReplayHeaders = append(rt.ReplayHeaders, http.CanonicalHeaderKey(val))
 		case name == "pass-authorization" && !hasVal:
 			rt.PassAuthorization = true
+		case name == "max-response" && hasVal:
+			if rt.MaxResponse != 0 {
+				return rt, errors.New("max-response given twice")
+			}
+			n, err := strconv.Atoi(val)
+			if err != nil || n < 1 || n > MaxMaxResponse || strings.Trim(val, "0123456789") != "" {
+				return rt, fmt.Errorf("max-response %q: want a number of bytes from 1 to %d", val, MaxMaxResponse)
+			}
+			rt.MaxResponse = n
 		default:
-			return rt, fmt.Errorf("option %q: want lookup=URL, idempotent-upstream, header=NAME, timeout=DURATION, wait=DURATION, ignore=FIELD, key-field=FIELD, replay-header=NAME or pass-authorization", name)
+			return rt, fmt.Errorf("option %q: want lookup=URL, idempotent-upstream, header=NAME, timeout=DURATION, wait=DURATION, ignore=FIELD, key-field=FIELD, replay-header=NAME, pass-authorization or max-response=BYTES", name)
 		}
 	}
 	if rt.Timeout == 0 {
@@ -318,6 +339,9 @@ func (rt Route) String() string {
 	}
 	if rt.PassAuthorization {
 		b.WriteString(";pass-authorization")
+	}
+	if rt.MaxResponse != 0 {
+		b.WriteString(";max-response=" + strconv.Itoa(rt.MaxResponse))
 	}
 	return b.String()
 }

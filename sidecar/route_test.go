@@ -38,13 +38,14 @@ func TestParseRoutes(t *testing.T) {
 
 func TestParseRouteOptions(t *testing.T) {
 	routes, err := sidecar.ParseRoutes("POST /v1/charges=create_charge@http://127.0.0.1:9000;wait=10s;ignore=/meta/sent_at;ignore=request_time;" +
-		"key-field=/idempotency_key;replay-header=x-request-id;pass-authorization")
+		"key-field=/idempotency_key;replay-header=x-request-id;pass-authorization;max-response=2048")
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := routes[0]
 	if r.Prefix != "/v1/charges" || r.Wait != 10*time.Second || !reflect.DeepEqual(r.Ignore, []string{"/meta/sent_at", "request_time"}) ||
-		r.KeyField != "/idempotency_key" || !reflect.DeepEqual(r.ReplayHeaders, []string{"X-Request-Id"}) || !r.PassAuthorization {
+		r.KeyField != "/idempotency_key" || !reflect.DeepEqual(r.ReplayHeaders, []string{"X-Request-Id"}) || !r.PassAuthorization ||
+		r.MaxResponse != 2048 {
 		t.Errorf("route = %+v", r)
 	}
 	again, err := sidecar.ParseRoutes(r.String())
@@ -83,6 +84,15 @@ func TestParseRoutesRejects(t *testing.T) {
 		"POST /t=op@http://h;key-field=a;key-field=b",
 		"POST /t=op@http://h;replay-header=a:b",
 		"POST /t=op@http://h;pass-authorization=yes",
+		"POST /t=op@http://h;max-response",
+		"POST /t=op@http://h;max-response=",
+		"POST /t=op@http://h;max-response=0",
+		"POST /t=op@http://h;max-response=-1",
+		"POST /t=op@http://h;max-response=+1",
+		"POST /t=op@http://h;max-response=1k",
+		"POST /t=op@http://h;max-response=1MiB",
+		"POST /t=op@http://h;max-response=67108865",
+		"POST /t=op@http://h;max-response=1;max-response=2",
 		"POST /t=op@http://h,POST /u=op@http://h", // operation twice
 		"POST /t=a@http://h,POST /t=b@http://h",   // route twice
 	} {
@@ -100,6 +110,7 @@ func FuzzParseRoutes(f *testing.F) {
 		"PUT /v2/orders=put_order@https://up.example/base;lookup=https://up.example/o/{derivedKey};header=X-A;timeout=5s,DELETE /x=d@http://h;idempotent-upstream",
 		"POST /t=op@http://h;lookup=http://h/{derivedKey}%zz",
 		"PATCH /a.b/~c=a.b-c_d@http://[::1]:80/p/",
+		"POST /t=op@http://h;max-response=0001048576;pass-authorization",
 	} {
 		f.Add(s)
 	}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"mime"
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
@@ -71,8 +72,9 @@ type Options struct {
 	// MaxRequestBody bounds a request's body (413 past it). Default
 	// idemhttp.DefaultMaxRequestBody.
 	MaxRequestBody int64
-	// MaxResponseBody bounds the upstream answer stored for replay.
-	// Default idemhttp.DefaultMaxResponseBody.
+	// MaxResponseBody bounds the upstream answer stored for replay, for
+	// routes without a MaxResponse of their own. Default
+	// idemhttp.DefaultMaxResponseBody.
 	MaxResponseBody int
 	// MaxWait caps Prefer: wait=N. Default engine.DefaultMaxWait.
 	MaxWait time.Duration
@@ -109,6 +111,8 @@ type route struct {
 	handler http.Handler
 	// replayHeaders are DefaultReplayHeaders and Route.ReplayHeaders.
 	replayHeaders []string
+	// maxResponse is Route.MaxResponse or Options.MaxResponseBody.
+	maxResponse int
 }
 
 type tenantKey struct{}
@@ -169,7 +173,10 @@ func New(e *engine.Engine, opts Options) (*Proxy, error) {
 				p.calls.WithLabelValues(rt.Operation, k, res)
 			}
 		}
-		r := &route{Route: rt, replayHeaders: append(slices.Clone(DefaultReplayHeaders), rt.ReplayHeaders...)}
+		r := &route{Route: rt, replayHeaders: append(slices.Clone(DefaultReplayHeaders), rt.ReplayHeaders...), maxResponse: rt.MaxResponse}
+		if r.maxResponse <= 0 {
+			r.maxResponse = opts.MaxResponseBody
+		}
 		var recover engine.ExecuteFunc
 		if rt.Lookup != "" || rt.IdempotentUpstream {
 			recover = func(ctx context.Context, a *engine.Attempt) (engine.Result, error) { return p.recover(ctx, r, a) }
@@ -183,7 +190,7 @@ func New(e *engine.Engine, opts Options) (*Proxy, error) {
 			MaxWait:         opts.MaxWait,
 			Wait:            rt.Wait,
 			MaxRequestBody:  opts.MaxRequestBody,
-			MaxResponseBody: opts.MaxResponseBody,
+			MaxResponseBody: max(r.maxResponse, ownAnswerRoom),
 			Errors:          opts.Errors,
 			Recover:         recover,
 			Logger:          opts.Logger,
@@ -197,6 +204,11 @@ func New(e *engine.Engine, opts Options) (*Proxy, error) {
 	}
 	return p, nil
 }
+
+// ownAnswerRoom is the least the middleware may buffer: the proxy passes
+// on an upstream answer larger than the route's maxResponse itself, and its
+// own error answers (never stored) fit under any maxResponse.
+const ownAnswerRoom = 4 << 10
 
 // lockMargin is how much longer than an upstream call an owner holds its
 // record, so that it records the call's end before a retry may take over.
@@ -238,6 +250,10 @@ type original struct {
 	url    *url.URL
 	header http.Header
 	body   []byte
+	// cut: the upstream's answer broke off while it was being passed
+	// through; the client's connection is aborted so that it cannot take
+	// what it got for the whole answer.
+	cut bool
 }
 
 type originalKey struct{}
@@ -269,6 +285,13 @@ func (p *Proxy) keepRequest(rt *route, next http.Handler) http.Handler {
 			}
 			o := &original{method: r.Method, url: r.URL, header: r.Header.Clone(), body: body}
 			r = r.WithContext(context.WithValue(r.Context(), originalKey{}, o))
+			next.ServeHTTP(w, r)
+			if o.cut {
+				// As httputil.ReverseProxy does: net/http closes the
+				// connection without ending the body.
+				panic(http.ErrAbortHandler)
+			}
+			return
 		}
 		next.ServeHTTP(w, r)
 	})
@@ -283,6 +306,11 @@ type upstreamAnswer struct {
 	status int
 	header http.Header
 	body   []byte
+	// notStored: the answer was a stream or larger than the route's
+	// maxResponse; it was passed on (or dropped) and body is nil.
+	notStored bool
+	// cut is the error that broke off a passed-on answer.
+	cut error
 	// result is the metric's result.
 	result string
 	// class overrides idemhttp.DefaultClass ("" keeps it).
@@ -299,9 +327,20 @@ func (p *Proxy) execute(w http.ResponseWriter, r *http.Request, rt *route) {
 		return
 	}
 	// The body the middleware read is the one kept.
-	ans := p.call(r.Context(), rt, "execute", o, a)
+	ans := p.call(r.Context(), rt, "execute", o, a, func(ans upstreamAnswer, body io.Reader) error {
+		idemhttp.PassThrough(w)
+		for k, v := range ans.header {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(ans.status)
+		return passOn(w, body)
+	})
 	if ans.class != "" {
 		idemhttp.Classify(w, ans.class)
+	}
+	if ans.notStored {
+		o.cut = ans.cut != nil
+		return
 	}
 	for k, v := range ans.header {
 		w.Header()[k] = v
@@ -322,7 +361,9 @@ func (p *Proxy) recover(ctx context.Context, rt *route, a *engine.Attempt) (engi
 	}
 	o, _ := ctx.Value(originalKey{}).(*original)
 	if rt.IdempotentUpstream && o != nil {
-		ans := p.call(ctx, rt, "resend", o, a)
+		// No client waits for this answer as it comes: one too large
+		// to store is settled without its body.
+		ans := p.call(ctx, rt, "resend", o, a, nil)
 		class := ans.class
 		if class == "" {
 			class = idemhttp.DefaultClass(ans.status)
@@ -336,9 +377,10 @@ func unknownResult() engine.Result {
 	return engine.Result{Status: idem.StatusUnknown, ErrorCode: idem.ECodeOutcomeUnknown}
 }
 
-// result is a stored answer of ans.
+// result is a stored answer of ans; one not stored, or too large to
+// store, is settled without its body (idemhttp.NotStoredSchema).
 func (p *Proxy) result(rt *route, ans upstreamAnswer, class idem.Status) engine.Result {
-	if class == idem.StatusUnknown || len(ans.body) > p.opts.MaxResponseBody {
+	if class == idem.StatusUnknown {
 		return unknownResult()
 	}
 	headers := map[string]string{}
@@ -348,6 +390,9 @@ func (p *Proxy) result(rt *route, ans upstreamAnswer, class idem.Status) engine.
 		}
 	}
 	res := engine.Result{Response: idem.Response{Status: ans.status, Headers: headers, Body: ans.body}, Status: class}
+	if ans.notStored || len(ans.body) > rt.maxResponse {
+		res.Response.Body, res.Response.SchemaVersion = []byte{}, idemhttp.NotStoredSchema
+	}
 	if class != idem.StatusCompleted {
 		res.ErrorCode = "HTTP_" + strconv.Itoa(ans.status)
 	}
@@ -376,7 +421,7 @@ func (p *Proxy) lookup(ctx context.Context, rt *route, a *engine.Attempt) (engin
 		return engine.Result{}, false
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, int64(p.opts.MaxResponseBody)+1))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, int64(rt.maxResponse)+1))
 	switch {
 	case err != nil:
 		p.count(rt, "lookup", "unknown")
@@ -384,7 +429,9 @@ func (p *Proxy) lookup(ctx context.Context, rt *route, a *engine.Attempt) (engin
 	case resp.StatusCode == http.StatusNotFound:
 		p.count(rt, "lookup", "failed_retryable")
 		return engine.Result{Status: idem.StatusFailedRetryable, ErrorCode: idem.ECodeUnavailable}, true
-	case resp.StatusCode >= 200 && resp.StatusCode < 300 && len(body) <= p.opts.MaxResponseBody:
+	case resp.StatusCode >= 200 && resp.StatusCode < 300:
+		// It happened; an answer too large to store settles it without
+		// its body.
 		p.count(rt, "lookup", "completed")
 		return p.result(rt, upstreamAnswer{status: resp.StatusCode, header: resp.Header, body: body}, idem.StatusCompleted), true
 	}
@@ -412,8 +459,13 @@ func stripHeaders(h http.Header) {
 	}
 }
 
-// call sends o to the upstream under a.
-func (p *Proxy) call(ctx context.Context, rt *route, kind string, o *original, a *engine.Attempt) upstreamAnswer {
+// call sends o to the upstream under a. An answer that is a stream
+// (text/event-stream) or larger than the route's maxResponse is not read
+// into memory: pass, when set, passes it on (its body is what was read of
+// it and the rest as it arrives) and returns the read error that broke it
+// off; without pass it is dropped. Either way it is notStored.
+func (p *Proxy) call(ctx context.Context, rt *route, kind string, o *original, a *engine.Attempt,
+	pass func(ans upstreamAnswer, body io.Reader) error) upstreamAnswer {
 	rec := a.Record
 	derived := DerivedKey(rec.Tenant, rec.Operation, rec.Key, rec.Generation)
 	u := *rt.Upstream
@@ -468,9 +520,16 @@ func (p *Proxy) call(ctx context.Context, rt *route, kind string, o *original, a
 		return p.lost(ctx, rt, kind, err)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, int64(p.opts.MaxResponseBody)+1))
-	if err != nil {
-		return p.lost(ctx, rt, kind, err)
+	streamed := isEventStream(resp.Header) || resp.ContentLength > int64(rt.maxResponse)
+	var body []byte
+	if !streamed {
+		// Without a Content-Length, the length shows once it is read: up
+		// to maxResponse, then it is passed on like a stream.
+		body, err = io.ReadAll(io.LimitReader(resp.Body, int64(rt.maxResponse)+1))
+		if err != nil {
+			return p.lost(ctx, rt, kind, err)
+		}
+		streamed = len(body) > rt.maxResponse
 	}
 	header := resp.Header.Clone()
 	stripHeaders(header)
@@ -479,6 +538,21 @@ func (p *Proxy) call(ctx context.Context, rt *route, kind string, o *original, a
 	header.Del(idemhttp.HeaderReplayed)
 	header.Del(idemhttp.HeaderWindow)
 	ans := upstreamAnswer{status: resp.StatusCode, header: header, body: body}
+	if streamed {
+		ans.notStored = true
+		if pass != nil {
+			if resp.ContentLength >= 0 {
+				header.Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
+			}
+			ans.cut = pass(ans, io.MultiReader(bytes.NewReader(body), resp.Body))
+			header.Del("Content-Length")
+		}
+		ans.body = nil
+		if ans.cut != nil {
+			p.opts.Logger.WarnContext(ctx, "sidecar upstream answer broke off while passed on; the client's connection is aborted",
+				"operation", rt.Operation, "err", ans.cut)
+		}
+	}
 	switch idemhttp.DefaultClass(resp.StatusCode) {
 	case idem.StatusCompleted:
 		ans.result = "completed"
@@ -489,6 +563,37 @@ func (p *Proxy) call(ctx context.Context, rt *route, kind string, o *original, a
 	}
 	p.count(rt, kind, ans.result)
 	return ans
+}
+
+// isEventStream reports whether h is the header of a text/event-stream
+// answer (server-sent events), which is passed on as it arrives.
+func isEventStream(h http.Header) bool {
+	mt, _, err := mime.ParseMediaType(h.Get("Content-Type"))
+	return err == nil && mt == "text/event-stream"
+}
+
+// passOn copies body to w as it arrives, flushing after every read, and
+// returns the read error that broke it off (nil at its end). A client that
+// has gone does not stop it: the upstream's answer is read to its end (or
+// the route's timeout), as a buffered one is.
+func passOn(w http.ResponseWriter, body io.Reader) error {
+	rc := http.NewResponseController(w)
+	buf := make([]byte, 32<<10)
+	var werr error
+	for {
+		n, err := body.Read(buf)
+		if n > 0 && werr == nil {
+			if _, werr = w.Write(buf[:n]); werr == nil {
+				_ = rc.Flush()
+			}
+		}
+		switch {
+		case errors.Is(err, io.EOF):
+			return nil
+		case err != nil:
+			return err
+		}
+	}
 }
 
 // sendOnce gives req a body that net/http's transport cannot rewind, so

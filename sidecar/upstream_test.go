@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -38,12 +39,16 @@ type upstream struct {
 	// delay holds the answer of a key's requests (after executing) this
 	// long.
 	delay map[string]time.Duration
+	// next lets a text/event-stream answer (X-Answer: events) send its
+	// second event.
+	next chan struct{}
 }
 
 func newUpstream(t *testing.T) *upstream {
 	t.Helper()
 	u := &upstream{executions: map[string]int{}, received: map[string]int{}, answers: map[string]string{},
-		fail: map[string]int{}, hangUp: map[string]bool{}, delay: map[string]time.Duration{}, failStatus: http.StatusServiceUnavailable}
+		fail: map[string]int{}, hangUp: map[string]bool{}, delay: map[string]time.Duration{}, failStatus: http.StatusServiceUnavailable,
+		next: make(chan struct{})}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /transfers/by-key/{k}", func(w http.ResponseWriter, r *http.Request) {
 		u.mu.Lock()
@@ -114,8 +119,59 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 	// Headers of the contract, which the sidecar must not pass on.
 	w.Header().Set("Idempotent-Replayed", "true")
 	w.Header().Set("Idempotency-Window", "1")
+	u.answer(w, r.Header.Get("X-Answer"), a)
+}
+
+// answer writes a, shaped by the request's X-Answer header:
+//
+//   - "length:N": a padded to N bytes, with a Content-Length;
+//   - "chunked:N": a padded to N bytes, without one;
+//   - "cut:N": a padded to N bytes, without a Content-Length, broken off
+//     after half of it;
+//   - "events": a text/event-stream of two events, "one" and, once next is
+//     closed (or after 5s, "late" instead), "two";
+//   - anything else: a as it is.
+func (u *upstream) answer(w http.ResponseWriter, shape, a string) {
+	kind, n, _ := strings.Cut(shape, ":")
+	size, _ := strconv.Atoi(n)
+	body := a
+	if size > len(a) {
+		body += strings.Repeat(" ", size-len(a))
+	}
+	rc := http.NewResponseController(w)
+	switch kind {
+	case "length":
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	case "chunked":
+		w.WriteHeader(http.StatusCreated)
+		_ = rc.Flush()
+		_, _ = io.WriteString(w, body)
+		return
+	case "cut":
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, body[:len(body)/2])
+		_ = rc.Flush()
+		if conn, _, err := rc.Hijack(); err == nil {
+			_ = conn.Close()
+		}
+		return
+	case "events":
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("Cache-Control", "no-store")
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, "data: one\n\n")
+		_ = rc.Flush()
+		second := "two"
+		select {
+		case <-u.next:
+		case <-time.After(5 * time.Second):
+			second = "late"
+		}
+		_, _ = io.WriteString(w, "data: "+second+"\n\n")
+		return
+	}
 	w.WriteHeader(http.StatusCreated)
-	_, _ = io.WriteString(w, a)
+	_, _ = io.WriteString(w, body)
 }
 
 func orNull(b []byte) string {
