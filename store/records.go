@@ -514,9 +514,17 @@ func (s *Store) Checkpoint(ctx context.Context, lease idem.Lease, cp idem.Checkp
 		func(r *idem.Record) bool { return r.Checkpoint == cp && openStatus(r.Status) })
 }
 
-// Complete implements idem.Coordinator.
+// Complete implements idem.Coordinator. The completions of concurrent
+// requests are written together (group commit, see completions): one
+// statement and one commit for all that queued while the previous batch
+// was in flight, each still fenced by its own lease.
 func (s *Store) Complete(ctx context.Context, lease idem.Lease, c idem.Completion) error {
-	return s.fencedWrite(ctx, "complete", lease, func(q Querier) error { return CompleteTx(ctx, q, lease, c) },
+	write := func(q Querier) error { return CompleteTx(ctx, q, lease, c) }
+	first := func() error { return s.ExecOne(ctx, write) }
+	if _, unfenced := unfencedWhere(lease); s.group != nil && !unfenced {
+		first = func() error { return s.group.complete(ctx, s, lease, c) }
+	}
+	return s.fencedWriteFirst(ctx, "complete", lease, first, write,
 		func(r *idem.Record) bool { return r.Status == idem.StatusCompleted })
 }
 
@@ -533,7 +541,14 @@ func (s *Store) Fail(ctx context.Context, lease idem.Lease, f idem.Failure) erro
 // commit did not happen and fn runs again (fenced as always); anything else
 // is idem.ErrFenced, as fn itself would have found.
 func (s *Store) fencedWrite(ctx context.Context, what string, lease idem.Lease, fn func(Querier) error, written func(*idem.Record) bool) error {
-	err := s.ExecOne(ctx, fn)
+	return s.fencedWriteFirst(ctx, what, lease, func() error { return s.ExecOne(ctx, fn) }, fn, written)
+}
+
+// fencedWriteFirst is fencedWrite whose first attempt is first (a batch of
+// several owners' writes, say) and whose attempts after an unanswered
+// commit run fn alone.
+func (s *Store) fencedWriteFirst(ctx context.Context, what string, lease idem.Lease, first func() error, fn func(Querier) error, written func(*idem.Record) bool) error {
+	err := first()
 	for attempt := 1; errors.Is(err, ErrCommitUnknown) && attempt <= resolveAttempts; attempt++ {
 		if perr := pause(ctx, attempt); perr != nil {
 			break

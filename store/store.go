@@ -48,6 +48,10 @@ type Options struct {
 	// every request then goes straight to the insert-first claim. Benchmarks
 	// use it to measure the fast path against its absence.
 	NoReplayRead bool
+	// NoGroupCommit sends every completion in a statement of its own
+	// instead of batching the completions of concurrent requests (see
+	// [Store.Complete]). Benchmarks use it to measure group commit.
+	NoGroupCommit bool
 }
 
 // Store is a connection pool to the idempotency store. It is safe for
@@ -57,6 +61,8 @@ type Store struct {
 	logger     *slog.Logger
 	txAttempts int
 	replayRead bool
+	// group batches completions (nil: NoGroupCommit).
+	group *completions
 	// server is what the pool's connections talk to, learnt from the
 	// first connection: 0 not yet known, serverPostgres or
 	// serverCockroach.
@@ -92,6 +98,9 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("store: connect: %w", err)
 	}
 	s := &Store{pool: pool, logger: opts.Logger, txAttempts: opts.TxAttempts, replayRead: !opts.NoReplayRead}
+	if !opts.NoGroupCommit {
+		s.group = &completions{}
+	}
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
 	}

@@ -1,0 +1,91 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/internal/storetest"
+	"github.com/idemcoord/idem/store"
+)
+
+// TestGroupCommit: completions that queue while a batch is in flight go to
+// the store as one fenced statement; each is still fenced by its own lease
+// (a stale owner's completion is refused, the others written), two
+// completions of one scope never share a batch, and what each caller is
+// told matches what its record holds.
+func TestGroupCommit(t *testing.T) {
+	st, _ := storetest.New(t)
+	ctx := context.Background()
+	const n = 6
+	leases := make([]idem.Lease, n)
+	for i := range n {
+		d, err := st.Begin(ctx, beginReq(fmt.Sprintf("g-%d", i), "v1:a"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases[i] = d.Lease
+	}
+	// Owner 0 lost its record to a takeover: its token is stale.
+	stale := leases[0]
+	storetest.Exec(t, st, `UPDATE idempotency_records SET fencing_token = fencing_token + 1 WHERE idempotency_key = 'g-0'`)
+	// A second completion of g-1 under the same lease: a batch never holds
+	// two of one scope, so it goes in the next batch, and is refused there
+	// (the record is no longer open).
+	jobs := append([]idem.Lease{stale}, leases[1:]...)
+	jobs = append(jobs, leases[1])
+
+	queued, release := store.HoldGroup(st)
+	errs := make([]error, len(jobs))
+	var wg sync.WaitGroup
+	var sent []string
+	var sentMu sync.Mutex
+	for i, lease := range jobs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got := statements(t, func(ctx context.Context) {
+				errs[i] = st.Complete(ctx, lease, completion(fmt.Sprintf(`{"n":%d}`, i)))
+			})
+			sentMu.Lock()
+			sent = append(sent, got...)
+			sentMu.Unlock()
+		}()
+	}
+	for deadline := time.Now().Add(30 * time.Second); queued() < len(jobs); {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d completions queued", queued(), len(jobs))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	release()
+	wg.Wait()
+
+	if !errors.Is(errs[0], idem.ErrFenced) {
+		t.Errorf("stale owner's completion = %v, want ErrFenced", errs[0])
+	}
+	for i := 1; i < n; i++ {
+		if errs[i] != nil {
+			t.Errorf("completion %d = %v, want written", i, errs[i])
+		}
+		rec, err := st.Get(ctx, leases[i].Scope)
+		if err != nil || rec.Status != idem.StatusCompleted || string(rec.Response.Body) != fmt.Sprintf(`{"n":%d}`, i) || rec.ResourceID != "x1" {
+			t.Errorf("record %d = %+v, %v; want its own completion", i, rec, err)
+		}
+	}
+	if !errors.Is(errs[n], idem.ErrFenced) {
+		t.Errorf("second completion of one scope = %v, want ErrFenced (the record was completed by the first)", errs[n])
+	}
+	if rec, _ := st.Get(ctx, stale.Scope); rec == nil || rec.Status != idem.StatusInProgress {
+		t.Errorf("stale owner's record = %+v, want it left IN_PROGRESS", rec)
+	}
+	// Two batches: the first with one completion per scope, the second
+	// with the repeated scope.
+	if len(sent) != 2 || sent[0] != "UPDATE" || sent[1] != "UPDATE" {
+		t.Errorf("statements sent %v, want two UPDATEs for %d completions", sent, len(jobs))
+	}
+}
