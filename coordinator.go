@@ -72,9 +72,10 @@ type Failure struct {
 	Response *Response
 }
 
-// Coordinator is the contract of the idempotency engine, satisfied by the
-// in-process engine over a SQL store and by the HTTP client of a regional
-// node's coordination API, so a service can switch between the two.
+// Coordinator is the contract the idempotency engine runs over, satisfied
+// by *store.Store (PostgreSQL or CockroachDB, in process) and by
+// *coordclient.Client (a regional node's coordination API over HTTP), so a
+// service can switch between the two.
 type Coordinator interface {
 	// Begin claims the scoped key (insert first) or reports what the existing
 	// record allows.

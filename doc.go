@@ -6,10 +6,22 @@
 // The package has no dependencies on storage or transport. Adapters live in
 // subpackages named for what they wrap:
 //
+//   - engine: drives one scoped operation end to end over any [Coordinator]
+//     (claim, execute or replay, recover, fencing).
+//   - idemhttp: the middleware that makes a net/http handler idempotent, and
+//     the one table of error codes every HTTP surface answers with (RFC 9457
+//     problems).
+//   - sidecar: idempotency in front of an existing HTTP service, with no
+//     change to it (idemd --proxy-routes).
+//   - coordclient: the Go client of a node's coordination API, itself a
+//     [Coordinator].
 //   - store: records (and the reference payment tables) on PostgreSQL or
 //     CockroachDB through pgx, with serializable transactions and migrations.
 //   - fingerprint: canonical request hashing (RFC 8785 JSON, SHA-256, versioned).
-//   - payments: the reference operation POST /payments.
+//   - fencing: recovery ownership through etcd leases; tokens are revisions.
+//   - routing: which region is home for a tenant, forwarding, failover.
+//   - payments: the reference operation POST /payments, built like any
+//     user's operation.
 //   - region: the regional HTTP node (API, metrics, health).
 //   - cmd/idemd and cmd/idemctl: the node and the operator tool.
 //

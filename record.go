@@ -68,7 +68,7 @@ type Response struct {
 	// Body is the exact body bytes of the first answer.
 	Body []byte
 	// SchemaVersion names the response schema the body was written in (for
-	// example "v2"); see the replay rule in the README.
+	// example "v2"); see the replay rule in docs/http-api.md.
 	SchemaVersion string
 	// ByReference marks a referencing record: the store keeps Status and
 	// SchemaVersion with the record's resource reference (ResourceType,

@@ -64,7 +64,7 @@ func amountVariants(minor int64) []string {
 }
 
 // Serialise renders c as a JSON body. Variant 0 is the canonical form (the
-// README's field order, "10.00", upper-case currency, channel present);
+// docs/http-api.md's field order, "10.00", upper-case currency, channel present);
 // other variants reorder the fields, respell the amount, change the case of
 // the currency and channel, omit or add the default channel and change the
 // whitespace, all of which the service must treat as the same command. rng

@@ -8,7 +8,8 @@
 //	})
 //	mux.Handle("POST /transfers", mw(transferHandler))
 //
-// The contract is the README's: Idempotency-Key is required (400
+// The contract is the one docs/http-api.md describes: Idempotency-Key is
+// required (400
 // IDEMPOTENCY_KEY_MISSING or IDEMPOTENCY_KEY_INVALID); a replay answers the
 // stored status, stored headers and body byte for byte with
 // Idempotent-Replayed: true; the same key with a different request answers

@@ -184,7 +184,7 @@ func (s *Service) decline(ctx context.Context, lease idem.Lease, p store.Payment
 // key already held a charge with another amount or currency: nothing was
 // charged for it, and its merchant reference cannot be charged again (the
 // payment id, hence the provider key, derives from it). The operator's way
-// out is in the README ("Provider key conflicts").
+// out is in docs/http-api.md ("Provider key conflicts").
 const PaymentStatusConflict = "CONFLICT"
 
 // providerKeyConflict records that the provider already holds a charge with

@@ -42,7 +42,7 @@
 // 429 and 5xx are FAILED_RETRYABLE:
 // answered but not stored, so the next retry executes again, with the same
 // derived key. An upstream that could not be reached before the request was
-// written answers 503 UNAVAILABLE (retryable). An answer lost after the
+// written answers 503 SERVICE_UNAVAILABLE (retryable). An answer lost after the
 // request was (maybe) written - a timeout, a reset connection, a body cut
 // short - is UNKNOWN_REQUIRES_RECOVERY: the client gets 202
 // OUTCOME_UNKNOWN, and the record is settled by the route's Lookup,
