@@ -374,7 +374,7 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 	wg.Go(func() { w.run(trafficCtx, drainCtx) })
 	var sct *sidecarTraffic
 	if up != nil {
-		sct = newSidecarTraffic(up, runID(s, opts.Seed), opts.Seed, regions, targets, info.Tokens, c.ClientTLS())
+		sct = newSidecarTraffic(up, s.SidecarForm, runID(s, opts.Seed), opts.Seed, regions, targets, info.Tokens, c.ClientTLS())
 		wg.Go(func() { sct.run(trafficCtx, drainCtx, max(opts.Clients/2, 1)) })
 	}
 

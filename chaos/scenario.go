@@ -40,6 +40,10 @@ type Scenario struct {
 	// too, racing each command's first attempt over every region; the
 	// sidecar checks then look at it.
 	Sidecar bool
+	// SidecarForm makes the sidecar's clients send their commands
+	// form-encoded (application/x-www-form-urlencoded), every retry with
+	// the fields in another order.
+	SidecarForm bool
 	// DockerOnly marks a scenario whose faults exist only at the network
 	// layer of the docker environment (Options.Env EnvDocker).
 	DockerOnly bool
@@ -71,6 +75,13 @@ var baseNodeArgs = []string{"--lock-timeout", chaosLockTimeout.String(), "--reco
 
 // Catalogue returns every scenario, in the order "all" runs them.
 func Catalogue() []Scenario {
+	sidecarFaults := func(env *Env, r []string) []Step {
+		return []Step{
+			{SidecarLoseAnswers(env), 3 * time.Second},
+			{KillNode(r[0], 0), 2 * time.Second},
+			{KillNode(r[1], 1), 2 * time.Second},
+		}
+	}
 	return []Scenario{
 		{
 			Name: "completed-replay",
@@ -347,13 +358,17 @@ func Catalogue() []Scenario {
 				"and every 2xx answer of a key is the same bytes",
 			Sidecar:  true,
 			Workload: WorkloadConfig{Mix: map[Role]int{RoleNormal: 1}},
-			Faults: func(env *Env, r []string) []Step {
-				return []Step{
-					{SidecarLoseAnswers(env), 3 * time.Second},
-					{KillNode(r[0], 0), 2 * time.Second},
-					{KillNode(r[1], 1), 2 * time.Second},
-				}
-			},
+			Faults:   sidecarFaults,
+		},
+		{
+			Name: "sidecar-cross-region-form",
+			Description: "sidecar-cross-region with form-encoded transfers (application/x-www-form-urlencoded, as payment SDKs send them): " +
+				"every retry sends the fields in another order, spaces as + or %20, which is the same command, so it is answered as one " +
+				"(a replay, never 409 IDEMPOTENCY_KEY_REUSED_WITH_DIFFERENT_REQUEST); the same faults and checks",
+			Sidecar:     true,
+			SidecarForm: true,
+			Workload:    WorkloadConfig{Mix: map[Role]int{RoleNormal: 1}},
+			Faults:      sidecarFaults,
 		},
 		{
 			Name: "duplicate-delivery",

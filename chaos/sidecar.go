@@ -11,7 +11,9 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -78,7 +80,11 @@ func (u *sidecarUpstream) execute(w http.ResponseWriter, r *http.Request) {
 	u.mu.Lock()
 	u.n++
 	u.byKey[key]++
-	a, _ := json.Marshal(map[string]any{"transfer": fmt.Sprintf("tr_%d", u.n), "tenant": r.Header.Get("Idem-Tenant"), "request": json.RawMessage(body)})
+	var request any = string(body) // a form
+	if json.Valid(body) {
+		request = json.RawMessage(body)
+	}
+	a, _ := json.Marshal(map[string]any{"transfer": fmt.Sprintf("tr_%d", u.n), "tenant": r.Header.Get("Idem-Tenant"), "request": request})
 	u.answers[key] = a
 	lose := u.lose && u.n%3 == 0
 	u.mu.Unlock()
@@ -145,7 +151,10 @@ func (u *sidecarUpstream) setLose(on bool) {
 
 // SidecarAnswer is one answer a sidecar client got.
 type SidecarAnswer struct {
-	Node     string `json:"node"`
+	Node string `json:"node"`
+	// Sent is the body the request sent, when not the command's Body (a
+	// form's fields in another order).
+	Sent     string `json:"sent,omitempty"`
 	Status   int    `json:"status"`
 	Body     string `json:"body,omitempty"`
 	Replayed bool   `json:"replayed,omitempty"`
@@ -160,6 +169,8 @@ type sidecarKey struct {
 	Derived string          `json:"derivedKey"`
 	Body    string          `json:"body"`
 	Answers []SidecarAnswer `json:"answers"`
+	// fields are a form command's pairs, in Body's order (nil: JSON).
+	fields [][2]string
 }
 
 // final reports whether a is an answer the command ends with: a 2xx other
@@ -170,9 +181,12 @@ func (a SidecarAnswer) final() bool {
 
 // sidecarTraffic drives the sidecar route: each command's first attempt goes
 // to every region at once (a cross-region race, forwarded to the tenant's
-// home), then retries go to random nodes until a 2xx answer.
+// home), then retries go to random nodes until a 2xx answer. With form,
+// commands are application/x-www-form-urlencoded, and every request but
+// the first sends the fields in another order.
 type sidecarTraffic struct {
 	up      *sidecarUpstream
+	form    bool
 	runID   string
 	seed    uint64
 	regions []string
@@ -185,14 +199,14 @@ type sidecarTraffic struct {
 	keys []*sidecarKey
 }
 
-func newSidecarTraffic(up *sidecarUpstream, runID string, seed uint64, regions []string, targets map[string][]target, tokens map[string]string, tlsConfig *tls.Config) *sidecarTraffic {
+func newSidecarTraffic(up *sidecarUpstream, form bool, runID string, seed uint64, regions []string, targets map[string][]target, tokens map[string]string, tlsConfig *tls.Config) *sidecarTraffic {
 	tenants := make([]string, 0, len(tokens))
 	for t := range tokens {
 		tenants = append(tenants, t)
 	}
 	slices.Sort(tenants)
 	tr := &http.Transport{MaxIdleConnsPerHost: 4, TLSClientConfig: tlsConfig}
-	return &sidecarTraffic{up: up, runID: runID, seed: seed, regions: regions, targets: targets, tokens: tokens, tenants: tenants,
+	return &sidecarTraffic{up: up, form: form, runID: runID, seed: seed, regions: regions, targets: targets, tokens: tokens, tenants: tenants,
 		http: &http.Client{Transport: tr, Timeout: 3 * sidecarCallTimeout}}
 }
 
@@ -205,8 +219,13 @@ func (s *sidecarTraffic) run(traffic, drain context.Context, clients int) {
 			rng := rand.New(rand.NewPCG(s.seed, uint64(i)+1000))
 			for n := 0; traffic.Err() == nil; n++ {
 				tenant := s.tenants[(i+n)%len(s.tenants)]
-				k := &sidecarKey{Tenant: tenant, Key: fmt.Sprintf("%s-sc%d-%d", s.runID, i, n),
-					Body: fmt.Sprintf(`{"amount":"%d.00","to":"acc_%d"}`, 1+rng.IntN(500), i)}
+				k := &sidecarKey{Tenant: tenant, Key: fmt.Sprintf("%s-sc%d-%d", s.runID, i, n)}
+				if s.form {
+					k.fields = formCommand(rng, i)
+					k.Body = encodeForm(k.fields, true)
+				} else {
+					k.Body = fmt.Sprintf(`{"amount":"%d.00","to":"acc_%d"}`, 1+rng.IntN(500), i)
+				}
 				k.Derived = sidecar.DerivedKey(tenant, sidecarOperation, k.Key, 0)
 				s.mu.Lock()
 				s.keys = append(s.keys, k)
@@ -226,11 +245,16 @@ func (s *sidecarTraffic) drive(ctx context.Context, rng *rand.Rand, k *sidecarKe
 	var wg sync.WaitGroup
 	first := make([]SidecarAnswer, len(s.regions))
 	picks := make([]target, len(s.regions))
+	bodies := make([]string, len(s.regions))
 	for i, r := range s.regions {
 		picks[i] = s.targets[r][rng.IntN(len(s.targets[r]))]
+		bodies[i] = k.Body
+		if i > 0 {
+			bodies[i] = s.body(rng, k)
+		}
 	}
 	for i := range s.regions {
-		wg.Go(func() { first[i] = s.send(ctx, picks[i], k) })
+		wg.Go(func() { first[i] = s.send(ctx, picks[i], k, bodies[i]) })
 	}
 	wg.Wait()
 	s.record(k, first...)
@@ -238,7 +262,7 @@ func (s *sidecarTraffic) drive(ctx context.Context, rng *rand.Rand, k *sidecarKe
 	for attempt := 0; !done && ctx.Err() == nil && attempt < 200; attempt++ {
 		sleepCtx(ctx, time.Duration(50+rng.IntN(150))*time.Millisecond)
 		r := s.regions[rng.IntN(len(s.regions))]
-		a := s.send(ctx, s.targets[r][rng.IntN(len(s.targets[r]))], k)
+		a := s.send(ctx, s.targets[r][rng.IntN(len(s.targets[r]))], k, s.body(rng, k))
 		s.record(k, a)
 		done = a.final()
 	}
@@ -250,9 +274,75 @@ func (s *sidecarTraffic) record(k *sidecarKey, a ...SidecarAnswer) {
 	k.Answers = append(k.Answers, a...)
 }
 
-func (s *sidecarTraffic) send(ctx context.Context, t target, k *sidecarKey) SidecarAnswer {
+// body is what a retry of k sends: a form's fields in a new order, spaces
+// as '+' or "%20" (the same command); a JSON command as it is.
+func (s *sidecarTraffic) body(rng *rand.Rand, k *sidecarKey) string {
+	if k.fields == nil {
+		return k.Body
+	}
+	return encodeForm(shuffleForm(rng, k.fields), rng.IntN(2) == 0)
+}
+
+// formCommand is a form command of client i, as payment SDKs send them:
+// nested names, a repeated name and values that need escaping.
+func formCommand(rng *rand.Rand, i int) [][2]string {
+	return [][2]string{
+		{"amount", fmt.Sprintf("%d.00", 1+rng.IntN(500))},
+		{"currency", "eur"},
+		{"to", fmt.Sprintf("acc_%d", i)},
+		{"description", "rent & bills + café"},
+		{"metadata[order_id]", fmt.Sprintf("ord %d", rng.IntN(1_000_000))},
+		{"expand[]", "destination"},
+		{"expand[]", "balance_transaction"},
+	}
+}
+
+// shuffleForm returns fields in a random order, keeping a repeated name's
+// values in the order they had (their order is part of the command).
+func shuffleForm(rng *rand.Rand, fields [][2]string) [][2]string {
+	out := slices.Clone(fields)
+	rng.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	next := map[string]int{}
+	for i := range out {
+		name := out[i][0]
+		n := next[name]
+		for _, f := range fields {
+			if f[0] != name {
+				continue
+			}
+			if n == 0 {
+				out[i] = f
+				break
+			}
+			n--
+		}
+		next[name]++
+	}
+	return out
+}
+
+// encodeForm encodes fields in their order, spaces as '+' or as "%20".
+func encodeForm(fields [][2]string, plus bool) string {
+	var b strings.Builder
+	for i, f := range fields {
+		if i > 0 {
+			b.WriteByte('&')
+		}
+		b.WriteString(url.QueryEscape(f[0]) + "=" + url.QueryEscape(f[1]))
+	}
+	if plus {
+		return b.String()
+	}
+	// QueryEscape writes a space as '+' and a '+' as "%2B".
+	return strings.ReplaceAll(b.String(), "+", "%20")
+}
+
+func (s *sidecarTraffic) send(ctx context.Context, t target, k *sidecarKey, body string) SidecarAnswer {
 	a := SidecarAnswer{Node: t.node}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.url+"/transfers", bytes.NewReader([]byte(k.Body)))
+	if body != k.Body {
+		a.Sent = body
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.url+"/transfers", strings.NewReader(body))
 	if err != nil {
 		a.Error = err.Error()
 		return a
@@ -260,6 +350,9 @@ func (s *sidecarTraffic) send(ctx context.Context, t target, k *sidecarKey) Side
 	req.Header.Set("Authorization", "Bearer "+s.tokens[k.Tenant])
 	req.Header.Set("Idempotency-Key", k.Key)
 	req.Header.Set("Content-Type", "application/json")
+	if k.fields != nil {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
 	req.Header.Set("Prefer", "wait=2")
 	resp, err := s.http.Do(req)
 	if err != nil {
@@ -294,7 +387,7 @@ func (s *sidecarTraffic) sweep(ctx context.Context) {
 			continue
 		}
 		r := s.regions[rng.IntN(len(s.regions))]
-		a := s.send(ctx, s.targets[r][rng.IntN(len(s.targets[r]))], k)
+		a := s.send(ctx, s.targets[r][rng.IntN(len(s.targets[r]))], k, s.body(rng, k))
 		a.Sweep = true
 		s.record(k, a)
 	}

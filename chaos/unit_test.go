@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/anishathalye/porcupine"
 	"golang.org/x/net/html"
 
+	"github.com/idemcoord/idem/fingerprint"
 	"github.com/idemcoord/idem/payments"
 )
 
@@ -370,5 +372,36 @@ func TestSidecarChecksCatch(t *testing.T) {
 	}
 	if r := checkSidecarSingleExecution(&checkInput{}); !r.Skipped || !r.Passed {
 		t.Errorf("no sidecar: %+v", r)
+	}
+}
+
+// TestSidecarFormRetries: the form scenario's retries are the command's
+// fields in other orders and spellings, which the sidecar's canonical form
+// (fingerprint.ParseForm) reads as the same command; a repeated name keeps
+// its values' order, and most retries differ from the first in their bytes.
+func TestSidecarFormRetries(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	s := &sidecarTraffic{form: true}
+	differ := 0
+	for i := range 100 {
+		k := &sidecarKey{fields: formCommand(rng, i)}
+		k.Body = encodeForm(k.fields, true)
+		want, err := fingerprint.ParseForm([]byte(k.Body), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 5 {
+			retry := s.body(rng, k)
+			got, err := fingerprint.ParseForm([]byte(retry), nil)
+			if err != nil || !reflect.DeepEqual(got, want) {
+				t.Fatalf("retry %q reads as %v (%v), the command %q as %v", retry, got, err, k.Body, want)
+			}
+			if retry != k.Body {
+				differ++
+			}
+		}
+	}
+	if differ < 450 {
+		t.Errorf("%d of 500 retries differ from the first body", differ)
 	}
 }
