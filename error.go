@@ -7,8 +7,9 @@ import (
 
 // Error codes a client can see, those of the engine and the node. They are
 // part of the API contract: never rename one. An operation's own codes live
-// in its package (payments' in package payments). The HTTP status for each
-// lives in one table in package region.
+// in its package (payments' in package payments). The HTTP status and
+// Retry-After of each live in one table, idemhttp.DefaultErrors, which a
+// node extends with the codes its operations declare.
 const (
 	// Idempotency contract.
 	ECodeKeyMissing        = "IDEMPOTENCY_KEY_MISSING"
