@@ -26,6 +26,7 @@ var libraries = []string{
 	module + "/fencing",
 	module + "/fingerprint",
 	module + "/idemhttp",
+	module + "/memcoord",
 	module + "/sidecar",
 	module + "/store",
 }
@@ -88,8 +89,9 @@ var only = map[string]string{
 
 // stdOnly are library packages that import nothing outside the standard
 // library and this package list: the root package is the domain
-// vocabulary, with no dependency on storage or transport.
-var stdOnly = []string{module}
+// vocabulary, with no dependency on storage or transport, and the
+// in-memory coordinator is what users' unit tests link instead of a store.
+var stdOnly = []string{module, module + "/memcoord"}
 
 // under reports whether path is prefix or a package below it.
 func under(path, prefix string) bool {

@@ -1,7 +1,8 @@
 // Package depcheck has no code of its own: its tests check that the
 // library packages (the root package idem, engine, idemhttp, store,
-// fingerprint, coordclient, fencing, sidecar) change nothing in the
-// programs that import them and pull only the dependencies they need.
+// memcoord, fingerprint, coordclient, fencing, sidecar) change nothing in
+// the programs that import them and pull only the dependencies they need
+// (the root package and memcoord: the standard library alone).
 //
 //   - TestLibraryDependencies lists each library package's dependencies
 //     with `go list -deps` and fails on an exporter, a server, test

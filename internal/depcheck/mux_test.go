@@ -12,11 +12,12 @@ import (
 	_ "github.com/idemcoord/idem/coordclient"
 	_ "github.com/idemcoord/idem/engine"
 	_ "github.com/idemcoord/idem/fingerprint"
+	_ "github.com/idemcoord/idem/memcoord"
 	_ "github.com/idemcoord/idem/store"
 )
 
 // TestNothingOnDefaultServeMux: a program importing the engine (and store,
-// coordclient, fingerprint, the root package) serves nothing on
+// coordclient, fingerprint, memcoord, the root package) serves nothing on
 // http.DefaultServeMux: no pprof, no expvar, no catch-all. This test
 // binary links nothing else that could register: keep this package's
 // imports to the standard library and the packages above.
