@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/coordclient"
+	"github.com/idemcoord/idem/coordtest"
 	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/fencing"
 	"github.com/idemcoord/idem/fingerprint"
@@ -23,6 +24,7 @@ import (
 	"github.com/idemcoord/idem/internal/fakeclock"
 	"github.com/idemcoord/idem/internal/pgtest"
 	"github.com/idemcoord/idem/internal/storetest"
+	"github.com/idemcoord/idem/memcoord"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/region"
 	"github.com/idemcoord/idem/store"
@@ -35,22 +37,69 @@ const (
 	opName = "create_transfer"
 )
 
-// coordinator is one idem.Coordinator under test and the store behind it.
+// coordinator is one idem.Coordinator under test.
 type coordinator struct {
 	name string
-	open func(t *testing.T) (idem.Coordinator, *store.Store)
+	open func(t *testing.T) fixture
+}
+
+// fixture is an opened coordinator and what the tests need beside it.
+type fixture struct {
+	coord idem.Coordinator
+	// target says what the contract suite may expect of coord (its Age is
+	// set by suite).
+	target coordtest.Target
+	// age makes d pass for scope's record (coordtest.Target.Age).
+	age func(tb testing.TB, scope idem.Scope, d time.Duration)
+	// get reads scope's record.
+	get func(tb testing.TB, scope idem.Scope) *idem.Record
+}
+
+// suite returns the contract suite's Target for one of its checks.
+func (f fixture) suite(t *testing.T) coordtest.Target {
+	tg := f.target
+	tg.Coordinator = f.coord
+	tg.Age = func(s idem.Scope, d time.Duration) { f.age(t, s, d) }
+	return tg
+}
+
+// record reads key's record (tenant, opName).
+func (f fixture) record(t *testing.T, key string) *idem.Record {
+	t.Helper()
+	return f.get(t, idem.Scope{Tenant: tenant, Operation: opName, Key: key})
+}
+
+// stale makes key's lock (of at most a minute) run out.
+func (f fixture) stale(t *testing.T, key string) {
+	t.Helper()
+	f.age(t, idem.Scope{Tenant: tenant, Operation: opName, Key: key}, 2*time.Minute)
+}
+
+func storeFixture(st *store.Store) fixture {
+	return fixture{
+		coord: st,
+		age:   func(tb testing.TB, s idem.Scope, d time.Duration) { storetest.Age(tb, st, s, d) },
+		get: func(tb testing.TB, s idem.Scope) *idem.Record {
+			tb.Helper()
+			rec, err := st.Get(context.Background(), s)
+			if err != nil {
+				tb.Fatalf("get %s: %v", s.Key, err)
+			}
+			return rec
+		},
+	}
 }
 
 var coordinators = []coordinator{
-	{"store", func(t *testing.T) (idem.Coordinator, *store.Store) {
+	{"store", func(t *testing.T) fixture {
 		st, _ := storetest.New(t)
-		return st, st
+		return storeFixture(st)
 	}},
-	{"client", func(t *testing.T) (idem.Coordinator, *store.Store) {
+	{"client", func(t *testing.T) fixture {
 		st, _ := storetest.New(t)
 		pay := payments.NewService(st, payments.Config{Region: "test", Window: time.Hour})
 		srv, err := region.NewServer(region.Config{Region: "test", Tokens: map[string]string{"tok-a": tenant},
-			Operations: []string{opName}}, st, region.Payments(pay))
+			Operations: []string{opName, coordtest.Operation, coordtest.OtherOperation}}, st, region.Payments(pay))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -58,7 +107,31 @@ var coordinators = []coordinator{
 		t.Cleanup(hs.Close)
 		tr := &http.Transport{}
 		t.Cleanup(tr.CloseIdleConnections)
-		return &coordclient.Client{BaseURL: hs.URL, Token: "tok-a", HTTP: &http.Client{Transport: tr}}, st
+		f := storeFixture(st)
+		f.coord = &coordclient.Client{BaseURL: hs.URL, Token: "tok-a", HTTP: &http.Client{Transport: tr}}
+		// The node serves the token's tenant, whatever a scope names.
+		f.target = coordtest.Target{OneTenant: true, NoExternalFencing: true, IgnoresStartAt: true}
+		inStore := func(s idem.Scope) idem.Scope { s.Tenant = tenant; return s }
+		age, get := f.age, f.get
+		f.age = func(tb testing.TB, s idem.Scope, d time.Duration) { age(tb, inStore(s), d) }
+		f.get = func(tb testing.TB, s idem.Scope) *idem.Record { return get(tb, inStore(s)) }
+		return f
+	}},
+	{"memory", func(t *testing.T) fixture {
+		clock := fakeclock.NewManual(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+		c := memcoord.New(memcoord.WithClock(clock.Now))
+		return fixture{
+			coord: c,
+			age:   func(_ testing.TB, _ idem.Scope, d time.Duration) { clock.Advance(d) },
+			get: func(tb testing.TB, s idem.Scope) *idem.Record {
+				tb.Helper()
+				rec, err := c.Get(context.Background(), s)
+				if err != nil {
+					tb.Fatalf("get %s: %v", s.Key, err)
+				}
+				return rec
+			},
+		}
 	}},
 }
 
@@ -125,11 +198,16 @@ func record(t *testing.T, st *store.Store, key string) *idem.Record {
 	return rec
 }
 
-// TestContract runs the engine's contract over the in-process store and over
-// the coordination API's client.
+// TestContract runs the Coordinator contract suite (package coordtest) and
+// the engine's contract over the in-process store, over the coordination
+// API's client and over the in-memory coordinator.
 func TestContract(t *testing.T) {
 	for _, c := range coordinators {
 		t.Run(c.name, func(t *testing.T) {
+			t.Run("coordinator", func(t *testing.T) {
+				f := c.open(t) // one store for every check: their keys differ
+				coordtest.Run(t, f.suite)
+			})
 			t.Run("replay", func(t *testing.T) { testReplay(t, c) })
 			t.Run("conflict", func(t *testing.T) { testConflict(t, c) })
 			t.Run("concurrent", func(t *testing.T) { testConcurrent(t, c) })
@@ -145,7 +223,8 @@ func TestContract(t *testing.T) {
 }
 
 func testReplay(t *testing.T, c coordinator) {
-	coord, st := c.open(t)
+	f := c.open(t)
+	coord := f.coord
 	var op counting
 	e := newEngine(t, coord, engine.Options{}, engine.Operation{Execute: op.execute})
 	ctx := ctxOf(t)
@@ -165,13 +244,13 @@ func testReplay(t *testing.T, c coordinator) {
 	if got := op.n.Load(); got != 1 {
 		t.Errorf("executions = %d, want 1", got)
 	}
-	if rec := record(t, st, "k1"); rec.Status != idem.StatusCompleted || rec.ResourceID != "1" {
+	if rec := f.record(t, "k1"); rec.Status != idem.StatusCompleted || rec.ResourceID != "1" {
 		t.Errorf("record = %+v", rec)
 	}
 }
 
 func testConflict(t *testing.T, c coordinator) {
-	coord, _ := c.open(t)
+	coord := c.open(t).coord
 	var op counting
 	e := newEngine(t, coord, engine.Options{}, engine.Operation{Execute: op.execute})
 	ctx := ctxOf(t)
@@ -188,7 +267,7 @@ func testConflict(t *testing.T, c coordinator) {
 }
 
 func testConcurrent(t *testing.T, c coordinator) {
-	coord, _ := c.open(t)
+	coord := c.open(t).coord
 	var op counting
 	e := newEngine(t, coord, engine.Options{}, engine.Operation{Execute: op.execute})
 	ctx := ctxOf(t)
@@ -222,7 +301,7 @@ func testConcurrent(t *testing.T, c coordinator) {
 }
 
 func testWait(t *testing.T, c coordinator) {
-	coord, _ := c.open(t)
+	coord := c.open(t).coord
 	var op counting
 	entered, release := make(chan struct{}), make(chan struct{})
 	clock := fakeclock.NewStep(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
@@ -269,7 +348,8 @@ func testWait(t *testing.T, c coordinator) {
 }
 
 func testRetryable(t *testing.T, c coordinator) {
-	coord, st := c.open(t)
+	f := c.open(t)
+	coord := f.coord
 	var n atomic.Int32
 	e := newEngine(t, coord, engine.Options{}, engine.Operation{Execute: func(_ context.Context, _ *engine.Attempt) (engine.Result, error) {
 		if n.Add(1) == 1 {
@@ -283,7 +363,7 @@ func testRetryable(t *testing.T, c coordinator) {
 	if err != nil || first.Response.Status != 503 || first.Status != idem.StatusFailedRetryable {
 		t.Fatalf("first = %+v, %v", first, err)
 	}
-	if rec := record(t, st, "k-r"); rec.Status != idem.StatusFailedRetryable || rec.Checkpoint != idem.CheckpointReceived || rec.Response != nil {
+	if rec := f.record(t, "k-r"); rec.Status != idem.StatusFailedRetryable || rec.Checkpoint != idem.CheckpointReceived || rec.Response != nil {
 		t.Fatalf("record after a retryable failure = %+v", rec)
 	}
 	second, err := e.Do(ctx, request("k-r", h))
@@ -297,13 +377,14 @@ func testRetryable(t *testing.T, c coordinator) {
 	if _, err := e2.Do(ctx, request("k-r2", h)); err == nil || !engine.IsRetryable(err) {
 		t.Fatalf("Retryable error = %v", err)
 	}
-	if rec := record(t, st, "k-r2"); rec.Status != idem.StatusFailedRetryable {
+	if rec := f.record(t, "k-r2"); rec.Status != idem.StatusFailedRetryable {
 		t.Errorf("record = %s, want FAILED_RETRYABLE", rec.Status)
 	}
 }
 
 func testPanic(t *testing.T, c coordinator) {
-	coord, st := c.open(t)
+	f := c.open(t)
+	coord := f.coord
 	var executed, recovered atomic.Int32
 	e := newEngine(t, coord, engine.Options{}, engine.Operation{
 		Execute: func(context.Context, *engine.Attempt) (engine.Result, error) {
@@ -326,7 +407,7 @@ func testPanic(t *testing.T, c coordinator) {
 		_, _ = e.Do(ctx, request("k-p", h))
 	}()
 	// Right after the panic, not after the lock timeout (30s here).
-	if rec := record(t, st, "k-p"); rec.Status != idem.StatusUnknown || rec.LockedUntil != nil {
+	if rec := f.record(t, "k-p"); rec.Status != idem.StatusUnknown || rec.LockedUntil != nil {
 		t.Fatalf("record after a panic = %s (locked until %v), want UNKNOWN_REQUIRES_RECOVERY at once", rec.Status, rec.LockedUntil)
 	}
 	// The retry is settled by Recover; Execute never runs again.
@@ -340,7 +421,8 @@ func testPanic(t *testing.T, c coordinator) {
 }
 
 func testUnknown(t *testing.T, c coordinator) {
-	coord, st := c.open(t)
+	f := c.open(t)
+	coord := f.coord
 	var n atomic.Int32
 	e := newEngine(t, coord, engine.Options{}, engine.Operation{Execute: func(context.Context, *engine.Attempt) (engine.Result, error) {
 		n.Add(1)
@@ -351,7 +433,7 @@ func testUnknown(t *testing.T, c coordinator) {
 	if _, err := e.Do(ctx, request("k-u", h)); err == nil {
 		t.Fatal("Execute's error was not returned")
 	}
-	if rec := record(t, st, "k-u"); rec.Status != idem.StatusUnknown || rec.Checkpoint != engine.CheckpointStarted {
+	if rec := f.record(t, "k-u"); rec.Status != idem.StatusUnknown || rec.Checkpoint != engine.CheckpointStarted {
 		t.Fatalf("record = %s at %s, want UNKNOWN at STARTED", rec.Status, rec.Checkpoint)
 	}
 	// Without Recover, a retry never executes again.
@@ -383,7 +465,8 @@ func testUnknown(t *testing.T, c coordinator) {
 }
 
 func testStaleReceived(t *testing.T, c coordinator) {
-	coord, st := c.open(t)
+	f := c.open(t)
+	coord := f.coord
 	var op counting
 	e := newEngine(t, coord, engine.Options{}, engine.Operation{Execute: op.execute})
 	ctx := ctxOf(t)
@@ -396,7 +479,7 @@ func testStaleReceived(t *testing.T, c coordinator) {
 	if _, err := e.Do(ctx, request("k-s", h)); idem.ErrorCode(err) != idem.ECodeInProgress {
 		t.Fatalf("while the dead owner's lock holds: %v, want in progress", err)
 	}
-	stale(t, st, "k-s")
+	f.stale(t, "k-s")
 	ans, err := e.Do(ctx, request("k-s", h))
 	if err != nil || ans.Outcome != idem.OutcomeRecover || op.n.Load() != 1 {
 		t.Fatalf("after the lock ran out = %+v, %v", ans, err)
@@ -404,7 +487,8 @@ func testStaleReceived(t *testing.T, c coordinator) {
 }
 
 func testExpired(t *testing.T, c coordinator) {
-	coord, st := c.open(t)
+	f := c.open(t)
+	coord := f.coord
 	var op counting
 	e := newEngine(t, coord, engine.Options{}, engine.Operation{Execute: op.execute})
 	ctx := ctxOf(t)
@@ -412,7 +496,7 @@ func testExpired(t *testing.T, c coordinator) {
 	if _, err := e.Do(ctx, request("k-e", h)); err != nil {
 		t.Fatal(err)
 	}
-	storetest.Exec(t, st, `UPDATE idempotency_records SET expires_at = now() - INTERVAL '1 second' WHERE idempotency_key = 'k-e'`)
+	f.age(t, idem.Scope{Tenant: tenant, Operation: opName, Key: "k-e"}, time.Hour+time.Minute)
 	// Past the window the key is a new operation, even with another command.
 	ans, err := e.Do(ctx, request("k-e", hashes(t, map[string]any{"amount": "2"})))
 	if err != nil || !ans.ExpiredRetry || ans.Replayed || op.n.Load() != 2 {
@@ -421,7 +505,7 @@ func testExpired(t *testing.T, c coordinator) {
 }
 
 func testBadKey(t *testing.T, c coordinator) {
-	coord, _ := c.open(t)
+	coord := c.open(t).coord
 	var op counting
 	e := newEngine(t, coord, engine.Options{}, engine.Operation{Execute: op.execute})
 	for _, key := range []string{"", "with space", string(make([]byte, 256))} {

@@ -5,7 +5,9 @@ package storetest
 import (
 	"context"
 	"testing"
+	"time"
 
+	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/internal/pgtest"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/store"
@@ -67,5 +69,26 @@ func CountClaimAttempts(tb testing.TB, st *store.Store) func() int {
 	return func() int {
 		tb.Helper()
 		return Count(tb, st, `SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM test_claim_attempts`)
+	}
+}
+
+// Age makes d pass for scope's record, by the store's clock: its lock,
+// window and timestamps move d into the past, as if it had been written d
+// earlier (coordtest.Target.Age). A record that does not exist fails the
+// test.
+func Age(tb testing.TB, st *store.Store, scope idem.Scope, d time.Duration) {
+	tb.Helper()
+	tag, err := st.Pool().Exec(context.Background(), `UPDATE idempotency_records SET
+		locked_until = locked_until - $4::INT8 * INTERVAL '1 microsecond',
+		expires_at = expires_at - $4::INT8 * INTERVAL '1 microsecond',
+		created_at = created_at - $4::INT8 * INTERVAL '1 microsecond',
+		updated_at = updated_at - $4::INT8 * INTERVAL '1 microsecond'
+		WHERE tenant_id = $1 AND operation_name = $2 AND idempotency_key = $3`,
+		scope.Tenant, scope.Operation, scope.Key, d.Microseconds())
+	if err != nil {
+		tb.Fatalf("age record %s by %v: %v", scope.Key, d, err)
+	}
+	if tag.RowsAffected() != 1 {
+		tb.Fatalf("age record %s by %v: no such record", scope.Key, d)
 	}
 }
