@@ -7,17 +7,18 @@ import (
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/fingerprint"
-	"github.com/idemcoord/idem/internal/storetest"
+	"github.com/idemcoord/idem/memcoord"
 )
 
 // An operation registered once by name; every request names it with the
-// tenant, the client's key and the command's fingerprint.
+// tenant, the client's key and the command's fingerprint. The records are
+// kept by the in-memory coordinator here, as in a unit test; a service
+// passes a *store.Store (PostgreSQL or CockroachDB) or a
+// *coordclient.Client (a regional node) instead, and nothing else changes.
 func Example() {
-	st, drop := storetest.ForExample() // *store.Store on PostgreSQL; a coordclient.Client works the same
-	defer drop()
 	ctx := context.Background()
 
-	eng := engine.New(st, engine.Options{})
+	eng := engine.New(memcoord.New(), engine.Options{})
 	err := eng.Register(engine.Operation{
 		Name: "create_transfer",
 		Execute: func(ctx context.Context, a *engine.Attempt) (engine.Result, error) {

@@ -8,17 +8,16 @@ import (
 
 	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/idemhttp"
-	"github.com/idemcoord/idem/internal/storetest"
+	"github.com/idemcoord/idem/memcoord"
 )
 
 // A service's own operation, create_transfer, made idempotent: the handler
 // knows nothing of keys; the second request with the same key gets the first
-// answer, byte for byte, and the transfer is made once.
+// answer, byte for byte, and the transfer is made once. The engine keeps its
+// records in memory here (package memcoord, for tests); a service gives it
+// a *store.Store on PostgreSQL or CockroachDB.
 func Example() {
-	st, drop := storetest.ForExample() // *store.Store on PostgreSQL
-	defer drop()
-
-	eng := engine.New(st, engine.Options{})
+	eng := engine.New(memcoord.New(), engine.Options{})
 	idempotent, err := idemhttp.Middleware(eng, idemhttp.Options{
 		Operation: "create_transfer",
 		Tokens:    map[string]string{"secret-token": "acme"}, // bearer token -> tenant
