@@ -75,7 +75,9 @@ type Failure struct {
 // Coordinator is the contract the idempotency engine runs over, satisfied
 // by *store.Store (PostgreSQL or CockroachDB, in process) and by
 // *coordclient.Client (a regional node's coordination API over HTTP), so a
-// service can switch between the two.
+// service can switch between the two; *memcoord.Coordinator keeps records
+// in memory for unit tests. Package coordtest is the contract suite every
+// one of them passes.
 type Coordinator interface {
 	// Begin claims the scoped key (insert first) or reports what the existing
 	// record allows.

@@ -17,6 +17,8 @@
 //     [Coordinator].
 //   - store: records (and the reference payment tables) on PostgreSQL or
 //     CockroachDB through pgx, with serializable transactions and migrations.
+//   - memcoord: a [Coordinator] in memory, for unit tests (not durable, one
+//     process); coordtest: the contract suite a Coordinator must pass.
 //   - fingerprint: canonical request hashing (RFC 8785 JSON, SHA-256, versioned).
 //   - fencing: recovery ownership through etcd leases; tokens are revisions.
 //   - routing: which region is home for a tenant, forwarding, failover.
