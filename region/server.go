@@ -25,6 +25,7 @@ import (
 	"github.com/idemcoord/idem/coordapi"
 	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/idemhttp"
+	"github.com/idemcoord/idem/internal/ident"
 	"github.com/idemcoord/idem/internal/telemetry"
 	"github.com/idemcoord/idem/internal/tlsutil"
 	"github.com/idemcoord/idem/routing"
@@ -205,6 +206,12 @@ func NewServer(cfg Config, st *store.Store, ops ...Operation) (*Server, error) {
 	}
 	if cfg.MaxHeaderBytes <= 0 {
 		cfg.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	for token, tenant := range cfg.Tokens {
+		if token == "" || ident.CheckTenant(tenant) != nil {
+			// Never the token itself in the message: it is a secret.
+			return nil, fmt.Errorf("region: Config.Tokens: a token is empty or maps to an invalid tenant name (1 to %d characters, no white space, ',' or '=')", ident.MaxTenantLen)
+		}
 	}
 	if cfg.Engine == nil {
 		cfg.Engine = engine.New(st, engine.Options{Owner: cfg.NodeID, HomeRegion: cfg.Region, Logger: cfg.Logger})

@@ -462,3 +462,30 @@ func concurrently(n int, fn func() answer) []answer {
 	wg.Wait()
 	return out
 }
+
+// TestTokensNameValidTenants: a library user's Config.Tokens follows the
+// rules of a token file: a tenant name with white space, ',' or '=' (or
+// none) is refused at construction, and the message never holds a token.
+func TestTokensNameValidTenants(t *testing.T) {
+	st, _ := storetest.New(t)
+	for _, tokens := range []map[string]string{
+		{"secret-1": "tenant-a,x=y"},
+		{"secret-2": "tenant a"},
+		{"secret-3": ""},
+		{"": "tenant-a"},
+	} {
+		_, err := region.NewServer(region.Config{Tokens: tokens}, st)
+		if err == nil {
+			t.Errorf("NewServer accepted tokens %q", tokens)
+			continue
+		}
+		for tok := range tokens {
+			if tok != "" && strings.Contains(err.Error(), tok) {
+				t.Errorf("error %q shows the token", err)
+			}
+		}
+	}
+	if _, err := region.NewServer(region.Config{Tokens: map[string]string{"secret": "tenant-a"}}, st); err != nil {
+		t.Errorf("a valid tenant: %v", err)
+	}
+}
