@@ -139,8 +139,8 @@ type Options struct {
 	Recover engine.ExecuteFunc
 	// Registered says the operation is already registered with the engine
 	// (with its own Claim, Replay, Recover, UnknownCode): Middleware uses
-	// that registration, and Recover, Window and LockTimeout above are
-	// ignored.
+	// that registration, and refuses Recover, Window or LockTimeout above,
+	// which only a registration of its own would use.
 	Registered bool
 	// Command, when set, replaces Fingerprint for an operation that owns
 	// more of its path: it parses a request into a Command (its
@@ -227,6 +227,10 @@ func Middleware(e *engine.Engine, opts Options) (func(http.Handler) http.Handler
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Registered && (opts.Recover != nil || opts.Window != 0 || opts.LockTimeout != 0) {
+		// The registration decides them; a value here would be ignored.
+		return nil, errors.New("idemhttp: Options.Recover, Window and LockTimeout belong to the engine's registration when Options.Registered is set; set them there")
 	}
 	if !opts.Registered {
 		if err := e.Register(engine.Operation{Name: opts.Operation, Recover: opts.Recover, Window: opts.Window, LockTimeout: opts.LockTimeout}); err != nil {

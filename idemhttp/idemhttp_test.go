@@ -511,6 +511,31 @@ func TestOptionsNeedATenantSource(t *testing.T) {
 	}
 }
 
+// TestRegisteredRefusesWhatItWouldIgnore: with Registered, the engine's
+// registration decides the window, the lock timeout and Recover; setting
+// one of them on the middleware is an error, not a silent no-op.
+func TestRegisteredRefusesWhatItWouldIgnore(t *testing.T) {
+	st, _ := storetest.New(t)
+	e := engine.New(st, engine.Options{})
+	if err := e.Register(engine.Operation{Name: opName, Window: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	recover := func(context.Context, *engine.Attempt) (engine.Result, error) { return engine.Result{}, nil }
+	for name, opts := range map[string]idemhttp.Options{
+		"Window":      {Window: time.Minute},
+		"LockTimeout": {LockTimeout: time.Second},
+		"Recover":     {Recover: recover},
+	} {
+		opts.Operation, opts.Tokens, opts.Registered = opName, tokens, true
+		if _, err := idemhttp.Middleware(e, opts); err == nil {
+			t.Errorf("Registered with %s succeeded", name)
+		}
+	}
+	if _, err := idemhttp.Middleware(e, idemhttp.Options{Operation: opName, Tokens: tokens, Registered: true}); err != nil {
+		t.Errorf("Registered alone: %v", err)
+	}
+}
+
 func TestOversizedAnswerRecovered(t *testing.T) {
 	var n atomic.Int32
 	var verdict atomic.Value
