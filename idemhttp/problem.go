@@ -110,6 +110,19 @@ func (t *Errors) With(codes map[string]ErrorClass) (*Errors, error) {
 	return out, nil
 }
 
+// WithStatus returns a copy of t in which code answers as c: for one
+// surface whose clients need an existing code answered otherwise (a
+// sidecar route in front of an SDK that takes any status below 400 for
+// success answers OUTCOME_UNKNOWN as a retryable 503). Unlike With, it may
+// change a code's class; it never adds one.
+func (t *Errors) WithStatus(code string, c ErrorClass) *Errors {
+	out := &Errors{classes: maps.Clone(t.classes), typeBase: t.typeBase}
+	if _, ok := out.classes[code]; ok {
+		out.classes[code] = c
+	}
+	return out
+}
+
 // WithTypeBase returns a copy of t whose type URIs are base followed by the
 // code in lower case, for an operator who serves the documentation
 // elsewhere.

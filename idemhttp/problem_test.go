@@ -104,6 +104,11 @@ func TestErrorsWith(t *testing.T) {
 			t.Errorf("With accepted a declaration that %s", name)
 		}
 	}
+	pending := base.WithStatus(idem.ECodeOutcomeUnknown, idemhttp.ErrorClass{Status: 503, RetryAfter: 1, Title: "Outcome not known yet"})
+	if pending.Status(idem.ECodeOutcomeUnknown) != 503 || base.Status(idem.ECodeOutcomeUnknown) != 202 || pending.Status("NO_SUCH_CODE") != 500 {
+		t.Errorf("WithStatus: %d in the copy, %d in the base, %d for an unknown code", pending.Status(idem.ECodeOutcomeUnknown),
+			base.Status(idem.ECodeOutcomeUnknown), pending.Status("NO_SUCH_CODE"))
+	}
 	if got := base.WithTypeBase("https://docs.example/errors/").TypeURI(idem.ECodeKeyMissing); got != "https://docs.example/errors/idempotency_key_missing" {
 		t.Errorf("TypeURI = %q", got)
 	}

@@ -154,3 +154,32 @@ func TestPassAuthorizationAndReplayHeaders(t *testing.T) {
 		t.Errorf("default replay: %+v", a)
 	}
 }
+
+// TestUnknownStatus503: with unknown-status=503, a lost outcome answers a
+// retryable 503 OUTCOME_UNKNOWN with Retry-After (an SDK that takes any
+// status below 400 for success retries it instead of handing its caller
+// an empty object), the record is UNKNOWN as with 202, and the upstream is
+// not called again.
+func TestUnknownStatus503(t *testing.T) {
+	f := newFixture(t, ";unknown-status=503")
+	derived := sidecar.DerivedKey("tenant-a", "create_transfer", "ku5", 0)
+	f.up.hangUp[derived] = true
+	for i := range 2 {
+		a := f.mustSend(t, "ku5", "application/json", transfer)
+		if a.status != http.StatusServiceUnavailable || a.code() != idem.ECodeOutcomeUnknown || a.header.Get("Retry-After") == "" {
+			t.Fatalf("attempt %d: %+v, want 503 %s with Retry-After", i, a, idem.ECodeOutcomeUnknown)
+		}
+	}
+	if rec := f.record(t, "tenant-a", "ku5"); rec.Status != idem.StatusUnknown {
+		t.Errorf("record %s, want UNKNOWN_REQUIRES_RECOVERY", rec.Status)
+	}
+	if _, r := f.up.counts(); r[derived] != 1 {
+		t.Errorf("upstream received %d requests, want 1", r[derived])
+	}
+	// Without the option the contract's 202 stands.
+	g := newFixture(t, "")
+	g.up.hangUp[sidecar.DerivedKey("tenant-a", "create_transfer", "k202", 0)] = true
+	if a := g.mustSend(t, "k202", "application/json", transfer); a.status != http.StatusAccepted {
+		t.Errorf("default: %+v, want 202", a)
+	}
+}

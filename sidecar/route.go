@@ -63,6 +63,14 @@ type Route struct {
 	// ReplayHeaders are upstream answer headers stored and replayed besides
 	// DefaultReplayHeaders. Set-Cookie is never stored unless named here.
 	ReplayHeaders []string
+	// UnknownStatus is the status a lost outcome answers with (code
+	// OUTCOME_UNKNOWN, the record UNKNOWN_REQUIRES_RECOVERY): 202, the
+	// default and the node's contract, or 503 with Retry-After, for clients
+	// that take any status below 400 for success (stripe-go and most SDKs
+	// would hand their caller an empty object): with 503 they retry with
+	// the same key until the outcome is settled or their retries run out,
+	// and report an error then.
+	UnknownStatus int
 	// PassAuthorization passes the client's Authorization to an upstream
 	// that authenticates end users itself. The tenant still comes from the
 	// node's credentials, and Authorization is never part of the
@@ -211,6 +219,15 @@ func parseRoute(s string) (Route, error) {
 			rt.ReplayHeaders = append(rt.ReplayHeaders, http.CanonicalHeaderKey(val))
 		case name == "pass-authorization" && !hasVal:
 			rt.PassAuthorization = true
+		case name == "unknown-status" && hasVal:
+			switch val {
+			case "202":
+				rt.UnknownStatus = http.StatusAccepted
+			case "503":
+				rt.UnknownStatus = http.StatusServiceUnavailable
+			default:
+				return rt, fmt.Errorf("unknown-status %q: want 202 or 503", val)
+			}
 		case name == "max-response" && hasVal:
 			if rt.MaxResponse != 0 {
 				return rt, errors.New("max-response given twice")
@@ -221,7 +238,7 @@ func parseRoute(s string) (Route, error) {
 			}
 			rt.MaxResponse = n
 		default:
-			return rt, fmt.Errorf("option %q: want lookup=URL, idempotent-upstream, header=NAME, timeout=DURATION, wait=DURATION, ignore=FIELD, key-field=FIELD, replay-header=NAME, pass-authorization or max-response=BYTES", name)
+			return rt, fmt.Errorf("option %q: want lookup=URL, idempotent-upstream, header=NAME, timeout=DURATION, wait=DURATION, ignore=FIELD, key-field=FIELD, replay-header=NAME, unknown-status=202|503, pass-authorization or max-response=BYTES", name)
 		}
 	}
 	if rt.Timeout == 0 {
@@ -339,6 +356,9 @@ func (rt Route) String() string {
 	}
 	if rt.PassAuthorization {
 		b.WriteString(";pass-authorization")
+	}
+	if rt.UnknownStatus != 0 {
+		b.WriteString(";unknown-status=" + strconv.Itoa(rt.UnknownStatus))
 	}
 	if rt.MaxResponse != 0 {
 		b.WriteString(";max-response=" + strconv.Itoa(rt.MaxResponse))

@@ -38,14 +38,14 @@ func TestParseRoutes(t *testing.T) {
 
 func TestParseRouteOptions(t *testing.T) {
 	routes, err := sidecar.ParseRoutes("POST /v1/charges=create_charge@http://127.0.0.1:9000;wait=10s;ignore=/meta/sent_at;ignore=request_time;" +
-		"key-field=/idempotency_key;replay-header=x-request-id;pass-authorization;max-response=2048")
+		"key-field=/idempotency_key;replay-header=x-request-id;pass-authorization;max-response=2048;unknown-status=503")
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := routes[0]
 	if r.Prefix != "/v1/charges" || r.Wait != 10*time.Second || !reflect.DeepEqual(r.Ignore, []string{"/meta/sent_at", "request_time"}) ||
 		r.KeyField != "/idempotency_key" || !reflect.DeepEqual(r.ReplayHeaders, []string{"X-Request-Id"}) || !r.PassAuthorization ||
-		r.MaxResponse != 2048 {
+		r.MaxResponse != 2048 || r.UnknownStatus != 503 {
 		t.Errorf("route = %+v", r)
 	}
 	again, err := sidecar.ParseRoutes(r.String())
@@ -84,6 +84,8 @@ func TestParseRoutesRejects(t *testing.T) {
 		"POST /t=op@http://h;key-field=a;key-field=b",
 		"POST /t=op@http://h;replay-header=a:b",
 		"POST /t=op@http://h;pass-authorization=yes",
+		"POST /t=op@http://h;unknown-status=500",
+		"POST /t=op@http://h;unknown-status",
 		"POST /t=op@http://h;max-response",
 		"POST /t=op@http://h;max-response=",
 		"POST /t=op@http://h;max-response=0",
@@ -129,4 +131,17 @@ func FuzzParseRoutes(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestUnknownStatusRoundTrip(t *testing.T) {
+	for _, s := range []string{"POST /t=op@http://h;unknown-status=202", "POST /t=op@http://h;unknown-status=503", "POST /t=op@http://h"} {
+		routes, err := sidecar.ParseRoutes(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := sidecar.ParseRoutes(routes[0].String())
+		if err != nil || !reflect.DeepEqual(again[0], routes[0]) {
+			t.Errorf("%q prints as %q, which parses to %+v, %v", s, routes[0].String(), again, err)
+		}
+	}
 }

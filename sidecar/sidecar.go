@@ -113,6 +113,9 @@ type route struct {
 	replayHeaders []string
 	// maxResponse is Route.MaxResponse or Options.MaxResponseBody.
 	maxResponse int
+	// errors is Options.Errors, with OUTCOME_UNKNOWN as Route.UnknownStatus
+	// says.
+	errors *idemhttp.Errors
 }
 
 type tenantKey struct{}
@@ -174,6 +177,11 @@ func New(e *engine.Engine, opts Options) (*Proxy, error) {
 			}
 		}
 		r := &route{Route: rt, replayHeaders: append(slices.Clone(DefaultReplayHeaders), rt.ReplayHeaders...), maxResponse: rt.MaxResponse}
+		r.errors = opts.Errors
+		if rt.UnknownStatus == http.StatusServiceUnavailable {
+			r.errors = opts.Errors.WithStatus(idem.ECodeOutcomeUnknown, idemhttp.ErrorClass{
+				Status: http.StatusServiceUnavailable, RetryAfter: 1, Title: opts.Errors.Class(idem.ECodeOutcomeUnknown).Title})
+		}
 		if r.maxResponse <= 0 {
 			r.maxResponse = opts.MaxResponseBody
 		}
@@ -191,7 +199,7 @@ func New(e *engine.Engine, opts Options) (*Proxy, error) {
 			Wait:            rt.Wait,
 			MaxRequestBody:  opts.MaxRequestBody,
 			MaxResponseBody: max(r.maxResponse, ownAnswerRoom),
-			Errors:          opts.Errors,
+			Errors:          r.errors,
 			Recover:         recover,
 			Logger:          opts.Logger,
 			Registerer:      opts.Registerer,
@@ -484,7 +492,7 @@ func (p *Proxy) call(ctx context.Context, rt *route, kind string, o *original, a
 	if err != nil {
 		p.count(rt, kind, "not_sent")
 		p.opts.Logger.ErrorContext(ctx, "sidecar request not built", "operation", rt.Operation, "err", err)
-		return p.errorAnswer(idem.StatusFailedRetryable, "not_sent", idem.ECodeUnavailable,
+		return p.errorAnswer(rt, idem.StatusFailedRetryable, "not_sent", idem.ECodeUnavailable,
 			"The upstream could not be called; retry with the same key.")
 	}
 	sendOnce(req, o.body)
@@ -506,7 +514,7 @@ func (p *Proxy) call(ctx context.Context, rt *route, kind string, o *original, a
 	req.Header.Set(HeaderFencingToken, strconv.FormatInt(a.Lease.Token, 10))
 	if err := a.Check(); err != nil {
 		p.count(rt, kind, "not_sent")
-		return p.errorAnswer(idem.StatusFailedRetryable, "not_sent", idem.ECodeInProgress,
+		return p.errorAnswer(rt, idem.StatusFailedRetryable, "not_sent", idem.ECodeInProgress,
 			"A request with this idempotency key is still in progress; retry later.")
 	}
 	resp, err := p.opts.Client.Do(req)
@@ -514,7 +522,7 @@ func (p *Proxy) call(ctx context.Context, rt *route, kind string, o *original, a
 		if !written.Load() {
 			p.count(rt, kind, "not_sent")
 			p.opts.Logger.WarnContext(ctx, "sidecar upstream unreachable", "operation", rt.Operation, "err", err)
-			return p.errorAnswer(idem.StatusFailedRetryable, "not_sent", idem.ECodeUnavailable,
+			return p.errorAnswer(rt, idem.StatusFailedRetryable, "not_sent", idem.ECodeUnavailable,
 				"The upstream could not be reached; retry with the same key.")
 		}
 		return p.lost(ctx, rt, kind, err)
@@ -620,12 +628,12 @@ func (p *Proxy) lost(ctx context.Context, rt *route, kind string, err error) ups
 	p.count(rt, kind, "unknown")
 	p.opts.Logger.WarnContext(ctx, "sidecar upstream answer lost after the request was written; outcome unknown",
 		"operation", rt.Operation, "err", err)
-	return p.errorAnswer(idem.StatusUnknown, "unknown", idem.ECodeOutcomeUnknown,
+	return p.errorAnswer(rt, idem.StatusUnknown, "unknown", idem.ECodeOutcomeUnknown,
 		"The outcome of the request with this idempotency key is not known yet; retry with the same key later.")
 }
 
 // errorAnswer is the proxy's own answer of code, recorded as class.
-func (p *Proxy) errorAnswer(class idem.Status, result, code, msg string) upstreamAnswer {
-	status, h, b := p.opts.Errors.Render(code, msg)
+func (p *Proxy) errorAnswer(rt *route, class idem.Status, result, code, msg string) upstreamAnswer {
+	status, h, b := rt.errors.Render(code, msg)
 	return upstreamAnswer{status: status, header: h, body: b, result: result, class: class}
 }

@@ -195,7 +195,7 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	m.Etcd.Register(fs)
 	m.faults.register(fs, &m.Workers.DuplicateDelivery)
 	m.Ops.register(fs)
-	proxyRoutes := fs.String("proxy-routes", "", "sidecar routes made idempotent and proxied to an upstream service: comma-separated 'METHOD PATH_PREFIX=OPERATION@UPSTREAM_URL[;OPTION]...' with the options lookup=URL, idempotent-upstream, header=NAME, timeout=DURATION, wait=DURATION, ignore=FIELD, key-field=FIELD, replay-header=NAME, pass-authorization and max-response=BYTES (docs/sidecar.md); any prefix none of the node's own endpoints lies under or above, /v1/... included")
+	proxyRoutes := fs.String("proxy-routes", "", "sidecar routes made idempotent and proxied to an upstream service: comma-separated 'METHOD PATH_PREFIX=OPERATION@UPSTREAM_URL[;OPTION]...' with the options lookup=URL, idempotent-upstream, header=NAME, timeout=DURATION, wait=DURATION, ignore=FIELD, key-field=FIELD, replay-header=NAME, pass-authorization, max-response=BYTES and unknown-status=202|503 (docs/sidecar.md); any prefix none of the node's own endpoints lies under or above, /v1/... included")
 	operations := fs.String("operations", "", "comma-separated operations the coordination API serves (names of a-z, 0-9, '_', '.', '-'); others are refused with 404 OPERATION_UNKNOWN")
 	fs.DurationVar(&m.HTTP.ReadHeaderTimeout, "read-header-timeout", region.DefaultReadHeaderTimeout, "bound on reading a request's headers")
 	fs.DurationVar(&m.HTTP.ReadTimeout, "read-timeout", region.DefaultReadTimeout, "bound on reading a request's body (408 REQUEST_TIMEOUT past it)")
