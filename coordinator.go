@@ -40,6 +40,36 @@ type BeginRequest struct {
 	StartAt Checkpoint
 }
 
+// Validate refuses a request no Coordinator may act on, with the codes a
+// client sees: a scope without tenant or operation, an invalid key, no
+// request hash, a lock or window that is not positive, a StartAt that is
+// too long or COMPLETED. Every Coordinator calls it first, so they refuse
+// alike.
+func (r BeginRequest) Validate() error {
+	switch {
+	case r.Tenant == "" || r.Operation == "":
+		return Errorf(ECodeValidationFailed, "A scope needs a tenant and an operation.")
+	case !ValidKey(r.Key):
+		return Errorf(ECodeKeyInvalid, "An idempotency key is 1 to 255 visible ASCII characters, other than \".\" and \"..\".")
+	case len(r.RequestHashes) == 0 || r.RequestHashes[0] == "":
+		return Errorf(ECodeValidationFailed, "A request hash is required.")
+	case r.LockFor <= 0 || r.Window <= 0:
+		return Errorf(ECodeValidationFailed, "Lock duration and replay window must be positive.")
+	case len(r.StartAt) > 64 || r.StartAt == CheckpointCompleted:
+		return Errorf(ECodeValidationFailed, "A record cannot start at checkpoint %q.", r.StartAt)
+	}
+	return nil
+}
+
+// StartCheckpoint is the checkpoint a record inserted for a free key
+// begins at: StartAt, or CheckpointReceived without one.
+func (r BeginRequest) StartCheckpoint() Checkpoint {
+	if r.StartAt == "" {
+		return CheckpointReceived
+	}
+	return r.StartAt
+}
+
 // Decision is the answer to Begin.
 type Decision struct {
 	Outcome Outcome

@@ -79,7 +79,7 @@ func (c *Coordinator) clock() time.Time { return c.now().Round(0) }
 // OutcomeRecover or OutcomeExpired, all under one lock, so exactly one of
 // many concurrent requests gets the key.
 func (c *Coordinator) Begin(ctx context.Context, req idem.BeginRequest) (idem.Decision, error) {
-	if err := validateBegin(req); err != nil {
+	if err := req.Validate(); err != nil {
 		return idem.Decision{}, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -94,7 +94,7 @@ func (c *Coordinator) Begin(ctx context.Context, req idem.BeginRequest) (idem.De
 		rec = &idem.Record{
 			Scope:       req.Scope,
 			RequestHash: req.RequestHashes[0], HashVersion: req.HashVersion,
-			Status: idem.StatusInProgress, Checkpoint: startAt(req),
+			Status: idem.StatusInProgress, Checkpoint: req.StartCheckpoint(),
 			Owner: req.Owner, FencingToken: 1, LockedUntil: at(now.Add(req.LockFor)),
 			Attempts: 1, HomeRegion: req.HomeRegion,
 			CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(req.Window),
@@ -229,31 +229,6 @@ func (c *Coordinator) ListStale(ctx context.Context, operation string, limit int
 		out = out[:max(limit, 0)]
 	}
 	return out, nil
-}
-
-// validateBegin refuses what the store refuses, with the same codes.
-func validateBegin(req idem.BeginRequest) error {
-	switch {
-	case req.Tenant == "" || req.Operation == "":
-		return idem.Errorf(idem.ECodeValidationFailed, "A scope needs a tenant and an operation.")
-	case !idem.ValidKey(req.Key):
-		return idem.Errorf(idem.ECodeKeyInvalid, "An idempotency key is 1 to 255 visible ASCII characters, other than \".\" and \"..\".")
-	case len(req.RequestHashes) == 0 || req.RequestHashes[0] == "":
-		return idem.Errorf(idem.ECodeValidationFailed, "A request hash is required.")
-	case req.LockFor <= 0 || req.Window <= 0:
-		return idem.Errorf(idem.ECodeValidationFailed, "Lock duration and replay window must be positive.")
-	case len(req.StartAt) > 64 || req.StartAt == idem.CheckpointCompleted:
-		return idem.Errorf(idem.ECodeValidationFailed, "A record cannot start at checkpoint %q.", req.StartAt)
-	}
-	return nil
-}
-
-// startAt is the checkpoint a free key's record begins at.
-func startAt(req idem.BeginRequest) idem.Checkpoint {
-	if req.StartAt == "" {
-		return idem.CheckpointReceived
-	}
-	return req.StartAt
 }
 
 func at(t time.Time) *time.Time { return &t }

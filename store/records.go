@@ -76,30 +76,6 @@ func deref(s *string) string {
 	return *s
 }
 
-func validateBegin(req idem.BeginRequest) error {
-	switch {
-	case req.Tenant == "" || req.Operation == "":
-		return idem.Errorf(idem.ECodeValidationFailed, "A scope needs a tenant and an operation.")
-	case !idem.ValidKey(req.Key):
-		return idem.Errorf(idem.ECodeKeyInvalid, "An idempotency key is 1 to 255 visible ASCII characters, other than \".\" and \"..\".")
-	case len(req.RequestHashes) == 0 || req.RequestHashes[0] == "":
-		return idem.Errorf(idem.ECodeValidationFailed, "A request hash is required.")
-	case req.LockFor <= 0 || req.Window <= 0:
-		return idem.Errorf(idem.ECodeValidationFailed, "Lock duration and replay window must be positive.")
-	case len(req.StartAt) > 64 || req.StartAt == idem.CheckpointCompleted:
-		return idem.Errorf(idem.ECodeValidationFailed, "A record cannot start at checkpoint %q.", req.StartAt)
-	}
-	return nil
-}
-
-// startAt is the checkpoint an inserted record begins at (BeginRequest.StartAt).
-func startAt(req idem.BeginRequest) string {
-	if req.StartAt == "" {
-		return string(idem.CheckpointReceived)
-	}
-	return string(req.StartAt)
-}
-
 // Begin implements idem.Coordinator: it claims the scoped key with one atomic
 // insert (an implicit transaction of its own, one round trip), or, when the
 // key has a record, decides what that record allows in a serializable
@@ -109,7 +85,7 @@ func startAt(req idem.BeginRequest) string {
 func (s *Store) Begin(ctx context.Context, req idem.BeginRequest) (idem.Decision, error) {
 	ctx, span := telemetry.Start(ctx, "idem.claim", trace.SpanKindInternal)
 	defer span.End()
-	if err := validateBegin(req); err != nil {
+	if err := req.Validate(); err != nil {
 		return idem.Decision{}, err
 	}
 	claim, err := newClaimID()
@@ -326,7 +302,7 @@ func (s *Store) claimOrRead(ctx context.Context, q Querier, req idem.BeginReques
 	)
 	rec, err := scanRecord(q.QueryRow(ctx, claimOrReadSQL,
 		req.Tenant, req.Operation, req.Key, req.RequestHashes[0], req.HashVersion,
-		req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds(), nullable(claim), startAt(req)), &now, &inserted)
+		req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds(), nullable(claim), string(req.StartCheckpoint())), &now, &inserted)
 	switch {
 	case err == nil && inserted:
 		return idem.Decision{Outcome: idem.OutcomeExecute, Lease: leaseOf(rec), Record: rec}, true, nil
@@ -348,7 +324,7 @@ func insertClaim(ctx context.Context, tx Querier, req idem.BeginRequest, claim s
 		ON CONFLICT DO NOTHING
 		RETURNING `+recordColumns,
 		req.Tenant, req.Operation, req.Key, req.RequestHashes[0], req.HashVersion,
-		req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds(), nullable(claim), startAt(req))
+		req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds(), nullable(claim), string(req.StartCheckpoint()))
 	rec, err := scanRecord(row)
 	switch {
 	case err == nil:
@@ -383,7 +359,7 @@ func decideExisting(ctx context.Context, tx Querier, req idem.BeginRequest, clai
 		// record's first attempt, still at the checkpoint it was inserted
 		// at) or a takeover.
 		outcome := idem.OutcomeRecover
-		if rec.Attempts == 1 && string(rec.Checkpoint) == startAt(req) {
+		if rec.Attempts == 1 && rec.Checkpoint == req.StartCheckpoint() {
 			outcome = idem.OutcomeExecute
 		}
 		return idem.Decision{Outcome: outcome, Lease: leaseOf(rec), Record: rec}, nil
