@@ -41,6 +41,7 @@ func commands() map[string]command {
 		"healthcheck": {"GET a URL and exit non-zero unless it answers 200 (the idem image's container health check)", runHealthcheck},
 		"chaos":       {"chaos tests: list the scenarios, or run them against a local cluster and check the history (chaos list|run)", runChaos},
 		"wan-proxy":   {"serve toxiproxy's API and proxies: the WAN container of the docker chaos environment (chaos run --env docker)", runWANProxy},
+		"soak":        {"run mixed traffic with faults against a local cluster for --duration, sample the nodes, stores and provider, and fail on growth that does not level off or drifting throughput or p99", runSoak},
 		"drill":       {"failover drill against a running cluster: --inject and --heal commands, manual or automatic failover, the chaos checks and a report with RTO and RPO", runDrill},
 	}
 }
