@@ -16,7 +16,7 @@ const FailpointsTag = "failpoints"
 
 // BuildCommand builds, from the module root, every binary a chaos run needs
 // into ./bin, idemd with fault injection compiled in.
-const BuildCommand = "go build -tags " + FailpointsTag + " -o bin/ ./cmd/... && go build -o bin/etcd go.etcd.io/etcd/server/v3"
+const BuildCommand = "go build -tags " + FailpointsTag + " -o bin/ ./cmd/idemd ./cmd/idemctl && go build -o bin/etcd go.etcd.io/etcd/server/v3"
 
 // ErrNoFailpoints reports an idemd built without -tags failpoints: it cannot
 // take the faults of a chaos run.

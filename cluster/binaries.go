@@ -9,7 +9,7 @@ import (
 
 // BuildCommand builds every binary a cluster runs into ./bin, from the
 // module root.
-const BuildCommand = "go build -o bin/ ./cmd/... && go build -o bin/etcd go.etcd.io/etcd/server/v3"
+const BuildCommand = "go build -o bin/ ./cmd/idemd ./cmd/idemctl && go build -o bin/etcd go.etcd.io/etcd/server/v3"
 
 // FindBinary returns the path of the executable name (such as "idemd"):
 // next to the running executable (os.Executable, symlinks resolved), then

@@ -493,7 +493,7 @@ func TestFindBinary(t *testing.T) {
 	}
 
 	_, err := cluster.FindBinary("no-such-idem-binary")
-	if err == nil || !strings.Contains(err.Error(), "`go build -o bin/ ./cmd/... && go build -o bin/etcd go.etcd.io/etcd/server/v3 && bin/idemctl up`") ||
+	if err == nil || !strings.Contains(err.Error(), "`go build -o bin/ ./cmd/idemd ./cmd/idemctl && go build -o bin/etcd go.etcd.io/etcd/server/v3 && bin/idemctl up`") ||
 		!errors.Is(err, exec.ErrNotFound) {
 		t.Errorf("FindBinary of a missing binary: %v", err)
 	}

@@ -4,12 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
-	"os"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 
 	"github.com/idemcoord/idem"
@@ -26,8 +23,12 @@ import (
 // memory here (package memcoord); the store and the engine do the same
 // with a *store.Store and engine.Options.Locker.
 func Example() {
-	cli, stop := startEtcd()
-	defer stop()
+	// The etcd the package's tests start; a service passes its own etcd
+	// cluster's endpoints.
+	cli, err := clientv3.New(clientv3.Config{Endpoints: fencing.ExampleEndpoints,
+		DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	must(err)
+	defer cli.Close()
 	ctx := context.Background()
 
 	coord := memcoord.New()
@@ -91,35 +92,6 @@ func newLocker(ctx context.Context, cli *clientv3.Client) (*fencing.Locker, func
 	return locker, func() {
 		_ = locker.Close()
 		_ = lease.Close(ctx)
-	}
-}
-
-// startEtcd starts a single-member etcd in this process, in a data
-// directory under os.TempDir, and returns a client of it and the function
-// that stops both. In production the nodes use an etcd cluster of their
-// own.
-func startEtcd() (*clientv3.Client, func()) {
-	dir, err := os.MkdirTemp("", "fencing-example")
-	must(err)
-	cfg := embed.NewConfig()
-	cfg.Dir = dir
-	local := url.URL{Scheme: "http", Host: "127.0.0.1:0"} // free ports
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{local}, []url.URL{local}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{local}, []url.URL{local}
-	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-	cfg.UnsafeNoFsync = true
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	e, err := embed.StartEtcd(cfg)
-	must(err)
-	<-e.Server.ReadyNotify()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Clients[0].Addr().String()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	must(err)
-	return cli, func() {
-		_ = cli.Close()
-		e.Close()
-		for range e.Err() {
-		}
-		_ = os.RemoveAll(dir)
 	}
 }
 

@@ -3,6 +3,8 @@ package fencing
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -14,10 +16,34 @@ import (
 	"github.com/idemcoord/idem/internal/etcdtest"
 )
 
-// TestMain fails the package if any goroutine — ours, the etcd clients' or
-// the embedded etcd servers' — outlives the tests.
+// TestMain starts the etcd the examples use and fails the package if any
+// goroutine (ours, the etcd clients' or the test etcd's relays) outlives
+// the tests.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(withExampleEtcd{m})
+}
+
+// ExampleEndpoints are the client URLs of the etcd member TestMain starts
+// for the examples (a service passes its own etcd cluster's).
+var ExampleEndpoints []string
+
+// withExampleEtcd runs the tests with an etcd member for the examples.
+type withExampleEtcd struct{ m *testing.M }
+
+func (w withExampleEtcd) Run() int {
+	bin, err := etcdtest.Binary()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fencing tests:", err)
+		return 1
+	}
+	srv, err := etcdtest.New(bin)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fencing tests:", err)
+		return 1
+	}
+	defer srv.Stop()
+	ExampleEndpoints = srv.Endpoints
+	return w.m.Run()
 }
 
 const (

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemcoord/idem/internal/bench"
+	"github.com/idemcoord/idem/cmd/idemctl/internal/bench"
 	"github.com/idemcoord/idem/internal/cli"
 	"github.com/idemcoord/idem/internal/pgserver"
 	"github.com/idemcoord/idem/payments"

@@ -85,7 +85,7 @@ func TestUp(t *testing.T) {
 		if code := Run(context.Background(), []string{"up", "--idemd", idemd}, env); code != 1 {
 			t.Errorf("exit %d, want 1", code)
 		}
-		want := "`go build -o bin/ ./cmd/... && go build -o bin/etcd go.etcd.io/etcd/server/v3 && bin/idemctl up`"
+		want := "`go build -o bin/ ./cmd/idemd ./cmd/idemctl && go build -o bin/etcd go.etcd.io/etcd/server/v3 && bin/idemctl up`"
 		if !strings.Contains(stderr.String(), "etcd binary not found") || !strings.Contains(stderr.String(), want) {
 			t.Errorf("stderr %q lacks the build command %s", stderr.String(), want)
 		}

@@ -8,10 +8,6 @@ import (
 	"testing"
 	"time"
 
-	toxiproxy "github.com/Shopify/toxiproxy/v2"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/rs/zerolog"
-
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/internal/etcdtest"
 	"github.com/idemcoord/idem/internal/storetest"
@@ -19,24 +15,6 @@ import (
 	"github.com/idemcoord/idem/routing"
 )
 
-// etcdProxy puts a toxiproxy proxy between one node and etcd, so the test
-// can partition that node from the control plane while it keeps running.
-func etcdProxy(t *testing.T, upstream string) *toxiproxy.Proxy {
-	t.Helper()
-	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
-	p := toxiproxy.NewProxy(srv, "eu-west-0->etcd", "127.0.0.1:0", strings.TrimPrefix(upstream, "http://"))
-	if err := p.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Stop)
-	return p
-}
-
-// TestFailoverWithPartitionedRegion: eu-west is cut off from etcd but keeps
-// running. It stops serving its tenants on its own at its local lease
-// deadline; the failover moves them to us-east only after eu-west's lease
-// expired in etcd; us-east finds the payment eu-west made (no second charge,
-// the same answer); after the partition heals eu-west forwards, never serves.
 func TestFailoverWithPartitionedRegion(t *testing.T) {
 	ctx := context.Background()
 	etcd := etcdtest.Start(t)
@@ -45,8 +23,8 @@ func TestFailoverWithPartitionedRegion(t *testing.T) {
 	if _, err := routing.SetPlacement(ctx, cli, "tenant-a", "eu-west"); err != nil {
 		t.Fatal(err)
 	}
-	proxy := etcdProxy(t, etcd.Endpoints[0])
-	eu := startRegion(t, "eu-west", 1, "http://"+proxy.Listen, nil, "--provider-url", prov.BaseURL)
+	link := etcd.Link(t) // eu-west reaches etcd through a link of its own
+	eu := startRegion(t, "eu-west", 1, link.Endpoint, nil, "--provider-url", prov.BaseURL)
 	us := startRegion(t, "us-east", 1, strings.Join(etcd.Endpoints, ","), nil, "--provider-url", prov.BaseURL)
 	a, b := eu.nodes[0].url, us.nodes[0].url
 
@@ -55,7 +33,7 @@ func TestFailoverWithPartitionedRegion(t *testing.T) {
 		t.Fatalf("payment before the partition = %d %s", status, first)
 	}
 
-	proxy.Stop() // partition eu-west from etcd; it keeps running
+	link.Cut() // partition eu-west from etcd; it keeps running
 	partitioned := time.Now()
 	waitFor(t, 20*time.Second, "eu-west to stop serving its tenant", func() bool {
 		status, body, _ := payBody(t, a, "probe-"+time.Now().Format("150405.000000"), strings.Replace(article, "invoice-7781", "probe-"+time.Now().Format("150405.000000"), 1))
@@ -99,9 +77,7 @@ func TestFailoverWithPartitionedRegion(t *testing.T) {
 		t.Errorf("partitioned eu-west served a moved tenant: %s", body)
 	}
 
-	if err := proxy.Start(); err != nil { // heal
-		t.Fatal(err)
-	}
+	link.Heal()
 	waitFor(t, 30*time.Second, "eu-west to rejoin and forward", func() bool {
 		status, body, h := payBody(t, a, "after-failover", strings.Replace(article, "invoice-7781", "invoice-after", 1))
 		return status == 201 && h.Get("Idempotent-Replayed") == "true" && len(body) > 0

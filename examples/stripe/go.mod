@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/idemcoord/idem v0.0.0-00010101000000-000000000000
+	github.com/idemcoord/idem/cluster v0.0.0-00010101000000-000000000000
 	github.com/stripe/stripe-go/v84 v84.4.1
 )
 
@@ -48,3 +49,5 @@ require (
 )
 
 replace github.com/idemcoord/idem => ../..
+
+replace github.com/idemcoord/idem/cluster => ../../cluster

@@ -1,52 +1,58 @@
-// Package etcdtest runs a real, single-member etcd inside the test process
-// (go.etcd.io/etcd/server/v3/embed) so that tests exercise genuine etcd
-// lease, revision and transaction semantics instead of a mock.
+// Package etcdtest runs a real, single-member etcd server for tests, as a
+// process of the etcd binary built from the pinned module
+// (go.etcd.io/etcd/server/v3), so that tests exercise genuine etcd lease,
+// revision and transaction semantics instead of a mock, and the library's
+// module needs no requirement on the etcd server.
 //
-// Each call to Start gets its own member in its own temporary directory,
-// listening on free 127.0.0.1 ports picked by the kernel, and stops it in
-// tb.Cleanup:
+// Each call to Start gets its own member in its own temporary directory on
+// free 127.0.0.1 ports, and stops it in tb.Cleanup:
 //
 //	srv := etcdtest.Start(t)
 //	cli := srv.Client(t) // closed in t.Cleanup, before the member stops
 //
+// The binary is $IDEM_ETCD_BIN when set; otherwise it is built once with
+// `go build go.etcd.io/etcd/server/v3` in the repository's workspace (the
+// tests module pins the server at the client's version) and kept in the
+// temporary directory under the etcd version's name, so later test
+// processes reuse it.
+//
 // Clients reach the member through a loopback TCP relay owned by the
-// Server, so that Stop can cut every client connection at once, as a
-// crashed etcd would. (etcd's own graceful shutdown waits up to its 5s
-// request timeout for open streams such as lease keepalives.)
+// Server, so that Stop can cut every client connection at once; Stop then
+// kills the process (SIGKILL), as a crash would. Link gives one client a
+// relay of its own that a test can cut and heal, to partition one node
+// from etcd while the others keep it.
 //
 // The member logs at warn level into a bounded in-memory buffer that is
 // printed with tb.Log only if the test failed, so passing runs stay quiet.
-// Start sets no process-wide loggers (gRPC's or zap's globals).
 //
 // # Goroutines
 //
-// When Stop (or the cleanup) returns, the member, its relay and their
+// When Stop (or the cleanup) returns, the process, its relays and their
 // goroutines are gone, and clients made by Client or NewClient leave none
-// once closed: under -race, go.uber.org/goleak finds nothing left, so
-// callers can use goleak.VerifyTestMain or goleak.VerifyNone with no
-// etcd-specific ignores. goleak's default retry window covers the few
-// milliseconds gRPC takes to wind down a closed client's connection
-// goroutines. (Checked against etcd v3.7.3; if a future version leaves
-// goroutines behind, name their top functions in goleak.IgnoreTopFunction
-// here.)
+// once closed: callers can use goleak.VerifyTestMain or goleak.VerifyNone
+// with no etcd-specific ignores.
 package etcdtest
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
-	"net/url"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
+
+	"github.com/idemcoord/idem/internal/testbin"
 )
 
 const (
@@ -57,17 +63,25 @@ const (
 	dialTimeout = 5 * time.Second
 	// maxLog bounds the in-memory server log kept for failing tests.
 	maxLog = 256 << 10
+	// startAttempts bounds the retries when a port picked for the member
+	// was taken by another process before the member bound it.
+	startAttempts = 3
 )
 
-// Server is a running embedded etcd member.
+// Server is a running etcd member.
 type Server struct {
 	// Endpoints are the client URLs (http://127.0.0.1:PORT, https:// with
 	// WithClientCertAuth) of the relay in front of the member; pass them to
 	// clientv3.Config.
 	Endpoints []string
 
-	etcd     *embed.Etcd
+	scheme   string
+	target   string // the member's own client address
+	dir      string // the member's data directory, removed by Stop
+	cmd      *exec.Cmd
+	exited   chan struct{}
 	relays   []*relay
+	mu       sync.Mutex
 	log      *logBuffer
 	stopOnce sync.Once
 }
@@ -87,104 +101,269 @@ func WithClientCertAuth(certFile, keyFile, caFile string) Option {
 	return func(o *options) { o.certFile, o.keyFile, o.caFile = certFile, keyFile, caFile }
 }
 
-// Start starts a single-member embedded etcd in a temporary directory on
-// free 127.0.0.1 ports (client, peer and relay), waits until it is ready
-// (<-Server.ReadyNotify()), and stops it in tb.Cleanup. It fails the test
-// (tb.Fatal) if the member does not become ready within 30 seconds.
+// Start starts a single-member etcd in a temporary directory on free
+// 127.0.0.1 ports (client, peer, metrics and relay), waits until it is
+// ready (its /health answers true), and stops it in tb.Cleanup. It fails
+// the test (tb.Fatal) if the member does not become ready within 30
+// seconds.
 func Start(tb testing.TB, opts ...Option) *Server {
 	tb.Helper()
-	dir := tb.TempDir() // registered first, so removed after the server stops
+	bin := binary(tb)
+	s, err := New(bin, opts...)
+	if err != nil {
+		tb.Fatalf("etcdtest: %v", err)
+	}
+	tb.Cleanup(func() {
+		s.Stop()
+		if tb.Failed() {
+			if out := s.log.String(); out != "" {
+				tb.Logf("etcdtest: etcd log (warn and above):\n%s", out)
+			}
+		}
+	})
+	return s
+}
+
+// New starts a member of the etcd binary bin as Start does, for callers
+// with no testing.TB (a TestMain); they call Stop. Binary gives bin.
+func New(bin string, opts ...Option) (*Server, error) {
 	var o options
 	for _, opt := range opts {
 		opt(&o)
 	}
-
-	cfg := embed.NewConfig()
-	cfg.Name = "etcdtest"
-	cfg.Dir = dir
-	// Port 0: the kernel picks free ports at bind time, so there is no
-	// window in which another process can take a port we probed.
-	loopback := url.URL{Scheme: "http", Host: "127.0.0.1:0"}
-	clientURL := loopback
-	if o.certFile != "" {
-		clientURL.Scheme = "https"
-		cfg.ClientTLSInfo = transport.TLSInfo{CertFile: o.certFile, KeyFile: o.keyFile, TrustedCAFile: o.caFile, ClientCertAuth: true}
+	var s *Server
+	var err error
+	for range startAttempts {
+		if s, err = start(bin, o); err == nil || !errors.Is(err, errPortTaken) {
+			break
+		}
 	}
-	cfg.ListenClientUrls = []url.URL{clientURL}
-	cfg.AdvertiseClientUrls = []url.URL{clientURL}
-	cfg.ListenPeerUrls = []url.URL{loopback}
-	cfg.AdvertisePeerUrls = []url.URL{loopback}
-	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-	cfg.InitialClusterToken = "etcdtest"
-	// Tests are not durable; skipping fsync keeps them fast on slow disks.
-	cfg.UnsafeNoFsync = true
-	// Tests that enable auth hash throwaway passwords: etcd's default bcrypt
-	// cost takes seconds per authentication on a loaded machine, long
-	// enough for a client's dial timeout to pass. 4 is bcrypt's minimum.
-	cfg.BcryptCost = 4
-	// A lone member needs no failure detection: short ticks make it elect
-	// itself within ~100ms and lower etcd's minimum lease TTL to 1 second
-	// (etcd raises a granted TTL to 1.5 election timeouts, rounded up).
-	cfg.TickMs = 10
-	cfg.ElectionMs = 100
-
-	buf := &logBuffer{max: maxLog}
-	cfg.Logger = "zap"
-	cfg.LogLevel = "warn"
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(newLogger(buf))
-
-	e, err := embed.StartEtcd(cfg)
 	if err != nil {
-		tb.Fatalf("etcdtest: start embedded etcd: %v\n%s", err, buf.String())
+		return nil, err
 	}
-	s := &Server{etcd: e, log: buf}
-	tb.Cleanup(func() {
+	r, err := newRelay(s.target)
+	if err != nil {
 		s.Stop()
-		if tb.Failed() {
-			if out := buf.String(); out != "" {
-				tb.Logf("etcdtest: embedded etcd log (warn and above):\n%s", out)
+		return nil, err
+	}
+	s.relays = append(s.relays, r)
+	s.Endpoints = []string{s.scheme + "://" + r.addr()}
+	return s, nil
+}
+
+// errPortTaken marks a start that failed because a port was taken.
+var errPortTaken = errors.New("port taken")
+
+// start runs one member and waits until it is ready.
+func start(bin string, o options) (*Server, error) {
+	dir, err := os.MkdirTemp("", "etcdtest-")
+	if err != nil {
+		return nil, fmt.Errorf("data directory: %w", err)
+	}
+	ports, err := freePorts(3)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	client, peer, metrics := "127.0.0.1:"+ports[0], "http://127.0.0.1:"+ports[1], "http://127.0.0.1:"+ports[2]
+	scheme := "http"
+	args := []string{
+		"--name", "etcdtest", "--data-dir", filepath.Join(dir, "data"),
+		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+		"--initial-cluster", "etcdtest=" + peer, "--initial-cluster-token", "etcdtest",
+		"--listen-metrics-urls", metrics,
+		// Tests are not durable; skipping fsync keeps them fast on slow disks.
+		"--unsafe-no-fsync",
+		// Tests that enable auth hash throwaway passwords: etcd's default
+		// bcrypt cost takes seconds per authentication on a loaded machine,
+		// long enough for a client's dial timeout to pass. 4 is bcrypt's
+		// minimum.
+		"--bcrypt-cost", "4",
+		// A lone member needs no failure detection: short ticks make it
+		// elect itself within ~100ms and lower etcd's minimum lease TTL to
+		// 1 second (etcd raises a granted TTL to 1.5 election timeouts,
+		// rounded up).
+		"--heartbeat-interval", "10", "--election-timeout", "100",
+		"--log-level", "warn",
+	}
+	if o.certFile != "" {
+		scheme = "https"
+		args = append(args, "--cert-file", o.certFile, "--key-file", o.keyFile,
+			"--trusted-ca-file", o.caFile, "--client-cert-auth")
+	}
+	url := scheme + "://" + client
+	args = append(args, "--listen-client-urls", url, "--advertise-client-urls", url)
+
+	s := &Server{scheme: scheme, target: client, dir: dir, log: &logBuffer{max: maxLog}, exited: make(chan struct{})}
+	s.cmd = exec.Command(bin, args...)
+	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
+	if err := s.cmd.Start(); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, fmt.Errorf("start %s: %w", bin, err)
+	}
+	go func() {
+		_ = s.cmd.Wait()
+		close(s.exited)
+	}()
+
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	for {
+		if healthy(ctx, metrics+"/health") {
+			return s, nil
+		}
+		select {
+		case <-s.exited:
+			_ = os.RemoveAll(dir)
+			out := s.log.String()
+			if strings.Contains(out, "address already in use") {
+				return nil, fmt.Errorf("%w: %s", errPortTaken, out)
 			}
+			return nil, fmt.Errorf("etcd exited before it was ready (%v):\n%s", s.cmd.ProcessState, out)
+		case <-ctx.Done():
+			s.kill()
+			_ = os.RemoveAll(dir)
+			return nil, fmt.Errorf("etcd not ready after %v:\n%s", readyTimeout, s.log.String())
+		case <-time.After(20 * time.Millisecond):
 		}
-	})
-
-	select {
-	case <-e.Server.ReadyNotify():
-	case err := <-e.Err():
-		tb.Fatalf("etcdtest: embedded etcd failed before ready: %v\n%s", err, buf.String())
-	case <-time.After(readyTimeout):
-		tb.Fatalf("etcdtest: embedded etcd not ready after %v\n%s", readyTimeout, buf.String())
 	}
+}
 
-	for _, l := range e.Clients {
-		r, err := newRelay(l.Addr().String())
+// healthy reports whether etcd's /health answers that the member serves.
+func healthy(ctx context.Context, url string) bool {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return false
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<10))
+	return resp.StatusCode == http.StatusOK && bytes.Contains(b, []byte(`"health":"true"`))
+}
+
+// freePorts returns n distinct ports the kernel had free a moment ago.
+func freePorts(n int) ([]string, error) {
+	var ports []string
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			_ = ln.Close()
+		}
+	}()
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			tb.Fatalf("etcdtest: %v", err)
+			return nil, fmt.Errorf("pick a free port: %w", err)
 		}
-		s.relays = append(s.relays, r)
-		s.Endpoints = append(s.Endpoints, clientURL.Scheme+"://"+r.addr())
+		lns = append(lns, ln)
+		_, port, _ := net.SplitHostPort(ln.Addr().String())
+		ports = append(ports, port)
 	}
-	if len(s.Endpoints) == 0 {
-		tb.Fatal("etcdtest: embedded etcd has no client listener")
+	return ports, nil
+}
+
+// binary is Binary for a test.
+func binary(tb testing.TB) string {
+	tb.Helper()
+	bin, err := Binary()
+	if err != nil {
+		tb.Fatalf("etcdtest: %v", err)
 	}
-	return s
+	return bin
+}
+
+// Binary returns the etcd server binary: $IDEM_ETCD_BIN, or one built from
+// the pinned module and cached under the etcd version's name.
+func Binary() (string, error) {
+	if bin := os.Getenv("IDEM_ETCD_BIN"); bin != "" {
+		return bin, nil
+	}
+	version, err := testbin.ModuleVersion("go.etcd.io/etcd/server/v3")
+	if err != nil {
+		return "", fmt.Errorf("%w (set IDEM_ETCD_BIN to use a built etcd)", err)
+	}
+	dir := filepath.Join(os.TempDir(), "idem-etcdtest")
+	bin := filepath.Join(dir, "etcd-"+version)
+	if _, err := os.Stat(bin); err == nil {
+		return bin, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	// Built under a name of its own and renamed, so that test processes
+	// building at once never run a half-written file.
+	tmp, err := os.CreateTemp(dir, "build-*")
+	if err != nil {
+		return "", err
+	}
+	_ = tmp.Close()
+	if err := testbin.Build(tmp.Name(), "go.etcd.io/etcd/server/v3"); err != nil {
+		_ = os.Remove(tmp.Name())
+		return "", fmt.Errorf("build the etcd server (set IDEM_ETCD_BIN to use a built one): %w", err)
+	}
+	if err := os.Rename(tmp.Name(), bin); err != nil {
+		return "", err
+	}
+	return bin, nil
 }
 
 // Stop stops the member at once, as a crash would: it cuts every client
-// connection, then shuts etcd down and waits for its goroutines to exit.
-// It is safe to call more than once; the cleanup registered by Start
-// calls it too. Clients stay open — their calls fail until their context
-// ends — and are closed by their own cleanup.
+// connection, then kills the process and waits for it. It is safe to call
+// more than once; the cleanup registered by Start calls it too. Clients
+// stay open (their calls fail until their context ends) and are closed by
+// their own cleanup.
 func (s *Server) Stop() {
 	s.stopOnce.Do(func() {
-		for _, r := range s.relays {
+		s.mu.Lock()
+		relays := s.relays
+		s.mu.Unlock()
+		for _, r := range relays {
 			r.close()
 		}
-		s.etcd.Close()
-		// Close closes Err() once every server goroutine is done.
-		for range s.etcd.Err() {
-		}
+		s.kill()
+		_ = os.RemoveAll(s.dir)
 	})
 }
+
+// kill ends the process and waits until it has exited.
+func (s *Server) kill() {
+	_ = s.cmd.Process.Kill()
+	<-s.exited
+}
+
+// Link is a relay of its own in front of the member, for one client that a
+// test partitions from etcd (Cut) and reconnects (Heal) while other
+// clients keep their connections.
+type Link struct {
+	// Endpoint is the link's client URL.
+	Endpoint string
+	r        *relay
+}
+
+// Link starts a relay in front of the member; Stop closes it.
+func (s *Server) Link(tb testing.TB) *Link {
+	tb.Helper()
+	r, err := newRelay(s.target)
+	if err != nil {
+		tb.Fatalf("etcdtest: %v", err)
+	}
+	s.mu.Lock()
+	s.relays = append(s.relays, r)
+	s.mu.Unlock()
+	return &Link{Endpoint: s.scheme + "://" + r.addr(), r: r}
+}
+
+// Cut closes every connection through the link and refuses new ones (they
+// are accepted and closed at once) until Heal.
+func (l *Link) Cut() { l.r.setCut(true) }
+
+// Heal lets connections through the link again.
+func (l *Link) Heal() { l.r.setCut(false) }
 
 // Config returns a client configuration for this server: its endpoints, a
 // 5-second dial timeout and a no-op logger. Tests that need extra dial
@@ -218,13 +397,6 @@ func NewClient(tb testing.TB, cfg clientv3.Config) *clientv3.Client {
 	}
 	tb.Cleanup(func() { _ = cli.Close() })
 	return cli
-}
-
-// newLogger returns a warn-level console logger writing into buf.
-func newLogger(buf *logBuffer) *zap.Logger {
-	enc := zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig())
-	core := zapcore.NewCore(enc, zapcore.AddSync(buf), zap.WarnLevel)
-	return zap.New(core)
 }
 
 // logBuffer is a concurrency-safe buffer that keeps the first max bytes.
@@ -266,6 +438,7 @@ type relay struct {
 
 	mu     sync.Mutex
 	closed bool
+	cut    bool
 	conns  map[net.Conn]struct{}
 }
 
@@ -327,10 +500,23 @@ func (r *relay) pipe(c net.Conn) {
 	<-done
 }
 
+// setCut cuts every connection and refuses new ones (cut), or lets them
+// through again.
+func (r *relay) setCut(cut bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cut = cut
+	if cut {
+		for c := range r.conns {
+			_ = c.Close()
+		}
+	}
+}
+
 func (r *relay) track(conns ...net.Conn) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.closed {
+	if r.closed || r.cut {
 		return false
 	}
 	for _, c := range conns {

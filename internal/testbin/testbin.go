@@ -64,6 +64,25 @@ func Deps(tags []string, pkg string) ([]string, error) {
 	return strings.Fields(string(out)), nil
 }
 
+// ModuleVersion returns the version of module path in the build list
+// (`go list -m`), which in the repository's workspace is the version every
+// module of it builds with.
+func ModuleVersion(path string) (string, error) {
+	goCmd, err := goCommand()
+	if err != nil {
+		return "", err
+	}
+	out, err := exec.Command(goCmd, "list", "-m", "-f", "{{.Version}}", path).Output()
+	if err != nil {
+		return "", fmt.Errorf("testbin: go list -m %s: %w", path, err)
+	}
+	v := strings.TrimSpace(string(out))
+	if v == "" {
+		return "", fmt.Errorf("testbin: %s has no version in the build list", path)
+	}
+	return v, nil
+}
+
 // goCommand finds the go command on PATH, or this toolchain's.
 func goCommand() (string, error) {
 	goCmd, err := exec.LookPath("go")

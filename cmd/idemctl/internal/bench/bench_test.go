@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemcoord/idem/internal/bench"
+	"github.com/idemcoord/idem/cmd/idemctl/internal/bench"
 	"github.com/idemcoord/idem/internal/pgtest"
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/store"

@@ -1,4 +1,4 @@
-package payments_test
+package ambiguous_test
 
 import (
 	"bytes"
@@ -6,10 +6,10 @@ import (
 	"testing"
 
 	"github.com/idemcoord/idem"
-	"github.com/idemcoord/idem/internal/commitcut"
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/store"
+	"github.com/idemcoord/idem/tests/commitcut"
 )
 
 // TestCreateResolvesAnAmbiguousCommit loses the answer to the commit of the

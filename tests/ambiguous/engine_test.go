@@ -1,4 +1,4 @@
-package engine_test
+package ambiguous_test
 
 import (
 	"bytes"
@@ -9,9 +9,9 @@ import (
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/engine"
-	"github.com/idemcoord/idem/internal/commitcut"
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/store"
+	"github.com/idemcoord/idem/tests/commitcut"
 )
 
 // proxiedStore opens a second store on dbURL's database through a proxy
