@@ -67,6 +67,9 @@ type dbState struct {
 type clusterView struct {
 	info cluster.Info
 	etcd *clientv3.Client
+	// skip names the stores that are gone (a region lost with its
+	// store): they are not read.
+	skip map[string]bool
 }
 
 func viewOf(c *cluster.Cluster) clusterView { return clusterView{info: c.Info(), etcd: c.EtcdClient()} }
@@ -84,6 +87,9 @@ func storeURLs(c clusterView) map[string]string {
 		name := r.Name
 		if c.info.StoreMode == cluster.StoreGlobal {
 			name = "global"
+		}
+		if c.skip[name] {
+			continue
 		}
 		out[name] = r.DatabaseURL
 	}

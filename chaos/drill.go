@@ -48,8 +48,9 @@ type Drill struct {
 	// the traffic.
 	FaultAt float64 `json:"faultAt"`
 	// Tenants are the affected tenants (homed in Region when the fault
-	// began) and their RTO each: the time from the fault to the end of
-	// the first call, sent after the fault, that got a final answer.
+	// began) and their RTO each: the time from the fault to the moment
+	// after which the tenant is served again continuously (see
+	// TenantRTO).
 	Tenants []TenantRTO `json:"tenants"`
 	// RTOMaxSeconds is the largest tenant RTO (-1 when a tenant was never
 	// served again); RTOBoundSeconds its bound: the region lease TTL plus
@@ -71,6 +72,21 @@ type Drill struct {
 	// RecordsStuck counts records still open, and backlogs not drained,
 	// once the traffic stopped and the stuck bound passed.
 	RecordsStuck int `json:"recordsStuck"`
+	// Redirected counts the calls sent after the fault to a node of Region
+	// that refused the connection and went on to a live node, as a client
+	// with several endpoints does (the workload records them with
+	// RedirectedFrom).
+	Redirected int `json:"redirected"`
+	// StoreLost is set when the region's store did not answer after the
+	// fault: in region-local mode what it alone held is lost, and AckedLost
+	// counts it (the RPO of region-local mode); nothing is waited for.
+	StoreLost bool `json:"storeLost,omitempty"`
+	// AnswersLost and EffectsLost, with StoreLost: acknowledged answers
+	// the sweep got again but not as a replay (their records were in the
+	// lost store alone), and acknowledged payments whose confirmed ledger
+	// entry no surviving store holds.
+	AnswersLost int `json:"answersLost,omitempty"`
+	EffectsLost int `json:"effectsLost,omitempty"`
 	// Figures lists every figure with its bound and whether it met it.
 	Figures []DrillFigure `json:"figures"`
 	// Passed is true when every figure met its bound.
@@ -80,9 +96,15 @@ type Drill struct {
 // TenantRTO is one affected tenant's recovery time.
 type TenantRTO struct {
 	Tenant string `json:"tenant"`
-	// Seconds is the RTO; -1 when no call after the fault got a final
-	// answer.
+	// Seconds is the RTO: from the fault to the end of the first call
+	// that got a final answer among those sent after the tenant's last
+	// unserved call (no answer, or a 5xx) sent after the fault; -1 when
+	// none did.
 	Seconds float64 `json:"seconds"`
+	// LastUnservedAt is when the tenant's last unserved call after the
+	// fault was sent, in seconds from the start of the traffic (0 when
+	// every call after the fault was served).
+	LastUnservedAt float64 `json:"lastUnservedAt,omitempty"`
 	// Node is the node that gave the first final answer.
 	Node string `json:"node,omitempty"`
 }
@@ -122,6 +144,46 @@ type drillInput struct {
 	bound time.Duration
 }
 
+// unserved reports whether a call got no service: no answer at all (a
+// timeout, a refused or broken connection) or a 5xx (the home region
+// unavailable, the store unavailable).
+func unserved(o *Op) bool { return o.Status == 0 || o.Status >= 500 }
+
+// tenantRTO measures how long tenant went unserved after the fault at at:
+// until the end of the first call that got a final answer among those
+// sent after the tenant's last unserved call (every call sent after that
+// one was served, or answered otherwise than by an outage). A call that
+// happened to be answered between the fault's start and its effect (a
+// kill command that had not killed yet) ends nothing. Without an
+// unserved call after the fault, it is the first final answer to a call
+// sent after it.
+func tenantRTO(tenant string, at time.Duration, ops []*Op) TenantRTO {
+	rto := TenantRTO{Tenant: tenant, Seconds: -1}
+	from, failed := at, false
+	for _, o := range ops {
+		if o.Tenant == tenant && !o.Sweep && o.Start >= at && unserved(o) && (!failed || o.Start > from) {
+			from, failed = o.Start, true
+		}
+	}
+	var first *Op
+	for _, o := range ops {
+		if o.Tenant != tenant || o.Sweep || o.Start < from || (failed && o.Start == from) || o.Class() != ClassFinal {
+			continue
+		}
+		if first == nil || o.End < first.End {
+			first = o
+		}
+	}
+	if first != nil {
+		rto.Seconds = (first.End - at).Seconds()
+		rto.Node = first.Node
+	}
+	if failed {
+		rto.LastUnservedAt = from.Seconds()
+	}
+	return rto
+}
+
 // computeDrill measures the drill figures.
 func computeDrill(in drillInput) *Drill {
 	d := &Drill{Fault: in.fault, Region: in.region, Failover: in.failover, FaultAt: in.at,
@@ -135,21 +197,12 @@ func computeDrill(in drillInput) *Drill {
 	slices.Sort(tenants)
 	at := time.Duration(in.at * float64(time.Second))
 	for _, t := range tenants {
-		rto := TenantRTO{Tenant: t, Seconds: -1}
-		var first *Op
-		for _, o := range in.ops {
-			if o.Tenant != t || o.Sweep || o.Start < at || o.Class() != ClassFinal {
-				continue
-			}
-			if first == nil || o.End < first.End {
-				first = o
-			}
+		d.Tenants = append(d.Tenants, tenantRTO(t, at, in.ops))
+	}
+	for _, o := range in.ops {
+		if o.Start >= at && strings.HasPrefix(o.RedirectedFrom, in.region+"-") {
+			d.Redirected++
 		}
-		if first != nil {
-			rto.Seconds = (first.End - at).Seconds()
-			rto.Node = first.Node
-		}
-		d.Tenants = append(d.Tenants, rto)
 	}
 	for _, t := range d.Tenants {
 		if t.Seconds < 0 {
@@ -208,8 +261,8 @@ func drillCheck(drills ...*Drill) CheckResult {
 				r.fail(CounterExample{Key: t.Tenant, Summary: d.Fault + ": never answered finally after the fault"})
 			}
 		}
-		details = append(details, fmt.Sprintf("%s: RTO max %.2fs (bound %.1fs) over %d tenant(s), %s failover",
-			d.Fault, d.RTOMaxSeconds, d.RTOBoundSeconds, len(d.Tenants), d.Failover))
+		details = append(details, fmt.Sprintf("%s: RTO max %.2fs (bound %.1fs) over %d tenant(s), %s failover, %d call(s) redirected to a live region",
+			d.Fault, d.RTOMaxSeconds, d.RTOBoundSeconds, len(d.Tenants), d.Failover, d.Redirected))
 	}
 	return r.done("%s", strings.Join(details, "; "))
 }
@@ -231,6 +284,11 @@ func scenarioDrills(steps []Step, events []FaultEvent, homes map[string]string, 
 			continue
 		}
 		bound := leaseTTL + RTOSlack
+		if rb, ok := st.Fault.(interface {
+			RTOBound(leaseTTL time.Duration) time.Duration
+		}); ok {
+			bound = rb.RTOBound(leaseTTL)
+		}
 		ef, elected := st.Fault.(interface{ EtcdElected() bool })
 		elected = elected && ef.EtcdElected()
 		if elected {
@@ -240,6 +298,10 @@ func scenarioDrills(steps []Step, events []FaultEvent, homes map[string]string, 
 		d := computeDrill(drillInput{fault: df.Name(), region: df.DrillRegion(), failover: df.FailoverMode(), at: at,
 			homes: homes, ops: ops, checks: checks, bound: bound})
 		d.EtcdElection = elected
+		if sl, ok := st.Fault.(interface{ StoreLost() bool }); ok && sl.StoreLost() {
+			d.StoreLost = true
+			d.Figures[1].Name = "acknowledged answers lost (RPO: the region's store is gone)"
+		}
 		drills = append(drills, d)
 	}
 	if len(drills) == 0 {

@@ -8,7 +8,8 @@ import (
 )
 
 // TestComputeDrill: the RTO of each tenant homed in the failed region is
-// the end of its first final answer sent after the fault; tenants of other
+// the end of its first final answer sent after its last unserved call
+// (after the fault; or after the fault when none was unserved); tenants of other
 // regions are left out; a tenant never answered again fails the bound; the
 // integrity figures come from the checks' violations.
 func TestComputeDrill(t *testing.T) {
@@ -107,5 +108,52 @@ func TestDrillBoundAllowsForAnElection(t *testing.T) {
 		if check.Passed != elected {
 			t.Errorf("elected=%v: drill-bounds passed %v", elected, check.Passed)
 		}
+	}
+}
+
+// TestRTOMeasuresTheOutage: a call answered between the fault's start and
+// its effect (a kill command that has not killed yet) is not the
+// recovery: the RTO runs to the first final answer after the tenant's
+// last unserved call (no answer, or a 5xx), so it covers the outage the
+// calls saw. Calls redirected from the region's refusing nodes are
+// counted.
+func TestRTOMeasuresTheOutage(t *testing.T) {
+	s := func(x float64) time.Duration { return time.Duration(x * float64(time.Second)) }
+	ops := []*Op{
+		{Tenant: "tenant-a", Start: s(10), End: s(10.01), Status: 201, Node: "eu-west-0"},                               // before the kill took
+		{Tenant: "tenant-a", Start: s(10.2), End: s(12.2), Err: errTimeout},                                             // unserved
+		{Tenant: "tenant-a", Start: s(11), End: s(11.1), Status: 503, RedirectedFrom: "eu-west-1"},                      // unserved
+		{Tenant: "tenant-a", Start: s(13), End: s(13.2), Status: 409, ErrorCode: codeInProgress},                        // neither
+		{Tenant: "tenant-a", Start: s(14.9), End: s(15.3), Status: 201, Node: "us-east-0"},                              // sent before the last failure
+		{Tenant: "tenant-a", Start: s(15), End: s(15.5), Status: 503},                                                   // the last unserved call
+		{Tenant: "tenant-a", Start: s(15.2), End: s(15.6), Status: 201, Node: "us-east-1", RedirectedFrom: "eu-west-0"}, // served again: 5.6s
+		{Tenant: "tenant-b", Start: s(16), End: s(16.1), Status: 201, Node: "us-east-1", RedirectedFrom: "eu-west-0"},
+		{Tenant: "tenant-b", Start: s(16), End: s(16.1), Status: 201, Node: "ap-south-1", RedirectedFrom: "us-east-0"},
+	}
+	homes := map[string]string{"tenant-a": "eu-west", "tenant-b": "us-east"}
+	d := computeDrill(drillInput{region: "eu-west", at: 10, homes: homes, ops: ops, bound: 8 * time.Second})
+	if len(d.Tenants) != 1 || d.Tenants[0].Seconds != 5.6 || d.Tenants[0].Node != "us-east-1" || d.Tenants[0].LastUnservedAt != 15 {
+		t.Errorf("tenants = %+v; want tenant-a served again 5.6s after the fault by us-east-1, last unserved at 15s", d.Tenants)
+	}
+	if d.Redirected != 3 {
+		t.Errorf("redirected = %d; want 3 (the calls eu-west's nodes refused after the fault)", d.Redirected)
+	}
+}
+
+// boundFault is a drill fault with an RTO bound of its own.
+type boundFault struct{ Fault }
+
+func (boundFault) DrillRegion() string                           { return "eu-west" }
+func (boundFault) FailoverMode() string                          { return FailoverNone }
+func (boundFault) RTOBound(leaseTTL time.Duration) time.Duration { return leaseTTL + time.Minute }
+
+// TestDrillBoundOfTheFault: a fault that says what its tenants wait for
+// (the replicated store's failover) sets the RTO bound.
+func TestDrillBoundOfTheFault(t *testing.T) {
+	ops := []*Op{{Tenant: "tenant-a", Start: 11 * time.Second, End: 30 * time.Second, Status: 201}}
+	drills, check := scenarioDrills([]Step{{Fault: boundFault{PartitionRegion("eu-west")}}}, []FaultEvent{{At: 10}},
+		map[string]string{"tenant-a": "eu-west"}, ops, nil, 3*time.Second)
+	if len(drills) != 1 || drills[0].RTOBoundSeconds != 63 || !check.Passed {
+		t.Errorf("drills %+v, check passed %v; want one drill bounded by 63s that passed", drills, check.Passed)
 	}
 }

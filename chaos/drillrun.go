@@ -17,10 +17,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idemcoord/idem/cluster"
 	"github.com/idemcoord/idem/failover"
+	"github.com/idemcoord/idem/outbox"
 	"github.com/idemcoord/idem/provider"
 	"github.com/idemcoord/idem/routing"
 )
@@ -285,6 +287,10 @@ func runDrill(ctx context.Context, opts DrillOptions) (*ScenarioReport, error) {
 	wg.Wait()
 	sr.TrafficSeconds = time.Since(start).Seconds()
 
+	if fault.storeLost {
+		// Read what is left, not what is gone.
+		view.skip = map[string]bool{opts.Region: true}
+	}
 	progress.setPhase("quiescing")
 	prefix := rid + "-"
 	qctx := context.WithoutCancel(ctx)
@@ -323,6 +329,10 @@ func runDrill(ctx context.Context, opts DrillOptions) (*ScenarioReport, error) {
 	sr.Drills, drillResult = scenarioDrills(steps, sr.Faults, homes, ops, sr.Checks, opts.LeaseTTL)
 	if len(sr.Drills) > 0 {
 		sr.Drill = sr.Drills[0]
+		if fault.storeLost {
+			storeLoss(sr.Drill, sr.Checks, ops, st)
+			drillResult = drillCheck(sr.Drills...)
+		}
 	}
 	sr.Checks = withCheck(sr.Checks, drillResult)
 	progress.stop()
@@ -365,6 +375,8 @@ type commandFault struct {
 	info  cluster.Info
 	tls   *tls.Config
 	moved *routing.RegionMove
+	// storeLost: the region's store did not answer at the heal.
+	storeLost bool
 }
 
 func (f *commandFault) Name() string {
@@ -445,14 +457,17 @@ func (f *commandFault) inject(ctx context.Context) error {
 }
 
 func (f *commandFault) heal(ctx context.Context) error {
-	if err := f.shell(ctx, "heal", f.opts.Heal); err != nil {
-		return err
-	}
-	back := f.waitRegionReady(ctx, 30*time.Second)
-	if back {
-		f.note("%s's nodes answer /readyz again", f.opts.Region)
+	if strings.TrimSpace(f.opts.Heal) == "" || strings.TrimSpace(f.opts.Heal) == "true" {
+		f.note("no heal command: %s stays down; its clients go to the other regions", f.opts.Region)
 	} else {
-		f.note("%s's nodes did not answer /readyz within 30s of the heal command: the region stays down", f.opts.Region)
+		if err := f.shell(ctx, "heal", f.opts.Heal); err != nil {
+			return err
+		}
+		if f.waitRegionReady(ctx, 30*time.Second) {
+			f.note("%s's nodes answer /readyz again", f.opts.Region)
+		} else {
+			f.note("%s's nodes did not answer /readyz within 30s of the heal command: the region stays down", f.opts.Region)
+		}
 	}
 	if f.moved == nil {
 		return nil
@@ -466,13 +481,88 @@ func (f *commandFault) heal(ctx context.Context) error {
 			toURL = r.DatabaseURL
 		}
 	}
-	rep, err := failover.HandoverURLs(ctx, f.cli, f.opts.Region, f.moved.ServedBy, fromURL, toURL)
+	// A region lost with its store: nothing to hand over, and nothing to
+	// wait for. What only that store held is lost, which the checks count
+	// (the RPO of region-local mode).
+	if err := storeAnswers(ctx, fromURL, storeLostAfter); err != nil {
+		f.storeLost = true
+		f.note("%s's store does not answer (%v): its records, payments and outbox are lost; nothing is handed over, and the drill counts what was acknowledged there alone as lost", f.opts.Region, err)
+		return nil
+	}
+	rep, err := failover.HandoverURLs(ctx, f.cli, f.opts.Region, f.moved.ServedBy,
+		failover.Stores{From: fromURL, To: toURL, Effects: f.info.EffectsDatabaseURL})
+	noteHandover(&f.notes, rep)
 	if err != nil {
 		return fmt.Errorf("handover: %w", err)
 	}
-	noteHandover(&f.notes, rep)
 	return nil
 }
+
+// storeLoss adds to d what the loss of its region's store cost, in
+// region-local mode: answers that could no longer be replayed (their
+// records were in that store alone; the new home answers such a key again
+// from what the provider holds, the same bytes, but not as a replay), and
+// acknowledged payments whose confirmed ledger entry no surviving store
+// holds (their effect was claimed by the lost region, which produced it,
+// or would have, in its own store). Both are figures bounded by 0, as the
+// RPO is: the drill reports the loss and fails on it.
+func storeLoss(d *Drill, checks []CheckResult, ops []*Op, st *dbState) {
+	for _, c := range checks {
+		if c.Name == CheckSweepReplays {
+			d.AnswersLost = c.Violations
+		}
+	}
+	confirmed := map[string]bool{}
+	for k := range st.Ledger {
+		if k[1] == outbox.EntryPaymentConfirmed {
+			confirmed[k[2]] = true
+		}
+	}
+	acked := map[string]bool{}
+	for _, o := range ops {
+		if o.Status == 201 && o.PaymentID != "" && !acked[o.PaymentID] {
+			acked[o.PaymentID] = true
+			if !confirmed[o.PaymentID] {
+				d.EffectsLost++
+			}
+		}
+	}
+	d.Figures = append(d.Figures,
+		DrillFigure{Name: "acknowledged answers no longer replayed (records lost with the store)", Value: float64(d.AnswersLost), Met: d.AnswersLost == 0},
+		DrillFigure{Name: "acknowledged payments without their ledger entry (effects lost with the store)", Value: float64(d.EffectsLost), Met: d.EffectsLost == 0})
+	d.Passed = d.Passed && d.AnswersLost == 0 && d.EffectsLost == 0
+}
+
+// storeLostAfter is how long a drill tries to reach the region's store
+// before it counts it as lost.
+const storeLostAfter = 10 * time.Second
+
+// storeAnswers connects to the database at url and runs a query, trying
+// again until within has passed; it returns the last error.
+func storeAnswers(ctx context.Context, url string, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		err := func() error {
+			cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			defer cancel()
+			conn, err := pgx.Connect(cctx, url)
+			if err != nil {
+				return err
+			}
+			defer conn.Close(context.WithoutCancel(cctx))
+			var one int
+			return conn.QueryRow(cctx, "SELECT 1").Scan(&one)
+		}()
+		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
+			return err
+		}
+		sleepCtx(ctx, 500*time.Millisecond)
+	}
+}
+
+// StoreLost reports whether the region's store did not answer at the
+// heal: the drill then reports its loss.
+func (f *commandFault) StoreLost() bool { return f.storeLost }
 
 // waitRegionReady reports whether every node of the drill's region answers
 // 200 on /readyz within timeout.

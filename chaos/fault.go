@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemcoord/idem/cluster"
 	"github.com/idemcoord/idem/failover"
+	"github.com/idemcoord/idem/outbox"
 	"github.com/idemcoord/idem/provider"
 	"github.com/idemcoord/idem/routing"
 )
@@ -60,6 +61,29 @@ type Env struct {
 	// then be executed again (with the same answer) by the new home.
 	mu         sync.Mutex
 	failedOver bool
+	// lost names the regions lost for good (RegionLost): their nodes are
+	// never restarted, and health checks leave them out.
+	lost map[string]bool
+}
+
+// markLost records that region's nodes are gone for good.
+func (e *Env) markLost(region string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.lost == nil {
+		e.lost = map[string]bool{}
+	}
+	e.lost[region] = true
+}
+
+// Lost reports whether region was lost for good in this run.
+func (e *Env) Lost(region string) bool {
+	if e == nil {
+		return false
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.lost[region]
 }
 
 func (e *Env) setFailedOver() {
@@ -643,11 +667,12 @@ func handover(ctx context.Context, c *cluster.Cluster, from, to string, n *notes
 			toURL = r.DatabaseURL
 		}
 	}
-	rep, err := failover.HandoverURLs(ctx, c.EtcdClient(), from, to, fromURL, toURL)
+	rep, err := failover.HandoverURLs(ctx, c.EtcdClient(), from, to,
+		failover.Stores{From: fromURL, To: toURL, Effects: c.Info().EffectsDatabaseURL})
+	noteHandover(n, rep)
 	if err != nil {
 		return fmt.Errorf("chaos: handover %s -> %s: %w", from, to, err)
 	}
-	noteHandover(n, rep)
 	return nil
 }
 
@@ -673,6 +698,13 @@ func noteHandover(n *notes, rep failover.Report) {
 	}
 	if empty > 0 {
 		n.note("handover: %d more tenant(s) had nothing to hand over", empty)
+	}
+	o := rep.Outbox
+	if o.Before != (outbox.Backlog{}) || o.Left != (outbox.Backlog{}) {
+		n.note("handover: the old store's outbox held %d unpublished event(s), %d pending delivery(ies), %d unsent receipt(s) (%d under a sender's claim); taken over: %d published, %d consumed, %d sent; left %d, %d, %d (%d under a claim)",
+			o.Before.Unpublished, o.Before.Pending, o.Before.Unsent, o.Before.Leased,
+			o.Published, o.Consumed.Processed+o.Consumed.Duplicates+o.Consumed.Rejected, o.Sent,
+			o.Left.Unpublished, o.Left.Pending, o.Left.Unsent, o.Left.Leased)
 	}
 }
 

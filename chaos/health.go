@@ -17,13 +17,17 @@ const healthProbeTimeout = 2 * time.Second
 
 // checkHealth probes every node's /readyz, every etcd member's /health and
 // the provider's /healthz, directly (never through a link), and returns
-// one error per process that is not healthy.
-func checkHealth(ctx context.Context, c *cluster.Cluster) error {
+// one error per process that is not healthy. Nodes of the regions env
+// lost for good (RegionLost) are left out.
+func checkHealth(ctx context.Context, c *cluster.Cluster, env *Env) error {
 	tr := &http.Transport{DisableKeepAlives: true, TLSClientConfig: c.ClientTLS()}
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr, Timeout: healthProbeTimeout}
 	var errs []error
 	for _, p := range c.Nodes() {
+		if env.Lost(p.Region()) {
+			continue
+		}
 		if err := probe(ctx, client, p.URL()+"/readyz", ""); err != nil {
 			errs = append(errs, fmt.Errorf("node %s: %w", p.Name(), err))
 		}
@@ -64,10 +68,10 @@ func probe(ctx context.Context, client *http.Client, url, want string) error {
 
 // waitHealthy polls checkHealth until it passes or timeout passes, and
 // returns the last error.
-func waitHealthy(ctx context.Context, c *cluster.Cluster, timeout time.Duration) error {
+func waitHealthy(ctx context.Context, c *cluster.Cluster, env *Env, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		err := checkHealth(ctx, c)
+		err := checkHealth(ctx, c, env)
 		if err == nil {
 			return nil
 		}

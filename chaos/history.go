@@ -73,6 +73,10 @@ type Op struct {
 	Attempt int    `json:"attempt"`
 	Region  string `json:"region"`
 	Node    string `json:"node"`
+	// RedirectedFrom is the node the call was meant for when that node
+	// refused the connection and the call went to Node instead (a client
+	// with several endpoints); "" otherwise.
+	RedirectedFrom string `json:"redirectedFrom,omitempty"`
 	// Command is the logical command; CommandID its normalised identity.
 	Command   Command `json:"commandFields"`
 	CommandID string  `json:"command"`

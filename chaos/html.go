@@ -51,13 +51,13 @@ var reportTemplate = template.Must(template.New("report").Funcs(template.FuncMap
 // drillHTML renders one drill's figures (template "drill", given a
 // drillView).
 const drillHTML = `{{define "drill"}}<h3>Failover drill: <a href="#{{.Name}}">{{.Name}}</a> <span class="badge {{vclass .Drill.Passed}}">{{verdict .Drill.Passed}}</span></h3>
-<p><code>{{.Drill.Fault}}</code> took <b>{{.Drill.Region}}</b> down at {{secs .Drill.FaultAt}}; failover: <b>{{.Drill.Failover}}</b>.{{if .Drill.EtcdElection}} etcd elected a leader before the move: the RTO bound allows for the election and the leases it extended.{{end}}</p>
+<p><code>{{.Drill.Fault}}</code> took <b>{{.Drill.Region}}</b> down at {{secs .Drill.FaultAt}}; failover: <b>{{.Drill.Failover}}</b>.{{if .Drill.EtcdElection}} etcd elected a leader before the move: the RTO bound allows for the election and the leases it extended.{{end}} {{.Drill.Redirected}} call(s) sent to the region after the fault were refused there and went on to a live region, as a client with several endpoints does.{{if .Drill.StoreLost}} <b>The region's store did not answer: what only it held is lost</b> (the RPO of region-local mode, counted below).{{end}}</p>
 <table>
 <tr><th>figure</th><th>value</th><th>bound</th><th>met</th></tr>
 {{range .Drill.Figures}}<tr><td>{{.Name}}</td><td>{{if eq .Unit "s"}}{{rto .Value}}{{else}}{{.Value}}{{end}}</td><td>{{if eq .Unit "s"}}&le; {{printf "%.1f" .Bound}}s{{else}}{{.Bound}}{{end}}</td><td class="{{vclass .Met}}">{{if .Met}}yes{{else}}NO{{end}}</td></tr>
 {{end}}</table>
 <table>
-<tr><th>affected tenant</th><th>RTO</th><th>first final answer from</th></tr>
+<tr><th>affected tenant</th><th>RTO</th><th>served again by</th></tr>
 {{range .Drill.Tenants}}<tr><td>{{.Tenant}}</td><td>{{rto .Seconds}}</td><td>{{.Node}}</td></tr>
 {{end}}</table>{{end}}`
 

@@ -59,11 +59,14 @@ type ScenarioReport struct {
 	StartRetries []string `json:"startRetries,omitempty"`
 	// IdleTenants is how many idle tenants were placed before the traffic
 	// (Scenario.IdleTenants).
-	IdleTenants int            `json:"idleTenants,omitempty"`
-	Ops         int            `json:"ops"`
-	Keys        int            `json:"keys"`
-	Outcomes    map[string]int `json:"outcomes,omitempty"`
-	Faults      []FaultEvent   `json:"faults"`
+	IdleTenants int `json:"idleTenants,omitempty"`
+	Ops         int `json:"ops"`
+	Keys        int `json:"keys"`
+	// Redirected counts the calls a node refused (a dead process) that
+	// went on to another node, as a client with several endpoints does.
+	Redirected int            `json:"redirected,omitempty"`
+	Outcomes   map[string]int `json:"outcomes,omitempty"`
+	Faults     []FaultEvent   `json:"faults"`
 	// Drill holds the figures of a failover-type scenario (nil for the
 	// others): its first region fault's. Drills has every region fault's
 	// (a scenario may take regions down in phases).
@@ -122,6 +125,9 @@ func (sr *ScenarioReport) summarise(ops []*Op) {
 	for _, o := range ops {
 		sr.Outcomes[o.Outcome()]++
 		keys[o.partitionKey()] = true
+		if o.RedirectedFrom != "" {
+			sr.Redirected++
+		}
 		if !o.Sweep {
 			maxT = max(maxT, o.End)
 		}
@@ -236,6 +242,9 @@ func (r *Report) Summary(w io.Writer) {
 		fmt.Fprintf(w, "%s  %-28s %5d calls %5d keys  %2d fault(s)  warm-up %.0f/s", verdict(s.Passed), s.Name, s.Ops, s.Keys, len(s.Faults), s.WarmupRate)
 		if s.Elapsed != "" {
 			fmt.Fprintf(w, "  %s", s.Elapsed)
+		}
+		if s.Redirected > 0 {
+			fmt.Fprintf(w, "  %d redirected", s.Redirected)
 		}
 		fmt.Fprintln(w)
 		if s.Error != "" {

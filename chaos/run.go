@@ -393,7 +393,7 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 		if !sr.Valid || ctx.Err() != nil {
 			break
 		}
-		ev := runStep(ctx, c, st, start, progress)
+		ev := runStepIn(ctx, c, env, st, start, progress)
 		sr.Faults = append(sr.Faults, ev)
 		if i < len(steps)-1 {
 			sleepCtx(ctx, time.Second)
@@ -423,7 +423,7 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 		// its lease and its map has caught up with the last move. A sweep
 		// sent earlier would measure the heal, not the replays.
 		progress.setPhase("health before the replay sweep")
-		if err := waitHealthy(qctx, c, 30*time.Second); err != nil {
+		if err := waitHealthy(qctx, c, env, 30*time.Second); err != nil {
 			sweepHealth = err.Error()
 		}
 		progress.setPhase("replay sweep")
@@ -506,6 +506,12 @@ func startTraffic(ctx context.Context) (trafficCtx, drainCtx context.Context, st
 
 // runStep injects and heals one fault, checking health before and after.
 func runStep(ctx context.Context, c *cluster.Cluster, st Step, start time.Time, p *progress) FaultEvent {
+	return runStepIn(ctx, c, nil, st, start, p)
+}
+
+// runStepIn is runStep in a run whose env may have lost regions for good
+// (RegionLost): their nodes are left out of the health checks.
+func runStepIn(ctx context.Context, c *cluster.Cluster, env *Env, st Step, start time.Time, p *progress) FaultEvent {
 	f := st.Fault
 	ev := FaultEvent{Name: f.Name(), Hold: st.Hold.String()}
 	if !f.Available(c) {
@@ -513,7 +519,7 @@ func runStep(ctx context.Context, c *cluster.Cluster, st Step, start time.Time, 
 		return ev
 	}
 	p.setPhase("health before " + f.Name())
-	if err := waitHealthy(ctx, c, 20*time.Second); err != nil {
+	if err := waitHealthy(ctx, c, env, 20*time.Second); err != nil {
 		ev.PreHealthError = err.Error()
 		ev.Skipped = "the cluster was not healthy before the fault"
 		return ev
@@ -536,7 +542,7 @@ func runStep(ctx context.Context, c *cluster.Cluster, st Step, start time.Time, 
 	ev.HealedAt = time.Since(start).Seconds()
 	p.setFault("")
 	p.setPhase("health after " + f.Name())
-	if err := waitHealthy(context.WithoutCancel(ctx), c, 30*time.Second); err != nil {
+	if err := waitHealthy(context.WithoutCancel(ctx), c, env, 30*time.Second); err != nil {
 		ev.PostHealthError = err.Error()
 	}
 	ev.RecoveredAt = time.Since(start).Seconds()

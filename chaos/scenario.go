@@ -271,6 +271,32 @@ func Catalogue() []Scenario {
 			},
 		},
 		{
+			Name: "region-lost",
+			Description: "a region is lost for good: its nodes are killed (SIGKILL) and never restarted, while its store still answers; " +
+				"its tenants move to a survivor once its leases lapsed, clients whose node refuses go on to a live region, and the new home " +
+				"takes over what the region left in its store (records, open ones recovered after their lock; unpublished events, " +
+				"unconsumed deliveries, unsent receipts): nothing stays stuck and every effect happens once",
+			Regions:  3,
+			Workload: WorkloadConfig{Mix: map[Role]int{RoleNormal: 2, RoleNoKey: 1}, Replays: 0.3, NoKeyDelay: 4 * time.Second},
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{{RegionLost(env, r[0], r[1]), 2 * time.Second}}
+			},
+		},
+		{
+			Name: "region-lost-with-store",
+			Description: "global store replicated over three regions (Patroni, synchronous and strict): the region holding the store's " +
+				"primary is lost for good, its member of the store and its nodes killed and never restarted; the synchronous standby is " +
+				"promoted, clients go on to the live regions, and nothing acknowledged is lost (in region-local mode the same loss loses " +
+				"what only that region's store held: idemctl drill reports it)",
+			Regions:   3,
+			StoreMode: "global",
+			StoreHA:   true,
+			Workload:  WorkloadConfig{Mix: map[Role]int{RoleNormal: 2, RoleNoKey: 1}, Replays: 0.3},
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{{RegionLostWithStore(env), 2 * time.Second}}
+			},
+		},
+		{
 			Name: "partition-region",
 			Description: "a region loses every link (store, etcd, provider, forwarded requests) for longer than its lease and comes back, " +
 				"without a failover: it stops serving on its own, and its keys are answered consistently once it is back",

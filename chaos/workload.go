@@ -411,7 +411,12 @@ func (c *client) call(ctx context.Context, lane int, role Role, key string, cmd 
 }
 
 // call sends one POST /payments as s says, to a random node of s.region,
-// and records it.
+// and records it. A node that refuses the connection (a dead process) got
+// nothing, so the call goes on to the next endpoint, as a client with
+// several endpoints (an SDK's list, DNS, a global load balancer) does:
+// the region's other nodes first, then the other regions' in a random
+// order. Such a call is recorded once, where it was answered, with the
+// node it was meant for in RedirectedFrom.
 func (w *workload) call(ctx context.Context, hc *http.Client, s callSpec, rng *rand.Rand, body []byte) *Op {
 	nodes := w.targets[s.region]
 	t := nodes[rng.IntN(len(nodes))]
@@ -422,21 +427,33 @@ func (w *workload) call(ctx context.Context, hc *http.Client, s callSpec, rng *r
 		Client: s.client, Lane: s.lane, Role: s.role, Tenant: s.tenant, Key: s.key, Epoch: s.epoch, Attempt: s.attempt,
 		Region: t.region, Node: t.node, Command: s.cmd, CommandID: s.cmd.ID(), Reused: s.reused, Sweep: s.sweep, Body: string(body),
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.url+"/payments", bytes.NewReader(body))
-	if err != nil {
-		op.Err = err.Error()
-		w.record(op)
-		return op
-	}
-	// net/http may resend a request carrying an Idempotency-Key on its own
-	// after a broken keep-alive connection; every call must be recorded, so
-	// it must not.
-	req.GetBody = nil
-	req.Header.Set("Authorization", "Bearer "+w.tokens[s.tenant])
-	req.Header.Set("Idempotency-Key", s.key)
-	req.Header.Set("Content-Type", "application/json")
 	op.Start = time.Since(w.start)
-	resp, err := hc.Do(req)
+	var resp *http.Response
+	var err error
+	for _, next := range w.endpoints(t, rng) {
+		if next != t {
+			op.RedirectedFrom, op.Region, op.Node = t.node, next.region, next.node
+		}
+		var req *http.Request
+		req, err = http.NewRequestWithContext(ctx, http.MethodPost, next.url+"/payments", bytes.NewReader(body))
+		if err != nil {
+			op.End = time.Since(w.start)
+			op.Err = err.Error()
+			w.record(op)
+			return op
+		}
+		// net/http may resend a request carrying an Idempotency-Key on its
+		// own after a broken keep-alive connection; every call must be
+		// recorded, so it must not.
+		req.GetBody = nil
+		req.Header.Set("Authorization", "Bearer "+w.tokens[s.tenant])
+		req.Header.Set("Idempotency-Key", s.key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err = hc.Do(req)
+		if err == nil || !refused(err) || ctx.Err() != nil {
+			break
+		}
+	}
 	if err != nil {
 		op.End = time.Since(w.start)
 		op.Err = err.Error()
@@ -479,6 +496,34 @@ func (w *workload) call(ctx context.Context, hc *http.Client, s callSpec, rng *r
 	}
 	w.record(op)
 	return op
+}
+
+// endpoints lists where a call meant for t may go, in order: t, the other
+// nodes of its region, then the other regions' nodes, each region's in a
+// random order.
+func (w *workload) endpoints(t target, rng *rand.Rand) []target {
+	out := []target{t}
+	add := func(nodes []target) {
+		for _, i := range rng.Perm(len(nodes)) {
+			if nodes[i] != t {
+				out = append(out, nodes[i])
+			}
+		}
+	}
+	add(w.targets[t.region])
+	for _, i := range rng.Perm(len(w.regions)) {
+		if r := w.regions[i]; r != t.region {
+			add(w.targets[r])
+		}
+	}
+	return out
+}
+
+// refused reports whether err is a connection that could not be opened:
+// the request was never sent, so sending it elsewhere is not a retry.
+func refused(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
 }
 
 func firstNonEmpty(s ...string) string {

@@ -40,6 +40,11 @@ type Info struct {
 	// Operations are the operations every node's coordination API serves
 	// (Config.Operations; omitted without).
 	Operations []string `json:"operations,omitempty"`
+	// EffectsDatabaseURL is the database where the regions' consumers
+	// claim their effects (EffectsDatabase, the nodes'
+	// --effects-database-url); omitted when the cluster has none (one
+	// region, or global store mode, where the store is that database).
+	EffectsDatabaseURL string `json:"effectsDatabaseUrl,omitempty"`
 }
 
 // RegionInfo describes one region of a running cluster.
@@ -98,6 +103,9 @@ func (c *Cluster) Info() Info {
 		CAFile:        c.CAFile(),
 		Store:         c.storeInfo(),
 		Operations:    slices.Clone(c.operations),
+	}
+	if c.storeMode != StoreGlobal {
+		info.EffectsDatabaseURL = c.effectsURL
 	}
 	if c.provider != nil {
 		info.ProviderAdminKey = c.secrets.adminKey

@@ -9,8 +9,12 @@
 // (routing.MoveRegion), which re-checks that the region is still without a
 // live node. [Handover], once the failed region's store is reachable again,
 // merges its records of the moved tenants into the new home's store
-// (store.Handover, idempotent, conflicts reported) and ends their
-// uncertainty window. Automatic failover (idemd --auto-failover-after,
+// (store.Handover, idempotent, conflicts reported), ends their
+// uncertainty window, and takes over what the region's outbox left
+// undone (outbox.Drain): a region lost for good has no node left to
+// publish its events, consume its deliveries or send its receipts, and
+// only its own store holds them. Open records need nothing more: the new
+// home's recovery takes the copied ones over once their lock runs out. Automatic failover (idemd --auto-failover-after,
 // routing.AutoFailover) performs the same move from inside the cluster.
 package failover
 
@@ -27,6 +31,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemcoord/idem/outbox"
 	"github.com/idemcoord/idem/routing"
 	"github.com/idemcoord/idem/store"
 )
@@ -120,22 +127,48 @@ type Report struct {
 	// Conflicts counts records both stores hold with different meanings
 	// (the new home's were kept).
 	Conflicts int `json:"conflicts"`
+	// Outbox is what was left undone in the old region's outbox, and what
+	// the handover did of it (outbox.Drain).
+	Outbox outbox.DrainReport `json:"outbox"`
 }
 
-// HandoverURLs is Handover between the stores at fromURL (region from's)
-// and toURL (region to's), each opened for the handover and closed after.
-func HandoverURLs(ctx context.Context, cli *clientv3.Client, from, to, fromURL, toURL string) (Report, error) {
-	src, err := store.Open(ctx, fromURL, store.Options{})
+// Stores names the databases of a handover.
+type Stores struct {
+	// From is the store of the region the tenants left; To their new
+	// home's (both required).
+	From, To string
+	// Effects is the database where every region claims its consumer
+	// effects (idemd --effects-database-url); "" when the cluster has none
+	// (one store for every region, or no such database).
+	Effects string
+}
+
+// HandoverURLs is Handover between the stores dbs names, each opened for
+// the handover and closed after; the old region's effects are claimed in
+// dbs.Effects under its name, as its nodes claimed them.
+func HandoverURLs(ctx context.Context, cli *clientv3.Client, from, to string, dbs Stores) (Report, error) {
+	src, err := store.Open(ctx, dbs.From, store.Options{})
 	if err != nil {
 		return Report{}, fmt.Errorf("failover: handover: store of %s: %w", from, err)
 	}
 	defer src.Close()
-	dst, err := store.Open(ctx, toURL, store.Options{})
+	dst, err := store.Open(ctx, dbs.To, store.Options{})
 	if err != nil {
 		return Report{}, fmt.Errorf("failover: handover: store of %s: %w", to, err)
 	}
 	defer dst.Close()
-	return Handover(ctx, cli, from, to, src, dst)
+	var guard *outbox.EffectGuard
+	if dbs.Effects != "" {
+		pool, err := pgxpool.New(ctx, dbs.Effects)
+		if err != nil {
+			return Report{}, fmt.Errorf("failover: handover: effects database: %w", err)
+		}
+		defer pool.Close()
+		if guard, err = outbox.NewEffectGuard(ctx, pool, from); err != nil {
+			return Report{}, fmt.Errorf("failover: handover: %w", err)
+		}
+	}
+	return Handover(ctx, cli, from, to, src, dst, guard)
 }
 
 // Handover merges src's records (the store of region from) of the tenants
@@ -143,8 +176,13 @@ func HandoverURLs(ctx context.Context, cli *clientv3.Client, from, to, fromURL, 
 // store), and marks them handed over in etcd: to stops treating their keys
 // it has no record of as uncertain. Tenants are those with a placement of
 // their own and those src holds records of (tenants homed by the default
-// rule are named nowhere else). It is idempotent.
-func Handover(ctx context.Context, cli *clientv3.Client, from, to string, src, dst *store.Store) (Report, error) {
+// rule are named nowhere else). Then it takes over what src's outbox left
+// undone (outbox.Drain: events published, deliveries consumed with their
+// effects claimed through effects, which is region from's guard or nil,
+// receipts sent), which from's nodes would have done had they lived; a
+// receipt under a dead sender's claim is left for after its lease
+// (Report.Outbox.Left.Leased: run Handover again then). It is idempotent.
+func Handover(ctx context.Context, cli *clientv3.Client, from, to string, src, dst *store.Store, effects *outbox.EffectGuard) (Report, error) {
 	rep := Report{Tenants: []TenantReport{}}
 	m, err := routing.NewMap(ctx, cli, nil)
 	if err != nil {
@@ -196,6 +234,10 @@ func Handover(ctx context.Context, cli *clientv3.Client, from, to string, src, d
 				return rep, err
 			}
 		}
+	}
+	rep.Outbox, err = outbox.Drain(ctx, src, outbox.DrainConfig{Guard: effects})
+	if err != nil {
+		return rep, fmt.Errorf("failover: handover: %s's outbox: %w", from, err)
 	}
 	return rep, nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/idemcoord/idem/internal/etcdtest"
 	"github.com/idemcoord/idem/internal/pgtest"
 	"github.com/idemcoord/idem/internal/storetest"
+	"github.com/idemcoord/idem/outbox"
 	"github.com/idemcoord/idem/routing"
 )
 
@@ -26,7 +27,8 @@ func TestMain(m *testing.M) { os.Exit(pgtest.MainLeakChecked(m)) }
 // TestMoveWaitsForTheRegionThenHandsOver: Move refuses while the region
 // has a live node (after its wait, with ErrRegionAlive), moves its tenants
 // once the node left, and Handover copies the old store's records of the
-// moved tenant into the new home's store and marks the move handed over.
+// moved tenant into the new home's store, marks the move handed over and
+// finishes the old store's outbox, which no node of it is left to do.
 func TestMoveWaitsForTheRegionThenHandsOver(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -58,9 +60,20 @@ func TestMoveWaitsForTheRegionThenHandsOver(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	rep, err := failover.Handover(ctx, cli, "eu-west", "us-east", src, dst)
+	// eu-west died before publishing a payment's confirmation: nobody
+	// else publishes its store's outbox, so the handover does.
+	storetest.Exec(t, src, `INSERT INTO outbox_events (event_id, tenant_id, aggregate_id, event_type, payload)
+		VALUES ('evt_1', 'tenant-a', 'pay_1', 'PaymentConfirmed',
+		'{"eventId":"evt_1","type":"PaymentConfirmed","paymentId":"pay_1","accountId":"acc_1","amount":"1.00","currency":"EUR"}')`)
+	rep, err := failover.Handover(ctx, cli, "eu-west", "us-east", src, dst, nil)
 	if err != nil || len(rep.Tenants) != 1 || rep.Tenants[0].Tenant != "tenant-a" || rep.Tenants[0].Copied != 2 {
 		t.Fatalf("Handover = %+v, %v; want tenant-a's 2 records copied", rep, err)
+	}
+	if rep.Outbox.Published != 1 || rep.Outbox.Sent != 1 || rep.Outbox.Left != (outbox.Backlog{}) {
+		t.Errorf("Handover's outbox = %+v; want the event published, its receipt sent, nothing left", rep.Outbox)
+	}
+	if n := storetest.Count(t, src, `SELECT count(*) FROM ledger_entries WHERE source_payment_id = 'pay_1'`); n != 1 {
+		t.Errorf("the old store has %d ledger entries of pay_1; want 1", n)
 	}
 	if _, err := dst.Get(ctx, idem.Scope{Tenant: "tenant-a", Operation: "op", Key: "k2"}); err != nil {
 		t.Errorf("the new home lacks k2: %v", err)
@@ -79,7 +92,7 @@ func TestMoveWaitsForTheRegionThenHandsOver(t *testing.T) {
 			t.Error("the move is not marked handed over")
 		}
 	}
-	again, err := failover.Handover(ctx, cli, "eu-west", "us-east", src, dst)
+	again, err := failover.Handover(ctx, cli, "eu-west", "us-east", src, dst, nil)
 	if err != nil || again.Conflicts != 0 || again.Tenants[0].Identical != 2 {
 		t.Errorf("second Handover = %+v, %v; want the records found identical", again, err)
 	}

@@ -27,7 +27,7 @@ func runDrill(ctx context.Context, args []string, env *Env) error {
 	clusterFile := fs.String("cluster", "", "the cluster's description (the cluster.json idemctl up writes in its --state-dir) (required)")
 	region := fs.String("region", "", "region the drill takes down (required)")
 	inject := fs.String("inject", "", "command (run with sh -c) that takes --region down: kill or stop its processes, cut its network (required)")
-	heal := fs.String("heal", "", "command (run with sh -c) that brings --region back; empty when it stays down")
+	heal := fs.String("heal", "", "command (run with sh -c) that brings --region back; empty when it stays down (its store, if it still answers, is taken over by the new home; if it does not, the drill reports what was lost with it)")
 	mode := fs.String("failover", chaos.FailoverManual, "manual: the drill fails --region over once its leases lapsed (as idemctl region failover); auto: the nodes do (idemd --auto-failover-after), the drill only waits")
 	to := fs.String("to", "", "region a manual failover moves --region's tenants to (default: the first other region)")
 	hold := fs.Duration("hold", 2*time.Second, "how long --region stays down after the failover before --heal")
@@ -85,8 +85,12 @@ func runDrill(ctx context.Context, args []string, env *Env) error {
 		rep.Summary(env.Stdout)
 		if len(rep.Scenarios) > 0 {
 			if d := rep.Scenarios[0].Drill; d != nil {
-				fmt.Fprintf(env.Stdout, "drill: RTO max %.2fs (bound %.1fs), acknowledged answers lost %d, duplicate charges %d, payments %d, ledger entries %d, emails %d, records stuck %d\n",
-					d.RTOMaxSeconds, d.RTOBoundSeconds, d.AckedLost, d.DuplicateCharges, d.DuplicatePayments, d.DuplicateLedgerEntries, d.DuplicateEmails, d.RecordsStuck)
+				fmt.Fprintf(env.Stdout, "drill: RTO max %.2fs (bound %.1fs), acknowledged answers lost %d, duplicate charges %d, payments %d, ledger entries %d, emails %d, records stuck %d, calls redirected to a live region %d\n",
+					d.RTOMaxSeconds, d.RTOBoundSeconds, d.AckedLost, d.DuplicateCharges, d.DuplicatePayments, d.DuplicateLedgerEntries, d.DuplicateEmails, d.RecordsStuck, d.Redirected)
+				if d.StoreLost {
+					fmt.Fprintf(env.Stdout, "drill: %s's store was lost with it: %d acknowledged answer(s) no longer replayed (records lost), %d acknowledged payment(s) without their ledger entry (effects lost)\n",
+						d.Region, d.AnswersLost, d.EffectsLost)
+				}
 			}
 		}
 		fmt.Fprintf(env.Stdout, "report: %s/report.html\n", strings.TrimSuffix(*out, "/"))

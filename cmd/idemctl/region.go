@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemcoord/idem/failover"
 	"github.com/idemcoord/idem/internal/cli"
+	"github.com/idemcoord/idem/outbox"
 	"github.com/idemcoord/idem/routing"
 )
 
@@ -180,6 +181,7 @@ func regionHandover(ctx context.Context, args []string, env *Env) error {
 	to := fs.String("to", "", "region that is now their home (required)")
 	fromURL := fs.String("from-database-url", "", "store of --from (required)")
 	toURL := fs.String("to-database-url", "", "store of --to (required)")
+	effectsURL := fs.String("effects-database-url", "", "database where the regions claim consumer effects (the nodes' --effects-database-url), so that --from's outbox, taken over here, produces each effect once")
 	if err := parseRegionFlags(fs, args, env); err != nil {
 		return err
 	}
@@ -191,12 +193,19 @@ func regionHandover(ctx context.Context, args []string, env *Env) error {
 		return err
 	}
 	defer c.Close()
-	rep, err := failover.HandoverURLs(ctx, c, *from, *to, *fromURL, *toURL)
+	rep, err := failover.HandoverURLs(ctx, c, *from, *to, failover.Stores{From: *fromURL, To: *toURL, Effects: *effectsURL})
 	if err != nil {
 		return err
 	}
 	if err := printJSON(env, rep.Tenants); err != nil {
 		return err
+	}
+	o := rep.Outbox
+	fmt.Fprintf(env.Stderr, "%s's outbox: %d event(s) published, %d delivery(ies) consumed, %d receipt(s) sent; left: %d unpublished, %d pending, %d unsent, %d under a sender's claim\n",
+		*from, o.Published, o.Consumed.Processed+o.Consumed.Duplicates+o.Consumed.Rejected, o.Sent,
+		o.Left.Unpublished, o.Left.Pending, o.Left.Unsent, o.Left.Leased)
+	if o.Left.Leased > 0 {
+		fmt.Fprintf(env.Stderr, "a sender of %s died holding %d receipt(s): run the handover again once its claim has run out (at most %v)\n", *from, o.Left.Leased, outbox.SendLease)
 	}
 	if rep.Conflicts > 0 {
 		return fmt.Errorf("%d conflicting records: both regions hold them with different meanings (listed above); the new home's records were kept", rep.Conflicts)
