@@ -625,27 +625,47 @@ func nullable(s string) *string {
 
 var _ idem.Coordinator = (*Store)(nil)
 
+// inProgressAgeSQL is InProgressAgeMax's query.
+const inProgressAgeSQL = `SELECT COALESCE(EXTRACT(EPOCH FROM now() - (
+	SELECT created_at FROM idempotency_records
+	WHERE status IN ('IN_PROGRESS', 'UNKNOWN_REQUIRES_RECOVERY') AND status = 'IN_PROGRESS'
+	ORDER BY created_at LIMIT 1)) * 1000, 0)::FLOAT8`
+
 // InProgressAgeMax returns the age, by the store's clock, of the oldest record
-// in IN_PROGRESS (0 when there is none).
+// in IN_PROGRESS (0 when there is none). It walks the index of open records
+// from its oldest entry (see StaleRecords for why an ordered walk).
 func InProgressAgeMax(ctx context.Context, q Querier) (time.Duration, error) {
 	var ms float64
-	err := q.QueryRow(ctx, `SELECT COALESCE(EXTRACT(EPOCH FROM max(now() - created_at)) * 1000, 0)::FLOAT8
-		FROM idempotency_records WHERE status = 'IN_PROGRESS'`).Scan(&ms)
+	err := q.QueryRow(ctx, inProgressAgeSQL).Scan(&ms)
 	if err != nil {
 		return 0, fmt.Errorf("store: in-progress age: %w", unavailableOr(err))
 	}
 	return time.Duration(ms * float64(time.Millisecond)), nil
 }
 
+// staleRecordsSQL is StaleRecords' query.
+var staleRecordsSQL = `SELECT ` + recordColumns + ` FROM idempotency_records
+	WHERE operation_name = $1 AND status IN ('IN_PROGRESS', 'UNKNOWN_REQUIRES_RECOVERY')
+	  AND (locked_until IS NULL OR locked_until < now())
+	ORDER BY created_at LIMIT $2`
+
 // StaleRecords returns up to limit records of operation that nobody is
 // working on: IN_PROGRESS past their lock, or UNKNOWN_REQUIRES_RECOVERY with
 // no lock held, whatever their age (an unsettled record is never forgotten).
-// Oldest first.
+// Oldest (by creation) first.
+//
+// It is an ordered walk of idempotency_records_stale, an index of only the
+// open records, so that its cost follows the open records, not the table:
+// every record enters that index when it is claimed and leaves it when it
+// settles, and an index scan marks the entries of settled records dead as it
+// passes them, so the next walk skips them. A bitmap scan (what the planner
+// chose for the older query, ordered by updated_at, over the index of open
+// and retryable records) marks nothing: it visited every record settled since
+// the table's last vacuum, which comes after a fifth of the table has
+// changed, so each poll cost more the larger the table (424 ms per poll with
+// 450,000 records, docs/chaos.md "Soak").
 func StaleRecords(ctx context.Context, q Querier, operation string, limit int) ([]*idem.Record, error) {
-	rows, err := q.Query(ctx, `SELECT `+recordColumns+` FROM idempotency_records
-		WHERE operation_name = $1 AND status IN ('IN_PROGRESS', 'UNKNOWN_REQUIRES_RECOVERY')
-		  AND (locked_until IS NULL OR locked_until < now())
-		ORDER BY updated_at LIMIT $2`, operation, limit)
+	rows, err := q.Query(ctx, staleRecordsSQL, operation, limit)
 	if err != nil {
 		return nil, fmt.Errorf("store: stale records: %w", unavailableOr(err))
 	}
