@@ -35,7 +35,7 @@ type SoakOptions struct {
 	Interval time.Duration
 	// FaultEvery is the time between the starts of two faults (a node
 	// killed and restarted, a node paused, an etcd member or leader
-	// killed, the provider failing), the first after one interval.
+	// killed, the provider failing), the first after half of it.
 	// Default DefaultSoakFaultEvery; negative: no faults.
 	FaultEvery time.Duration
 	// Clients is how many closed-loop clients run. Default DefaultClients.
@@ -233,8 +233,8 @@ func runSoak(ctx context.Context, opts SoakOptions, rep *SoakReport) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { tr.run(trafficCtx, opts.Clients) })
 
-	// Faults, one every FaultEvery, from one interval in until the
-	// traffic stops.
+	// Faults, one every FaultEvery, from half of it (and half an interval,
+	// so that no sample falls on a fault's start) until the traffic stops.
 	var (
 		faultMu sync.Mutex
 		active  string
@@ -244,7 +244,7 @@ func runSoak(ctx context.Context, opts SoakOptions, rep *SoakReport) error {
 		steps := soakFaults(env, opts.Regions, len(c.EtcdMembers()))
 		p := newProgress(nil, false, "soak", opts.Duration)
 		wg.Go(func() {
-			next := opts.Interval
+			next := opts.FaultEvery/2 + opts.Interval/2
 			for i := 0; ; i++ {
 				if sleepUntil(trafficCtx, start.Add(next)) != nil {
 					return
@@ -427,13 +427,17 @@ var soakResources = []struct {
 	{"fds", func(n NodeSample) float64 { return n.OpenFDs }, 10},
 }
 
+// soakBacklogSlack is how many rows a region's outbox backlog may grow by
+// over a run regardless of its level: a few batches.
+const soakBacklogSlack = 1000
+
 // judge computes the checks from the samples.
 func (r *SoakReport) judge() {
 	end := r.TrafficSeconds
 	if n := len(r.Samples); n > 0 {
 		end = r.Samples[n-1].T
 	}
-	window := SoakWindow(time.Duration(end * float64(time.Second)))
+	window := SoakWindow(time.Duration(end * float64(time.Second))).Round(time.Second)
 	r.Checks = nil
 	r.Throughput = ThroughputDrift(r.series(func(s SoakSample) float64 { return s.Rate }), end, window)
 	r.Checks = append(r.Checks, SoakCheck{Name: "throughput-steady", Passed: r.Throughput.Passed, Detail: r.Throughput.Detail + "; " + r.Throughput.Bound})
@@ -447,7 +451,9 @@ func (r *SoakReport) judge() {
 		judged := 0
 		for _, name := range r.nodeNames() {
 			pts, starts := r.nodeSeries(name, res.get)
-			g := LevelsOff(name+" "+res.name, pts, starts, end, warmup, window.Seconds(), res.slack)
+			// A stretch shorter than a third of the run projects a fault's
+			// few goroutines or descriptors over the whole run.
+			g := LevelsOff(name+" "+res.name, pts, starts, end, warmup, max(window.Seconds(), end/3), res.slack)
 			r.Growth = append(r.Growth, g)
 			if g.Judged {
 				judged++
@@ -467,6 +473,39 @@ func (r *SoakReport) judge() {
 		check.Detail = strings.Join(details, "; ")
 		r.Checks = append(r.Checks, check)
 	}
+	// Work the outbox has not done yet (events to publish, deliveries to
+	// consume, receipts to send), per region: it must level off, or the
+	// outbox falls further behind the traffic for as long as it runs.
+	bc := SoakCheck{Name: "backlog-levels-off", Passed: true}
+	var bdetails []string
+	for _, region := range r.Regions {
+		var pts []Point
+		var starts []float64
+		for _, s := range r.Samples {
+			for _, st := range s.Stores {
+				if st.Region == region {
+					pts = append(pts, Point{T: s.T, V: float64(st.OutboxBacklog + st.QueuePending + st.EmailsUnsent)})
+					starts = append(starts, 1)
+				}
+			}
+		}
+		g := LevelsOff(region+" backlog", pts, starts, end, warmup, max(window.Seconds(), end/3), soakBacklogSlack)
+		r.Growth = append(r.Growth, g)
+		if g.Judged && !g.Passed {
+			bc.Passed = false
+			bdetails = append(bdetails, fmt.Sprintf("%s grows: %s", region, g.Detail))
+		}
+		if !g.Judged {
+			bc.Passed = false
+			bdetails = append(bdetails, region+": "+g.Detail)
+		}
+	}
+	if bc.Passed {
+		bdetails = append(bdetails, fmt.Sprintf("%d regions level off", len(r.Regions)))
+	}
+	bc.Detail = strings.Join(bdetails, "; ")
+	r.Checks = append(r.Checks, bc)
+
 	var wrong int64
 	var ex []string
 	for _, k := range SoakKinds() {
@@ -534,10 +573,14 @@ func (r *SoakReport) Summary(w io.Writer) {
 	fmt.Fprintf(w, "  %-12s %12s %12s\n", "", fmt.Sprintf("t=%.0fs", first.T), fmt.Sprintf("t=%.0fs", last.T))
 	for i := range last.Nodes {
 		ln := last.Nodes[i]
-		var fn NodeSample
-		for _, n := range first.Nodes {
-			if n.Name == ln.Name {
-				fn = n
+		var fn NodeSample // its first sample while it ran
+	first:
+		for _, s := range r.Samples {
+			for _, n := range s.Nodes {
+				if n.Name == ln.Name && n.StartTime != 0 {
+					fn = n
+					break first
+				}
 			}
 		}
 		fmt.Fprintf(w, "  %-12s rss %6.1f MB -> %6.1f MB, goroutines %4.0f -> %4.0f, fds %3.0f -> %3.0f, pool %2.0f -> %2.0f\n",

@@ -193,11 +193,13 @@ func TestLevelsOffGoroutines(t *testing.T) {
 func TestSoakReportJudge(t *testing.T) {
 	// A short soak whose throughput falls and whose one node leaks
 	// descriptors: both checks fail, and the summary says so.
-	r := &SoakReport{Counts: map[string]SoakCounts{SoakFresh: {Calls: 100, OK: 100}}, Calls: 100}
+	// Its outbox falls behind by 40 events a second.
+	r := &SoakReport{Counts: map[string]SoakCounts{SoakFresh: {Calls: 100, OK: 100}}, Calls: 100, Regions: []string{"eu-west"}}
 	for i := 1; i <= 40; i++ {
 		tt := float64(i * 30)
 		r.Samples = append(r.Samples, SoakSample{T: tt, Rate: 500 - 5*float64(i), P99ms: 30,
-			Nodes: []NodeSample{{Name: "eu-west-0", StartTime: 1, RSSBytes: 40 << 20, Goroutines: 70, OpenFDs: 40 + tt/10}}})
+			Nodes:  []NodeSample{{Name: "eu-west-0", StartTime: 1, RSSBytes: 40 << 20, Goroutines: 70, OpenFDs: 40 + tt/10}},
+			Stores: []StoreSample{{Region: "eu-west", OutboxBacklog: int64(40 * tt), QueuePending: 150}}})
 	}
 	r.TrafficSeconds = 1200
 	r.judge()
@@ -208,7 +210,7 @@ func TestSoakReportJudge(t *testing.T) {
 		}
 	}
 	for name, want := range map[string]bool{"throughput-steady": true, "p99-steady": false, "rss-levels-off": false,
-		"goroutines-levels-off": false, "fds-levels-off": true, "answers-as-contracted": false} {
+		"goroutines-levels-off": false, "fds-levels-off": true, "backlog-levels-off": true, "answers-as-contracted": false} {
 		if failed[name] != want {
 			t.Errorf("check %s failed = %t, want %t", name, failed[name], want)
 		}

@@ -75,9 +75,14 @@ type StoreSample struct {
 	QueuePending  int64 `json:"queuePending"`
 	EmailsUnsent  int64 `json:"emailsUnsent"`
 	// DatabaseBytes is pg_database_size.
-	DatabaseBytes int64         `json:"databaseBytes"`
-	Tables        []TableSample `json:"tables"`
-	Indexes       []IndexSample `json:"indexes"`
+	DatabaseBytes int64 `json:"databaseBytes"`
+	// Commits and Rollbacks count the database's transactions so far
+	// (pg_stat_database); a rollback is mostly a serialization failure
+	// the node retried.
+	Commits   int64         `json:"commits"`
+	Rollbacks int64         `json:"rollbacks"`
+	Tables    []TableSample `json:"tables"`
+	Indexes   []IndexSample `json:"indexes"`
 }
 
 // TableSample is one table's size and upkeep (pg_stat_user_tables).
@@ -387,7 +392,10 @@ func (s *soakSampler) store(ctx context.Context, region, url string) (StoreSampl
 				(SELECT count(*) FROM outbox_events WHERE published_at IS NULL),
 				(SELECT count(*) FROM queue_messages WHERE processed_at IS NULL),
 				(SELECT count(*) FROM email_notifications WHERE sent_at IS NULL),
-				pg_database_size(current_database())`).Scan(&st.OutboxBacklog, &st.QueuePending, &st.EmailsUnsent, &st.DatabaseBytes)
+				pg_database_size(current_database()),
+				(SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()),
+				(SELECT xact_rollback FROM pg_stat_database WHERE datname = current_database())`).
+			Scan(&st.OutboxBacklog, &st.QueuePending, &st.EmailsUnsent, &st.DatabaseBytes, &st.Commits, &st.Rollbacks)
 	}()
 	if err != nil {
 		s.drop(region)
