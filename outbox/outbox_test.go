@@ -16,6 +16,7 @@ import (
 	"github.com/idemcoord/idem/internal/pgtest"
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/outbox"
+	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/store"
 )
 
@@ -24,11 +25,11 @@ func TestMain(m *testing.M) { os.Exit(pgtest.MainLeakChecked(m)) }
 const tenant = "t1"
 
 // paymentEvent builds an event the way package payments does.
-func paymentEvent(paymentID, typ, suffix string) store.Event {
+func paymentEvent(paymentID, typ, suffix string) payments.Event {
 	id := "evt_" + paymentID + "_" + suffix
 	payload, _ := json.Marshal(map[string]string{"eventId": id, "type": typ, "paymentId": paymentID,
 		"accountId": "acct_" + paymentID, "amount": "12.50", "currency": "EUR"})
-	return store.Event{ID: id, Tenant: tenant, AggregateID: paymentID, Type: typ, Payload: payload}
+	return payments.Event{ID: id, Tenant: tenant, AggregateID: paymentID, Type: typ, Payload: payload}
 }
 
 // addPayment writes a payment and its PaymentCreated event, then, for
@@ -37,15 +38,15 @@ func paymentEvent(paymentID, typ, suffix string) store.Event {
 func addPayment(t testing.TB, st *store.Store, id, status string) {
 	t.Helper()
 	ctx := context.Background()
-	p := store.Payment{Tenant: tenant, ID: id, AccountID: "acct_" + id, AmountMinor: 1250, Currency: "EUR",
+	p := payments.Payment{Tenant: tenant, ID: id, AccountID: "acct_" + id, AmountMinor: 1250, Currency: "EUR",
 		MerchantReference: "ref_" + id, Channel: "web", Status: "PENDING", ProviderKey: "provider_payment_" + id}
 	if err := st.ExecTx(ctx, func(tx pgx.Tx) error {
-		return store.InsertPaymentOnly(ctx, tx, p, paymentEvent(id, outbox.EventPaymentCreated, "created"))
+		return payments.InsertPaymentOnly(ctx, tx, p, paymentEvent(id, outbox.EventPaymentCreated, "created"))
 	}); err != nil {
 		t.Errorf("insert payment %s: %v", id, err)
 		return
 	}
-	var ev store.Event
+	var ev payments.Event
 	switch status {
 	case "PENDING":
 		return
@@ -55,7 +56,7 @@ func addPayment(t testing.TB, st *store.Store, id, status string) {
 		ev = paymentEvent(id, outbox.EventPaymentDeclined, "declined")
 	}
 	if err := st.ExecTx(ctx, func(tx pgx.Tx) error {
-		return store.SetPaymentStatus(ctx, tx, tenant, id, status, &ev)
+		return payments.SetPaymentStatus(ctx, tx, tenant, id, status, &ev)
 	}); err != nil {
 		t.Errorf("set payment %s %s: %v", id, status, err)
 	}

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/idemcoord/idem"
-	"github.com/idemcoord/idem/store"
 )
 
 var benchBody = []byte(`{"accountId":"acc_1","amount":"10.50","currency":"EUR","merchantReference":"invoice-7781"}`)
@@ -36,9 +35,9 @@ func BenchmarkFingerprint(b *testing.B) {
 	}
 }
 
-func benchPayment() store.Payment {
+func benchPayment() Payment {
 	id := PaymentID("tenant-a", "acc_1", "invoice-7781")
-	return store.Payment{Tenant: "tenant-a", ID: id, AccountID: "acc_1", AmountMinor: 1050, Currency: "EUR",
+	return Payment{Tenant: "tenant-a", ID: id, AccountID: "acc_1", AmountMinor: 1050, Currency: "EUR",
 		MerchantReference: "invoice-7781", Channel: "api", Status: "PENDING", ProviderKey: ProviderKey(id),
 		CreatedAt: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)}
 }

@@ -16,10 +16,10 @@ import (
 // Execute and its Recover, bound to the request's command.
 //
 //   - The claim (engine.ClaimFunc) answers a settled record from one read
-//     (store.ReadSettledPayment: a referencing record's answer is rendered
+//     (readSettled, store.ReadSettledWith: a referencing record's answer is rendered
 //     from the payment that read joins), then claims the key in the statement that
 //     writes the payment row and its PaymentCreated event
-//     (store.ClaimWithPayment). Without a provider that statement also
+//     (ClaimWithPayment). Without a provider that statement also
 //     completes the record: record, payment and event commit in one
 //     transaction (engine.Claim.Done), for a free key the statement alone
 //     as an implicit transaction, one round trip (claimOne). With one, the record is claimed at
@@ -36,8 +36,8 @@ import (
 type createCall struct {
 	s         *Service
 	cmd       Command
-	payment   store.Payment
-	event     store.Event
+	payment   Payment
+	event     Event
 	uncertain bool
 	// What the last Execute or Recover learnt, for Result.
 	unknown, keyConflict bool
@@ -129,7 +129,7 @@ func (c *createCall) claim(ctx context.Context, begin idem.BeginRequest) (engine
 	s := c.s
 	// A settled record answers from one read (with the payment a
 	// referencing record renders from); anything else claims below.
-	if d, p, ok, err := s.store.ReadSettledPayment(ctx, begin); err != nil || ok {
+	if d, p, ok, err := readSettled(ctx, s.store, begin); err != nil || ok {
 		if err != nil || p == nil || d.Outcome != idem.OutcomeReplay {
 			return engine.Claim{Decision: d}, err
 		}
@@ -174,7 +174,7 @@ func (c *createCall) claim(ctx context.Context, begin idem.BeginRequest) (engine
 		})
 	}
 	switch {
-	case errors.Is(err, store.ErrDuplicateMerchantReference):
+	case errors.Is(err, ErrDuplicateMerchantReference):
 		// Another key already made this business payment.
 		return c.rejectDuplicate(ctx, begin)
 	case errors.Is(err, idem.ErrFenced):
@@ -184,7 +184,7 @@ func (c *createCall) claim(ctx context.Context, begin idem.BeginRequest) (engine
 }
 
 // claimOne is the local-only operation's common case, a free key, in one
-// round trip: the claim statement (store.ClaimWithPayment) alone, as an
+// round trip: the claim statement (ClaimWithPayment) alone, as an
 // implicit transaction (store.Store.ExecOne), writes the record COMPLETED
 // with the payment and its event. done is false when the key already has a
 // record (the statement wrote nothing; taken is then true): claimLocal
@@ -209,7 +209,7 @@ func (c *createCall) claimOne(ctx context.Context, begin idem.BeginRequest) (cl 
 		at       time.Time
 	)
 	err = s.store.ExecOne(ctx, func(q store.Querier) (err error) {
-		inserted, at, err = store.ClaimWithPayment(ctx, q, begin, idem.StatusCompleted, idem.CheckpointCompleted, &completion, p, c.event)
+		inserted, at, err = ClaimWithPayment(ctx, q, begin, idem.StatusCompleted, idem.CheckpointCompleted, &completion, p, c.event)
 		return err
 	})
 	if err != nil || !inserted {
@@ -242,7 +242,7 @@ func (c *createCall) claimLocal(ctx context.Context, tx pgx.Tx, begin idem.Begin
 		if err != nil {
 			return engine.Claim{}, err
 		}
-		inserted, _, err := store.ClaimWithPayment(ctx, tx, begin, idem.StatusCompleted, idem.CheckpointCompleted, &completion, p, c.event)
+		inserted, _, err := ClaimWithPayment(ctx, tx, begin, idem.StatusCompleted, idem.CheckpointCompleted, &completion, p, c.event)
 		if err != nil {
 			return engine.Claim{}, err
 		}
@@ -279,7 +279,7 @@ func (c *createCall) claimLocal(ctx context.Context, tx pgx.Tx, begin idem.Begin
 // event, at checkpoint LOCAL_PAYMENT_CREATED, for Execute to charge. A
 // record taken over past RECEIVED is left as it is for Recover.
 func (c *createCall) claimForProvider(ctx context.Context, tx pgx.Tx, begin idem.BeginRequest) (engine.Claim, error) {
-	inserted, _, err := store.ClaimWithPayment(ctx, tx, begin, idem.StatusInProgress, CheckpointLocalPaymentCreated, nil, c.payment, c.event)
+	inserted, _, err := ClaimWithPayment(ctx, tx, begin, idem.StatusInProgress, CheckpointLocalPaymentCreated, nil, c.payment, c.event)
 	if err != nil {
 		return engine.Claim{}, err
 	}
@@ -326,7 +326,7 @@ func (c *createCall) drive(ctx context.Context, a *engine.Attempt, cp idem.Check
 // (see drive). The recovery worker (a.Background) never charges a payment
 // the provider was never asked for: it releases the key for the client's
 // retry instead.
-func (s *Service) settle(ctx context.Context, a *engine.Attempt, cp idem.Checkpoint, p store.Payment) (Result, error) {
+func (s *Service) settle(ctx context.Context, a *engine.Attempt, cp idem.Checkpoint, p Payment) (Result, error) {
 	if a.Background && cp == CheckpointLocalPaymentCreated {
 		return Result{status: idem.StatusFailedRetryable}, s.release(ctx, a.Lease)
 	}

@@ -103,7 +103,7 @@ func (c *createCall) claimFindThenInsert(ctx context.Context, begin idem.BeginRe
 	ev.ID, ev.AggregateID = "evt_"+p.ID+"_created", p.ID
 	var done engine.Result
 	err := s.store.ExecTx(ctx, func(tx pgx.Tx) error {
-		if err := store.InsertPaymentOnly(ctx, tx, p, ev); err != nil {
+		if err := InsertPaymentOnly(ctx, tx, p, ev); err != nil {
 			return err
 		}
 		completion, err := s.completion(ctx, tx, p)
@@ -116,7 +116,7 @@ func (c *createCall) claimFindThenInsert(ctx context.Context, begin idem.BeginRe
 		done = engine.Result{Stored: true, Status: idem.StatusCompleted, Response: completion.Response}
 		return nil
 	})
-	if errors.Is(err, store.ErrDuplicateMerchantReference) {
+	if errors.Is(err, ErrDuplicateMerchantReference) {
 		// The naive engine reports the constraint violation as is.
 		return engine.Claim{}, idem.Errorf(ECodeDuplicateMerchantRef, "A payment with this merchant reference already exists for the account.")
 	}

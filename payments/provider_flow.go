@@ -45,7 +45,7 @@ type Provider interface {
 // before the provider call; the provider and the store still reject its
 // token if a newer owner took over after that check (a pause between check
 // and act).
-func (s *Service) drive(ctx context.Context, lease idem.Lease, cp idem.Checkpoint, p store.Payment, guard func() error) (Result, error) {
+func (s *Service) drive(ctx context.Context, lease idem.Lease, cp idem.Checkpoint, p Payment, guard func() error) (Result, error) {
 	// The provider call and its recording must not be cut short by a client
 	// that hangs up: the answer is recorded for its retry. Each step has its
 	// own bound (ProviderTimeout for calls, LockFor for store writes), so a
@@ -115,7 +115,7 @@ func (s *Service) lookup(ctx context.Context, key string) (provider.Charge, erro
 }
 
 // confirm records a charge the provider confirmed.
-func (s *Service) confirm(ctx context.Context, lease idem.Lease, p store.Payment, ch provider.Charge) (Result, error) {
+func (s *Service) confirm(ctx context.Context, lease idem.Lease, p Payment, ch provider.Charge) (Result, error) {
 	if ch.AmountMinor != p.AmountMinor || ch.Currency != p.Currency {
 		return s.providerKeyConflict(ctx, lease, p, fmt.Errorf("provider charge %s is %d %s, payment is %d %s", ch.ChargeID, ch.AmountMinor, ch.Currency, p.AmountMinor, p.Currency))
 	}
@@ -135,7 +135,7 @@ func (s *Service) confirm(ctx context.Context, lease idem.Lease, p store.Payment
 			return err
 		}
 		res = Result{Response: completion.Response, status: idem.StatusCompleted}
-		return store.SetPaymentStatus(ctx, tx, p.Tenant, p.ID, "CONFIRMED", paymentEvent(p, "PaymentConfirmed", "confirmed", map[string]string{"chargeId": ch.ChargeID}))
+		return SetPaymentStatus(ctx, tx, p.Tenant, p.ID, "CONFIRMED", paymentEvent(p, "PaymentConfirmed", "confirmed", map[string]string{"chargeId": ch.ChargeID}))
 	})
 	return res, s.fenceAsInProgress(err)
 }
@@ -146,13 +146,13 @@ func (s *Service) confirm(ctx context.Context, lease idem.Lease, p store.Payment
 // before the handover. The payment is confirmed here as it is there; this
 // key gets what the old region would have answered it, a replayable 409
 // DUPLICATE_MERCHANT_REFERENCE.
-func (s *Service) chargedForAnotherKey(ctx context.Context, lease idem.Lease, p store.Payment, ch provider.Charge) (Result, error) {
+func (s *Service) chargedForAnotherKey(ctx context.Context, lease idem.Lease, p Payment, ch provider.Charge) (Result, error) {
 	resp := duplicateResponse(p.ID)
 	err := s.ownedTx(ctx, func(tx pgx.Tx) error {
 		if err := store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusFailedReplayable, ErrorCode: ECodeDuplicateMerchantRef, Response: &resp}); err != nil {
 			return err
 		}
-		return store.SetPaymentStatus(ctx, tx, p.Tenant, p.ID, "CONFIRMED", paymentEvent(p, "PaymentConfirmed", "confirmed", map[string]string{"chargeId": ch.ChargeID}))
+		return SetPaymentStatus(ctx, tx, p.Tenant, p.ID, "CONFIRMED", paymentEvent(p, "PaymentConfirmed", "confirmed", map[string]string{"chargeId": ch.ChargeID}))
 	})
 	if err != nil {
 		return Result{}, s.fenceAsInProgress(err)
@@ -161,7 +161,7 @@ func (s *Service) chargedForAnotherKey(ctx context.Context, lease idem.Lease, p 
 }
 
 // decline records a business rejection: replayed to every retry.
-func (s *Service) decline(ctx context.Context, lease idem.Lease, p store.Payment) (Result, error) {
+func (s *Service) decline(ctx context.Context, lease idem.Lease, p Payment) (Result, error) {
 	body, err := json.Marshal(struct {
 		ErrorCode string `json:"errorCode"`
 		Message   string `json:"message"`
@@ -175,7 +175,7 @@ func (s *Service) decline(ctx context.Context, lease idem.Lease, p store.Payment
 		if err := store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusFailedReplayable, ErrorCode: ECodePaymentDeclined, Response: &resp}); err != nil {
 			return err
 		}
-		return store.SetPaymentStatus(ctx, tx, p.Tenant, p.ID, "DECLINED", paymentEvent(p, "PaymentDeclined", "declined", nil))
+		return SetPaymentStatus(ctx, tx, p.Tenant, p.ID, "DECLINED", paymentEvent(p, "PaymentDeclined", "declined", nil))
 	})
 	return Result{Response: resp, status: idem.StatusFailedReplayable}, s.fenceAsInProgress(err)
 }
@@ -192,7 +192,7 @@ const PaymentStatusConflict = "CONFLICT"
 // charged, the payment ends CONFLICT, and the record stores a replayable
 // 409 PROVIDER_KEY_CONFLICT. The payment is never left PENDING without an
 // owner.
-func (s *Service) providerKeyConflict(ctx context.Context, lease idem.Lease, p store.Payment, cause error) (Result, error) {
+func (s *Service) providerKeyConflict(ctx context.Context, lease idem.Lease, p Payment, cause error) (Result, error) {
 	s.logger.ErrorContext(ctx, "provider holds another charge under this payment's provider key",
 		"tenant", lease.Tenant, "key_hash", telemetry.KeyHash(lease.Key), "payment", p.ID, "provider_key", p.ProviderKey, "err", cause)
 	resp := providerKeyConflictResponse(p.ID)
@@ -200,7 +200,7 @@ func (s *Service) providerKeyConflict(ctx context.Context, lease idem.Lease, p s
 		if err := store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusFailedReplayable, ErrorCode: ECodeProviderKeyConflict, Response: &resp}); err != nil {
 			return err
 		}
-		return store.SetPaymentStatus(ctx, tx, p.Tenant, p.ID, PaymentStatusConflict, paymentEvent(p, "PaymentProviderKeyConflict", "conflict", nil))
+		return SetPaymentStatus(ctx, tx, p.Tenant, p.ID, PaymentStatusConflict, paymentEvent(p, "PaymentProviderKeyConflict", "conflict", nil))
 	})
 	if err != nil {
 		return Result{}, s.fenceAsInProgress(err)
@@ -234,7 +234,7 @@ func (s *Service) retryable(ctx context.Context, lease idem.Lease, cause error) 
 // markUnknown records that the provider may have charged but the answer was
 // lost. Only recovery (a retry or the recovery worker asking the provider)
 // moves the record on; the client gets 202 with a stable code.
-func (s *Service) markUnknown(ctx context.Context, lease idem.Lease, p store.Payment, cause error) (Result, error) {
+func (s *Service) markUnknown(ctx context.Context, lease idem.Lease, p Payment, cause error) (Result, error) {
 	s.logger.WarnContext(ctx, "payment outcome unknown", "tenant", lease.Tenant, "key_hash", telemetry.KeyHash(lease.Key), "payment", p.ID, "err", cause)
 	err := s.ownedTx(ctx, func(tx pgx.Tx) error {
 		return store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusUnknown, ErrorCode: ECodeOutcomeUnknown})
@@ -274,7 +274,7 @@ func (s *Service) fenceAsInProgress(err error) error {
 
 // paymentEvent builds an outbox event about p. Its id is stable
 // ("evt_<paymentId>_<suffix>"), so consumers can deduplicate by it.
-func paymentEvent(p store.Payment, typ, suffix string, extra map[string]string) *store.Event {
+func paymentEvent(p Payment, typ, suffix string, extra map[string]string) *Event {
 	id := "evt_" + p.ID + "_" + suffix
 	fields := map[string]string{"eventId": id, "type": typ, "paymentId": p.ID, "accountId": p.AccountID,
 		"amount": FormatMinor(p.AmountMinor, p.Currency), "currency": p.Currency}
@@ -282,5 +282,5 @@ func paymentEvent(p store.Payment, typ, suffix string, extra map[string]string) 
 		fields[k] = v
 	}
 	payload, _ := json.Marshal(fields)
-	return &store.Event{ID: id, Tenant: p.Tenant, AggregateID: p.ID, Type: typ, Payload: payload}
+	return &Event{ID: id, Tenant: p.Tenant, AggregateID: p.ID, Type: typ, Payload: payload}
 }

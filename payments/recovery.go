@@ -111,7 +111,7 @@ func (s *Service) recoverOwned(ctx context.Context, a *engine.Attempt) (string, 
 	}
 	p, err := s.getPayment(ctx, rec.Tenant, rec.ResourceID)
 	if err != nil {
-		if errors.Is(err, store.ErrPaymentNotFound) {
+		if errors.Is(err, ErrPaymentNotFound) {
 			return RecoveryReleased, released, s.release(ctx, a.Lease)
 		}
 		return "", Result{}, err

@@ -45,13 +45,13 @@ type v3Response struct {
 }
 
 // renderers render a payment in each response schema.
-var renderers = map[string]func(store.Payment) ([]byte, error){
-	"v2": func(p store.Payment) ([]byte, error) {
+var renderers = map[string]func(Payment) ([]byte, error){
+	"v2": func(p Payment) ([]byte, error) {
 		return json.Marshal(v2Response{PaymentID: p.ID, Status: p.Status, AccountID: p.AccountID,
 			Amount: FormatMinor(p.AmountMinor, p.Currency), Currency: p.Currency,
 			MerchantReference: p.MerchantReference, Channel: p.Channel})
 	},
-	"v3": func(p store.Payment) ([]byte, error) {
+	"v3": func(p Payment) ([]byte, error) {
 		return json.Marshal(v3Response{ID: p.ID, State: p.Status, CreatedAt: p.CreatedAt.UTC().Format(time.RFC3339),
 			AccountID: p.AccountID, Amount: FormatMinor(p.AmountMinor, p.Currency), Currency: p.Currency,
 			MerchantReference: p.MerchantReference, Channel: p.Channel})
@@ -68,7 +68,7 @@ const PaymentStatusPending = "PENDING"
 func showsCreationTime(schema string) bool { return schema == "v3" }
 
 // render renders p in schema.
-func render(schema string, p store.Payment) ([]byte, error) {
+func render(schema string, p Payment) ([]byte, error) {
 	r, ok := renderers[schema]
 	if !ok {
 		return nil, fmt.Errorf("payments: no renderer for response schema %q", schema)
@@ -87,7 +87,7 @@ func render(schema string, p store.Payment) ([]byte, error) {
 // the payment's status is now. That is what lets a record store a
 // reference to the payment instead of the answer (idem.Response.ByReference)
 // and render it again, byte for byte, on replay.
-func created(schema string, p store.Payment) (idem.Response, error) {
+func created(schema string, p Payment) (idem.Response, error) {
 	p.Status = PaymentStatusPending
 	body, err := render(schema, p)
 	if err != nil {
@@ -112,7 +112,7 @@ func createdHeaders(id string) map[string]string {
 // about to insert, the transaction's now() (which the insert will write).
 // The record references the payment instead of storing the answer, unless
 // Config.StoreBodies.
-func (s *Service) completion(ctx context.Context, q store.Querier, p store.Payment) (idem.Completion, error) {
+func (s *Service) completion(ctx context.Context, q store.Querier, p Payment) (idem.Completion, error) {
 	if showsCreationTime(s.cfg.ResponseSchema) && p.CreatedAt.IsZero() {
 		if err := q.QueryRow(ctx, `SELECT COALESCE((SELECT created_at FROM payments WHERE tenant_id = $1 AND payment_id = $2), now())`,
 			p.Tenant, p.ID).Scan(&p.CreatedAt); err != nil {
@@ -131,7 +131,7 @@ func (s *Service) completion(ctx context.Context, q store.Querier, p store.Payme
 // replay rule. A referencing record's answer is rendered again from its
 // payment: p when the caller read it with the record, otherwise read here
 // (getPayment).
-func (s *Service) replay(ctx context.Context, rec *idem.Record, p *store.Payment) (idem.Response, error) {
+func (s *Service) replay(ctx context.Context, rec *idem.Record, p *Payment) (idem.Response, error) {
 	stored := *rec.Response
 	current := s.cfg.ReplayRule == ReconstructCurrent && stored.SchemaVersion != s.cfg.ResponseSchema &&
 		rec.Status == idem.StatusCompleted && rec.ResourceType == "payment"
@@ -173,10 +173,10 @@ func (s *Service) replayRecord(ctx context.Context, rec *idem.Record) (idem.Resp
 // run at SERIALIZABLE, where even a lone read can be chosen to fail
 // (SQLSTATE 40001) beside concurrent writers, and a replay must not answer
 // that as an internal error.
-func (s *Service) getPayment(ctx context.Context, tenant, id string) (store.Payment, error) {
-	var p store.Payment
+func (s *Service) getPayment(ctx context.Context, tenant, id string) (Payment, error) {
+	var p Payment
 	err := s.store.Read(ctx, func(q store.Querier) (err error) {
-		p, err = store.GetPayment(ctx, q, tenant, id)
+		p, err = GetPayment(ctx, q, tenant, id)
 		return err
 	})
 	return p, err

@@ -8,8 +8,6 @@ import (
 	"slices"
 	"testing"
 	"time"
-
-	"github.com/idemcoord/idem/store"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files of the response schemas")
@@ -21,7 +19,7 @@ var update = flag.Bool("update", false, "rewrite the golden files of the respons
 // return. A schema without a golden file fails here; a new schema gets its
 // own file (go test ./payments -run TestCreatedGolden -update) and keeps it.
 func TestCreatedGolden(t *testing.T) {
-	p := store.Payment{
+	p := Payment{
 		Tenant: "tenant-a", ID: "pay_0123456789abcdef01234567", AccountID: "acc_1", AmountMinor: 1000,
 		Currency: "EUR", MerchantReference: "invoice-7781", Channel: "api",
 		// The payment has moved on since: the answer to its creation

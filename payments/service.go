@@ -239,7 +239,7 @@ func (c *createCall) rejectDuplicate(ctx context.Context, begin idem.BeginReques
 	var cl engine.Claim
 	err := s.store.ExecTx(ctx, func(tx pgx.Tx) error {
 		cl = engine.Claim{}
-		existing, err := store.PaymentByMerchantReference(ctx, tx, begin.Tenant, cmd.AccountID, cmd.MerchantReference)
+		existing, err := PaymentByMerchantReference(ctx, tx, begin.Tenant, cmd.AccountID, cmd.MerchantReference)
 		if err != nil {
 			return paymentNotFound(err, "No payment for this merchant reference.")
 		}
@@ -314,9 +314,9 @@ func PaymentID(tenant, accountID, merchantReference string) string {
 // ProviderKey is the idempotency key the payment provider sees for a payment.
 func ProviderKey(paymentID string) string { return "provider_payment_" + paymentID }
 
-func (s *Service) newPayment(scope idem.Scope, cmd Command) (store.Payment, store.Event) {
+func (s *Service) newPayment(scope idem.Scope, cmd Command) (Payment, Event) {
 	id := PaymentID(scope.Tenant, cmd.AccountID, cmd.MerchantReference)
-	p := store.Payment{
+	p := Payment{
 		Tenant: scope.Tenant, ID: id, AccountID: cmd.AccountID, AmountMinor: cmd.AmountMinor,
 		Currency: cmd.Currency, MerchantReference: cmd.MerchantReference, Channel: cmd.Channel,
 		Status: PaymentStatusPending, ProviderKey: ProviderKey(id),
@@ -334,11 +334,11 @@ func (s *Service) Get(ctx context.Context, tenant, id string) ([]byte, error) {
 }
 
 // insertOwnedPayment writes the payment of a record this request took over.
-func (s *Service) insertOwnedPayment(ctx context.Context, tx store.Querier, d idem.Decision, p store.Payment, ev store.Event) error {
+func (s *Service) insertOwnedPayment(ctx context.Context, tx store.Querier, d idem.Decision, p Payment, ev Event) error {
 	if d.Outcome == idem.OutcomeExpired {
-		return store.InsertPaymentOnly(ctx, tx, p, ev)
+		return InsertPaymentOnly(ctx, tx, p, ev)
 	}
-	return store.InsertPayment(ctx, tx, p, ev)
+	return InsertPayment(ctx, tx, p, ev)
 }
 
 // fenced reports a rejected write or call of this process.
@@ -357,10 +357,10 @@ func (sleepClock) Now() time.Time { return time.Now() }
 
 func (c sleepClock) Sleep(ctx context.Context, d time.Duration) error { return c.sleep(ctx, d) }
 
-// paymentNotFound answers store.ErrPaymentNotFound as PAYMENT_NOT_FOUND with
+// paymentNotFound answers ErrPaymentNotFound as PAYMENT_NOT_FOUND with
 // msg, and returns any other error as is.
 func paymentNotFound(err error, msg string) error {
-	if errors.Is(err, store.ErrPaymentNotFound) {
+	if errors.Is(err, ErrPaymentNotFound) {
 		return &idem.Error{Code: ECodePaymentNotFound, Message: msg, Err: err}
 	}
 	return err

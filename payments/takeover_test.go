@@ -34,13 +34,13 @@ func leftAtLocalPayment(t *testing.T, st *store.Store, key, merchantRef string) 
 		t.Fatal(err)
 	}
 	id := payments.PaymentID("tenant-a", cmd.AccountID, cmd.MerchantReference)
-	p := store.Payment{Tenant: "tenant-a", ID: id, AccountID: cmd.AccountID, AmountMinor: cmd.AmountMinor, Currency: cmd.Currency,
+	p := payments.Payment{Tenant: "tenant-a", ID: id, AccountID: cmd.AccountID, AmountMinor: cmd.AmountMinor, Currency: cmd.Currency,
 		MerchantReference: cmd.MerchantReference, Channel: cmd.Channel, Status: "PENDING", ProviderKey: payments.ProviderKey(id)}
-	ev := store.Event{ID: "evt_" + id + "_created", Tenant: "tenant-a", AggregateID: id, Type: "PaymentCreated", Payload: []byte(`{}`)}
+	ev := payments.Event{ID: "evt_" + id + "_created", Tenant: "tenant-a", AggregateID: id, Type: "PaymentCreated", Payload: []byte(`{}`)}
 	begin := idem.BeginRequest{Scope: idem.Scope{Tenant: "tenant-a", Operation: payments.Operation, Key: key},
 		RequestHashes: hashes, HashVersion: 2, Owner: "dead", HomeRegion: "local", LockFor: time.Minute, Window: time.Hour}
 	err = st.ExecTx(context.Background(), func(tx pgx.Tx) error {
-		inserted, _, err := store.ClaimWithPayment(context.Background(), tx, begin, idem.StatusInProgress, payments.CheckpointLocalPaymentCreated, nil, p, ev)
+		inserted, _, err := payments.ClaimWithPayment(context.Background(), tx, begin, idem.StatusInProgress, payments.CheckpointLocalPaymentCreated, nil, p, ev)
 		if err == nil && !inserted {
 			err = errors.New("claim not inserted")
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -126,14 +127,31 @@ func difference(a, b *idem.Record) string {
 	return ""
 }
 
+// paymentRow, paymentColumns and scanPayment are the payments table's row
+// as the handover copies it.
+type paymentRow struct {
+	Tenant, ID, AccountID                                     string
+	AmountMinor                                               int64
+	Currency, MerchantReference, Channel, Status, ProviderKey string
+	CreatedAt                                                 time.Time
+}
+
+const paymentColumns = `tenant_id, payment_id, account_id, amount_minor, currency, merchant_reference, channel, status, provider_key, created_at`
+
+func scanPayment(row rowScanner) (paymentRow, error) {
+	var p paymentRow
+	err := row.Scan(&p.Tenant, &p.ID, &p.AccountID, &p.AmountMinor, &p.Currency, &p.MerchantReference, &p.Channel, &p.Status, &p.ProviderKey, &p.CreatedAt)
+	return p, err
+}
+
 func copyPayments(ctx context.Context, from, to *Store, tenant string) (int, error) {
-	var pays []Payment
+	var pays []paymentRow
 	err := from.Read(ctx, func(q Querier) error {
 		rows, err := q.Query(ctx, `SELECT `+paymentColumns+` FROM payments WHERE tenant_id = $1`, tenant)
 		if err != nil {
 			return err
 		}
-		pays, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Payment, error) { return scanPayment(row) })
+		pays, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (paymentRow, error) { return scanPayment(row) })
 		return err
 	})
 	if err != nil {

@@ -28,7 +28,7 @@ const benchToken = "bench-token"
 
 // baselineHandler serves POST /payments without the idempotency layer: the
 // same bearer-token check (SHA-256, constant-time), media type check, bounded
-// body read, strict command decode, business write (store.InsertPaymentOnly
+// body read, strict command decode, business write (payments.InsertPaymentOnly
 // in a SERIALIZABLE transaction) and v2 render as the node's handler.
 type baselineHandler struct {
 	st     *store.Store

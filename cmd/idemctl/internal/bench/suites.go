@@ -65,22 +65,22 @@ func (w *writer) baseline(st *store.Store) func(context.Context) error {
 }
 
 // baselineWrite parses body and writes its payment and event under id.
-func baselineWrite(ctx context.Context, st *store.Store, tenant, id string, b []byte) (store.Payment, error) {
+func baselineWrite(ctx context.Context, st *store.Store, tenant, id string, b []byte) (payments.Payment, error) {
 	cmd, err := payments.ParseCommand(b, "")
 	if err != nil {
-		return store.Payment{}, err
+		return payments.Payment{}, err
 	}
-	p := store.Payment{Tenant: tenant, ID: id, AccountID: cmd.AccountID,
+	p := payments.Payment{Tenant: tenant, ID: id, AccountID: cmd.AccountID,
 		AmountMinor: cmd.AmountMinor, Currency: cmd.Currency, MerchantReference: cmd.MerchantReference,
 		Channel: cmd.Channel, Status: "PENDING"}
 	p.ProviderKey = payments.ProviderKey(p.ID)
 	payload, err := json.Marshal(map[string]string{"eventId": "evt_" + p.ID + "_created", "type": "PaymentCreated",
 		"paymentId": p.ID, "accountId": p.AccountID, "amount": cmd.Amount(), "currency": p.Currency})
 	if err != nil {
-		return store.Payment{}, err
+		return payments.Payment{}, err
 	}
-	ev := store.Event{ID: "evt_" + p.ID + "_created", Tenant: p.Tenant, AggregateID: p.ID, Type: "PaymentCreated", Payload: payload}
-	return p, st.ExecOne(ctx, func(q store.Querier) error { return store.InsertPaymentOnly(ctx, q, p, ev) })
+	ev := payments.Event{ID: "evt_" + p.ID + "_created", Tenant: p.Tenant, AggregateID: p.ID, Type: "PaymentCreated", Payload: payload}
+	return p, st.ExecOne(ctx, func(q store.Querier) error { return payments.InsertPaymentOnly(ctx, q, p, ev) })
 }
 
 // idempotent is payments.Service.Create with a fresh key each time.

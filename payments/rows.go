@@ -1,0 +1,222 @@
+package payments
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/store"
+)
+
+// The payments operation's own rows: the payments table and the outbox
+// events written with them (migrations in migrations/). The store knows
+// nothing of them; payments writes them with its SQL through store.Querier,
+// in the claim's statement (store.ClaimWith) or under a claim it holds.
+
+// Payment is a row of the payments table.
+type Payment struct {
+	Tenant            string
+	ID                string
+	AccountID         string
+	AmountMinor       int64
+	Currency          string
+	MerchantReference string
+	Channel           string
+	Status            string
+	ProviderKey       string
+	CreatedAt         time.Time
+}
+
+// Event is an outbox event, written in the same transaction as the payment
+// it describes.
+type Event struct {
+	ID          string
+	Tenant      string
+	AggregateID string
+	Type        string
+	Payload     json.RawMessage
+}
+
+// ErrDuplicateMerchantReference is returned (wrapped) when a payment violates
+// unique(tenant, account, merchant reference).
+var ErrDuplicateMerchantReference = errors.New("payments: duplicate merchant reference")
+
+// ErrPaymentNotFound: no such payment, answered as PAYMENT_NOT_FOUND.
+var ErrPaymentNotFound = errors.New("payments: payment not found")
+
+// ResourceType is the resource type of the records payments writes.
+const ResourceType = "payment"
+
+// paymentColumns are the payments table's columns Payment holds.
+var paymentColumns = []string{"tenant_id", "payment_id", "account_id", "amount_minor", "currency",
+	"merchant_reference", "channel", "status", "provider_key", "created_at"}
+
+const paymentColumnList = `tenant_id, payment_id, account_id, amount_minor, currency, merchant_reference, channel, status, provider_key, created_at`
+
+// claimWithPayment is the single-statement fast path of create_payment:
+// the record, and only if it was inserted, the payment row and its outbox
+// event, in one round trip.
+var claimWithPayment = store.NewClaimWith(`, pay AS (
+		INSERT INTO payments (tenant_id, payment_id, account_id, amount_minor, currency, merchant_reference,
+			channel, status, provider_key, created_at, updated_at)
+		SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, now(), now() FROM claim
+		RETURNING payment_id
+	)
+	INSERT INTO outbox_events (event_id, tenant_id, aggregate_id, event_type, payload, created_at)
+	SELECT $10, $1, payment_id, $11, $12, now() FROM pay
+	RETURNING now()`, 12)
+
+// ClaimWithPayment claims req's key and writes payment p and its event ev
+// in one statement (store.ClaimWith): the record in state status at
+// checkpoint cp (with completion's answer when it is not nil), and only if
+// the record was inserted, the payment and the event. It reports whether
+// this call inserted the claim, and the statement's time (the payment's
+// created_at) when it did. A merchant-reference violation returns
+// ErrDuplicateMerchantReference and writes nothing.
+func ClaimWithPayment(ctx context.Context, q store.Querier, req idem.BeginRequest, status idem.Status, cp idem.Checkpoint,
+	completion *idem.Completion, p Payment, ev Event) (inserted bool, at time.Time, err error) {
+	inserted, at, err = claimWithPayment.Exec(ctx, q, req, status, cp, completion, ResourceType, p.ID,
+		req.Tenant, p.ID, p.AccountID, p.AmountMinor, p.Currency, p.MerchantReference, p.Channel, p.Status, p.ProviderKey,
+		ev.ID, ev.Type, []byte(ev.Payload))
+	if err != nil {
+		return false, time.Time{}, classify(err)
+	}
+	return inserted, at, nil
+}
+
+// settledWithPayment is the replay fast path's read joined with the
+// payment a referencing record renders its answer from.
+var settledWithPayment = store.NewReferenceRead(ResourceType,
+	`SELECT * FROM payments WHERE tenant_id = $1 AND payment_id = r.resource_id`, paymentColumns...)
+
+// readSettled is store.ReadSettled for create_payment, with the payment a
+// referencing record (idem.Response.ByReference) renders its answer from,
+// read in the same round trip. The payment is nil when the record
+// references none (or the row is gone).
+func readSettled(ctx context.Context, st *store.Store, req idem.BeginRequest) (idem.Decision, *Payment, bool, error) {
+	var (
+		id, account, currency, ref, ch *string
+		status, providerKey            *string
+		tenant                         *string
+		amount                         *int64
+		created                        *time.Time
+	)
+	d, ok, err := st.ReadSettledWith(ctx, req, settledWithPayment,
+		&tenant, &id, &account, &amount, &currency, &ref, &ch, &status, &providerKey, &created)
+	if err != nil || !ok || id == nil {
+		return d, nil, ok, err
+	}
+	return d, &Payment{Tenant: req.Tenant, ID: *id, AccountID: *account, AmountMinor: *amount, Currency: *currency,
+		MerchantReference: *ref, Channel: *ch, Status: *status, ProviderKey: *providerKey, CreatedAt: *created}, true, nil
+}
+
+// InsertPayment writes a payment row and its outbox event for an owner that
+// already holds the claim (a recovery or a reuse after the window). A payment
+// that already exists with the same id is left as it is (an earlier owner of
+// the same operation wrote it).
+func InsertPayment(ctx context.Context, q store.Querier, p Payment, ev Event) error {
+	_, err := q.Exec(ctx, `WITH pay AS (
+		INSERT INTO payments (tenant_id, payment_id, account_id, amount_minor, currency, merchant_reference,
+			channel, status, provider_key, created_at, updated_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, now(), now())
+		ON CONFLICT (tenant_id, payment_id) DO NOTHING
+		RETURNING payment_id
+	)
+	INSERT INTO outbox_events (event_id, tenant_id, aggregate_id, event_type, payload, created_at)
+	SELECT $10, $1, payment_id, $11, $12, now() FROM pay`,
+		p.Tenant, p.ID, p.AccountID, p.AmountMinor, p.Currency, p.MerchantReference, p.Channel, p.Status, p.ProviderKey,
+		ev.ID, ev.Type, []byte(ev.Payload))
+	if err != nil {
+		return classify(err)
+	}
+	return nil
+}
+
+// InsertPaymentOnly is the business write without any idempotency record: the
+// payment row and its outbox event in one statement, the same SQL as the
+// claimed path otherwise. It is the baseline that benchmarks compare against.
+func InsertPaymentOnly(ctx context.Context, q store.Querier, p Payment, ev Event) error {
+	_, err := q.Exec(ctx, `WITH pay AS (
+		INSERT INTO payments (tenant_id, payment_id, account_id, amount_minor, currency, merchant_reference,
+			channel, status, provider_key, created_at, updated_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, now(), now())
+		RETURNING payment_id
+	)
+	INSERT INTO outbox_events (event_id, tenant_id, aggregate_id, event_type, payload, created_at)
+	SELECT $10, $1, payment_id, $11, $12, now() FROM pay`,
+		p.Tenant, p.ID, p.AccountID, p.AmountMinor, p.Currency, p.MerchantReference, p.Channel, p.Status, p.ProviderKey,
+		ev.ID, ev.Type, []byte(ev.Payload))
+	if err != nil {
+		return classify(err)
+	}
+	return nil
+}
+
+// classify marks a unique violation of the payments table as
+// ErrDuplicateMerchantReference. The payment id derives from the same
+// business identity as the merchant-reference constraint, so either index
+// may report it.
+func classify(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" &&
+		(pgErr.ConstraintName == "payments_merchant_reference_key" || pgErr.ConstraintName == "payments_pkey") {
+		return fmt.Errorf("%w: %w", ErrDuplicateMerchantReference, err)
+	}
+	return err
+}
+
+type rowScanner interface{ Scan(dest ...any) error }
+
+func scanPayment(row rowScanner) (Payment, error) {
+	var p Payment
+	err := row.Scan(&p.Tenant, &p.ID, &p.AccountID, &p.AmountMinor, &p.Currency, &p.MerchantReference, &p.Channel, &p.Status, &p.ProviderKey, &p.CreatedAt)
+	return p, err
+}
+
+// GetPayment returns the tenant's payment id, or ErrPaymentNotFound.
+func GetPayment(ctx context.Context, q store.Querier, tenant, id string) (Payment, error) {
+	p, err := scanPayment(q.QueryRow(ctx, `SELECT `+paymentColumnList+` FROM payments WHERE tenant_id = $1 AND payment_id = $2`, tenant, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Payment{}, ErrPaymentNotFound
+	}
+	if err != nil {
+		return Payment{}, fmt.Errorf("payments: get payment: %w", store.Unavailable(err))
+	}
+	return p, nil
+}
+
+// PaymentByMerchantReference returns the tenant's payment for an account and
+// merchant reference, or ErrPaymentNotFound.
+func PaymentByMerchantReference(ctx context.Context, q store.Querier, tenant, account, ref string) (Payment, error) {
+	p, err := scanPayment(q.QueryRow(ctx, `SELECT `+paymentColumnList+` FROM payments
+		WHERE tenant_id = $1 AND account_id = $2 AND merchant_reference = $3`, tenant, account, ref))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Payment{}, ErrPaymentNotFound
+	}
+	if err != nil {
+		return Payment{}, fmt.Errorf("payments: payment by merchant reference: %w", store.Unavailable(err))
+	}
+	return p, nil
+}
+
+// SetPaymentStatus updates a payment's status (for example PENDING ->
+// CONFIRMED) and writes its outbox event, in the caller's transaction.
+func SetPaymentStatus(ctx context.Context, q store.Querier, tenant, id, status string, ev *Event) error {
+	if _, err := q.Exec(ctx, `UPDATE payments SET status = $3, updated_at = now() WHERE tenant_id = $1 AND payment_id = $2`, tenant, id, status); err != nil {
+		return fmt.Errorf("payments: set payment status: %w", err)
+	}
+	if ev == nil {
+		return nil
+	}
+	if _, err := q.Exec(ctx, `INSERT INTO outbox_events (event_id, tenant_id, aggregate_id, event_type, payload, created_at)
+		VALUES ($1, $2, $3, $4, $5, now()) ON CONFLICT (event_id) DO NOTHING`, ev.ID, ev.Tenant, ev.AggregateID, ev.Type, []byte(ev.Payload)); err != nil {
+		return fmt.Errorf("payments: write outbox event: %w", err)
+	}
+	return nil
+}

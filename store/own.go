@@ -1,0 +1,165 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/internal/telemetry"
+)
+
+// An operation with tables of its own (package payments writes a payment
+// and its outbox event with each record) uses two things of the store:
+// ClaimWith, a claim that writes the operation's rows in the same
+// statement, and ReferenceRead, the replay fast path's read joined with the
+// row a referencing record renders its answer from. Everything else an
+// operation writes goes through Querier, ExecOne, ExecTx and Read with SQL
+// of its own.
+
+// ClaimWith is a claim statement that also writes an operation's own rows:
+// the record is inserted first (ON CONFLICT DO NOTHING) in a common table
+// expression named claim, and the operation's SQL, which follows it in the
+// same statement, writes only FROM claim, so that its rows exist exactly
+// when the claim inserted the record. Make one with NewClaimWith, once.
+type ClaimWith struct {
+	sql   string
+	nArgs int
+}
+
+// NewClaimWith prepares a claim with an operation's own writes. own follows
+// "WITH claim AS (...)": further common table expressions (", pay AS (...)")
+// and a final statement, each reading FROM claim (or from one that does);
+// the final statement returns one row of one column, the statement's time
+// (RETURNING now()), when it wrote. Its placeholders are $1 to $nArgs, the
+// arguments Exec is given.
+func NewClaimWith(own string, nArgs int) ClaimWith {
+	p := func(i int) string { return fmt.Sprintf("$%d", nArgs+i) }
+	claim := `WITH claim AS (
+		INSERT INTO idempotency_records
+			(tenant_id, operation_name, idempotency_key, request_hash, hash_version, status, checkpoint,
+			 owner, fencing_token, locked_until, home_region, created_at, updated_at, expires_at,
+			 response_status, response_headers, response_body, response_schema_version, response_by_reference,
+			 resource_type, resource_id)
+		VALUES (` + strings.Join([]string{p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8)}, ", ") + `, 1,
+			CASE WHEN ` + p(6) + ` = 'IN_PROGRESS' THEN now() + ` + p(9) + `::INT8 * INTERVAL '1 millisecond' END,
+			` + p(10) + `, now(), now(), now() + ` + p(11) + `::INT8 * INTERVAL '1 millisecond',
+			` + strings.Join([]string{p(12), p(13), p(14), p(15), p(16), p(17), p(18)}, ", ") + `)
+		ON CONFLICT DO NOTHING
+		RETURNING 1 AS n
+	)`
+	return ClaimWith{sql: claim + "\n" + own, nArgs: nArgs}
+}
+
+// Exec claims req's key in state status at checkpoint cp (with completion's
+// answer stored when it is not nil, for a record written COMPLETED),
+// naming resourceType and resourceID, and writes the operation's rows
+// with args, in one statement through q (which may run it as an implicit
+// transaction of its own: Store.ExecOne).
+//
+// It reports whether this call inserted the claim, and the statement's
+// time when it did. When it did not, nothing was written and the caller
+// decides from the existing record (DecideExisting). An error of the
+// operation's SQL (a unique violation of its own table, say) is returned
+// as it is, for the operation to classify; nothing was written then.
+func (c ClaimWith) Exec(ctx context.Context, q Querier, req idem.BeginRequest, status idem.Status, cp idem.Checkpoint,
+	completion *idem.Completion, resourceType, resourceID string, args ...any) (inserted bool, at time.Time, err error) {
+	if len(args) != c.nArgs {
+		return false, time.Time{}, fmt.Errorf("store: claim with own writes: %d arguments, the statement takes %d", len(args), c.nArgs)
+	}
+	if err := req.Validate(); err != nil {
+		return false, time.Time{}, err
+	}
+	ctx, span := telemetry.Start(ctx, "idem.claim", trace.SpanKindInternal)
+	defer span.End()
+	var resp *idem.Response
+	if completion != nil {
+		resp = &completion.Response
+	}
+	r, err := responseColumns(resp)
+	if err != nil {
+		return false, time.Time{}, err
+	}
+	all := append(args[:len(args):len(args)],
+		req.Tenant, req.Operation, req.Key, req.RequestHashes[0], req.HashVersion, string(status), string(cp),
+		req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds(),
+		r.status, r.headers, r.body, r.schema, r.byReference, resourceType, resourceID)
+	err = q.QueryRow(ctx, c.sql, all...).Scan(&at)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		// The key has a record: the claim inserted nothing, so neither
+		// did the writes that follow from it.
+		return false, time.Time{}, nil
+	case err != nil:
+		return false, time.Time{}, err
+	}
+	return true, at, nil
+}
+
+// ReferenceRead is the replay fast path's read (ReadSettled) joined with
+// the row of an operation's table that a referencing record
+// (idem.Response.ByReference) renders its answer from, so that the replay
+// of such a record costs one round trip too. Make one with
+// NewReferenceRead, once.
+type ReferenceRead struct {
+	sql string
+}
+
+// NewReferenceRead prepares the read of records of resourceType joined
+// with row: a query of at most one row of the operation's table, keyed on
+// the tenant ($1) and the record's resource id (r.resource_id), for
+// example "SELECT * FROM payments WHERE tenant_id = $1 AND payment_id =
+// r.resource_id". It is a LATERAL subquery keyed on its table's primary
+// key, so that its lookup is one index probe whatever the planner believes
+// of the tables' sizes (as a plain join, a generic plan made while the
+// tables were small scanned every row of the tenant for each read).
+// columns are the row's columns Read scans, in order.
+func NewReferenceRead(resourceType, row string, columns ...string) ReferenceRead {
+	joined := make([]string, len(columns))
+	for i, c := range columns {
+		joined[i] = "x." + c
+	}
+	return ReferenceRead{sql: `SELECT ` + qualified("r.", recordColumns) + `, now(), ` + strings.Join(joined, ", ") + `
+	FROM idempotency_records r LEFT JOIN LATERAL (` + row + `
+		AND r.response_by_reference AND r.resource_type = ` + quoteLiteral(resourceType) + `
+		LIMIT 1) x ON true
+	WHERE r.tenant_id = $1 AND r.operation_name = $2 AND r.idempotency_key = $3
+	AND r.status IN ` + settledStatuses + ` AND r.expires_at > now()`}
+}
+
+// ReadSettledWith is ReadSettled with rr's row: dest receives its columns
+// (pointers to pointers, left nil when the record references no row or
+// the row is gone). ok is false, with nothing decided, when the fast path
+// decides nothing (no settled record, the store's NoReplayRead, a read the
+// claim should retry).
+func (s *Store) ReadSettledWith(ctx context.Context, req idem.BeginRequest, rr ReferenceRead, dest ...any) (d idem.Decision, ok bool, err error) {
+	if !s.replayRead || len(req.RequestHashes) == 0 {
+		return idem.Decision{}, false, nil
+	}
+	var now time.Time
+	rec, err := scanRecord(s.pool.QueryRow(ctx, rr.sql, req.Tenant, req.Operation, req.Key), append([]any{&now}, dest...)...)
+	d, ok, err = settledDecision(rec, err, req, now)
+	if err != nil {
+		return idem.Decision{}, false, settledReadError(err)
+	}
+	return d, ok, nil
+}
+
+// qualified prefixes each column of a comma-separated list.
+func qualified(prefix, columns string) string {
+	cols := strings.Split(columns, ",")
+	for i, c := range cols {
+		cols[i] = prefix + strings.TrimSpace(c)
+	}
+	return strings.Join(cols, ", ")
+}
+
+// quoteLiteral quotes s as an SQL string literal.
+func quoteLiteral(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}
