@@ -186,7 +186,7 @@ func (s *Server) coordNoContent(w http.ResponseWriter, r *http.Request, err erro
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// observeCoordination counts a begin like an idempotent payment request.
+// observeCoordination counts a begin like a request of the node's own operations.
 // Only begins of a declared operation (Config.Operations) get here, so no
 // label value comes from a request.
 func (s *Server) observeCoordination(operation string, d idem.Decision, err error, elapsed time.Duration) {

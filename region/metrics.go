@@ -24,7 +24,6 @@ type metrics struct {
 	httpDuration      *prometheus.HistogramVec
 	forwarded         *prometheus.CounterVec
 	fenced            prometheus.Counter
-	keyConflicts      prometheus.Counter
 	inProgressAgeDesc *prometheus.Desc
 	store             *store.Store
 }
@@ -87,15 +86,12 @@ func newMetrics(reg prometheus.Registerer, st *store.Store, operations []string)
 		fenced: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "idempotency_fenced_total", Help: "Writes or provider calls of this node rejected because a newer owner held the record.",
 		}),
-		keyConflicts: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "idempotency_provider_key_conflicts_total", Help: "Payments ended CONFLICT because the provider held another charge under their provider key (an operator must look).",
-		}),
 		inProgressAgeDesc: prometheus.NewDesc("idempotency_in_progress_age_max_seconds",
 			"Age of the oldest record in IN_PROGRESS, by the store's clock (0 when none).", nil, nil),
 		store: st,
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.replays, m.conflicts, m.inProgress, m.expiredRetries,
-		m.unknownStates, m.latency, m.httpDuration, m.forwarded, m.fenced, m.keyConflicts, m} {
+		m.unknownStates, m.latency, m.httpDuration, m.forwarded, m.fenced, m} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -125,4 +121,39 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	ch <- prometheus.MustNewConstMetric(m.inProgressAgeDesc, prometheus.GaugeValue, age.Seconds())
+}
+
+// observation is what an idempotent request's metrics count.
+type observation struct {
+	outcome                         idem.Outcome
+	replayed, expiredRetry, unknown bool
+}
+
+// observe counts an idempotent request's outcome.
+func (s *Server) observe(operation string, o observation, err error, d time.Duration) {
+	outcome := outcomeLabel(o.outcome)
+	switch idem.ErrorCode(err) {
+	case "":
+	case idem.ECodeKeyReused:
+		outcome = idem.OutcomeConflict.String()
+		s.metrics.conflicts.WithLabelValues(operation).Inc()
+	case idem.ECodeInProgress:
+		outcome = idem.OutcomeInProgress.String()
+		s.metrics.inProgress.WithLabelValues(operation).Inc()
+	default:
+		if o.outcome == 0 {
+			outcome = outcomeRejected
+		}
+	}
+	if o.replayed {
+		s.metrics.replays.WithLabelValues(operation).Inc()
+	}
+	if o.expiredRetry {
+		s.metrics.expiredRetries.WithLabelValues(operation).Inc()
+	}
+	if o.unknown {
+		s.metrics.unknownStates.WithLabelValues(operation).Inc()
+	}
+	s.metrics.requests.WithLabelValues(operation, outcome).Inc()
+	s.metrics.latency.WithLabelValues(operation, outcome).Observe(d.Seconds())
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/internal/telemetry"
 	"github.com/idemcoord/idem/internal/telemetry/collectors"
-	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/store"
 )
 
@@ -116,8 +115,9 @@ func (s *Server) noteRequest(r *http.Request, tenant string) {
 	}
 	f.Tenant = tenant
 	op, key := r.PathValue("operation"), r.PathValue("key")
-	if r.Pattern == "POST /payments" {
-		op, key = payments.Operation, r.Header.Get("Idempotency-Key")
+	if name, ok := s.routeOps[r.Pattern]; ok {
+		// An endpoint of one of the node's own operations.
+		op, key = name, r.Header.Get("Idempotency-Key")
 	}
 	if idem.ValidOperation(op) {
 		f.Operation = op

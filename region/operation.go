@@ -3,6 +3,8 @@ package region
 import (
 	"net/http"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/idemhttp"
 )
@@ -34,6 +36,12 @@ type Operation struct {
 	// engine's (engine.RecoveryOutcomes), so that their series exist from
 	// the start.
 	RecoveryOutcomes []string
+	// Collectors are metrics of the operation's own, registered in the
+	// node's registry (Config.Registry) with the node's.
+	Collectors []prometheus.Collector
+	// Recovered, when set, is told the outcomes of each recovery pass of
+	// the node's engine (outcome -> records), for metrics of its own.
+	Recovered func(outcomes map[string]int)
 }
 
 // Route is one endpoint of an Operation.

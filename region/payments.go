@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/idemhttp"
@@ -21,17 +23,24 @@ import (
 // idemhttp), as a user's operation would be.
 func Payments(pay *payments.Service) Operation {
 	op := pay.EngineOperation()
+	keyConflicts := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "idempotency_provider_key_conflicts_total", Help: "Payments ended CONFLICT because the provider held another charge under their provider key (an operator must look).",
+	})
 	return Operation{
 		Name: payments.Operation,
 		Routes: func(s *Server) []Route {
 			return []Route{
-				{"POST /payments", s.createPaymentHandler(pay)},
+				{"POST /payments", s.createPaymentHandler(pay, keyConflicts)},
 				{"GET /payments/{id}", func(w http.ResponseWriter, r *http.Request, tenant string) { s.handleGetPayment(pay, w, r, tenant) }},
 			}
 		},
 		Engine:           &op,
 		Errors:           payments.Errors,
 		RecoveryOutcomes: payments.RecoveryOutcomes,
+		Collectors:       []prometheus.Collector{keyConflicts},
+		Recovered: func(out map[string]int) {
+			keyConflicts.Add(float64(out[payments.RecoveryConflict]))
+		},
 	}
 }
 
@@ -57,7 +66,7 @@ func paymentRequestOf(ctx context.Context) *paymentRequest {
 // its claim that writes the payment in the claim's transaction), waits,
 // replays and refuses as for any operation, and answers with the node's
 // errors and metrics.
-func (s *Server) createPaymentHandler(pay *payments.Service) TenantHandler {
+func (s *Server) createPaymentHandler(pay *payments.Service, keyConflicts prometheus.Counter) TenantHandler {
 	mw, err := idemhttp.Middleware(pay.Engine(), idemhttp.Options{
 		Operation:  payments.Operation,
 		Registered: true,
@@ -88,12 +97,15 @@ func (s *Server) createPaymentHandler(pay *payments.Service) TenantHandler {
 		Logger:         s.logger,
 		Errors:         s.errors,
 		Observe: func(r *http.Request, ans engine.Answer, err error, d time.Duration) {
-			var unknown, conflict bool
+			var unknown bool
 			if pr := paymentRequestOf(r.Context()); pr != nil && pr.call != nil && !ans.Replayed {
-				unknown, conflict = pr.call.Unknown(), pr.call.ProviderKeyConflict()
+				unknown = pr.call.Unknown()
+				if pr.call.ProviderKeyConflict() {
+					keyConflicts.Inc()
+				}
 			}
 			s.observe(payments.Operation, observation{outcome: ans.Outcome, replayed: ans.Replayed, expiredRetry: ans.ExpiredRetry,
-				unknown: unknown, providerKeyConflict: conflict}, err, d)
+				unknown: unknown}, err, d)
 		},
 	})
 	if err != nil {
@@ -128,44 +140,6 @@ func handleCreatePayment(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(res.Response.Status)
 	_, _ = w.Write(res.Response.Body)
-}
-
-// observation is what an idempotent request's metrics count.
-type observation struct {
-	outcome                                              idem.Outcome
-	replayed, expiredRetry, unknown, providerKeyConflict bool
-}
-
-// observe counts an idempotent request's outcome.
-func (s *Server) observe(operation string, o observation, err error, d time.Duration) {
-	outcome := outcomeLabel(o.outcome)
-	switch idem.ErrorCode(err) {
-	case "":
-	case idem.ECodeKeyReused:
-		outcome = idem.OutcomeConflict.String()
-		s.metrics.conflicts.WithLabelValues(operation).Inc()
-	case idem.ECodeInProgress:
-		outcome = idem.OutcomeInProgress.String()
-		s.metrics.inProgress.WithLabelValues(operation).Inc()
-	default:
-		if o.outcome == 0 {
-			outcome = outcomeRejected
-		}
-	}
-	if o.replayed {
-		s.metrics.replays.WithLabelValues(operation).Inc()
-	}
-	if o.expiredRetry {
-		s.metrics.expiredRetries.WithLabelValues(operation).Inc()
-	}
-	if o.unknown {
-		s.metrics.unknownStates.WithLabelValues(operation).Inc()
-	}
-	if o.providerKeyConflict {
-		s.metrics.keyConflicts.Inc()
-	}
-	s.metrics.requests.WithLabelValues(operation, outcome).Inc()
-	s.metrics.latency.WithLabelValues(operation, outcome).Observe(d.Seconds())
 }
 
 func (s *Server) handleGetPayment(pay *payments.Service, w http.ResponseWriter, r *http.Request, tenant string) {

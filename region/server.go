@@ -138,12 +138,16 @@ type Config struct {
 // Server is a regional node's HTTP server. Create it with NewServer, start it
 // with Open, stop it with Close.
 type Server struct {
-	cfg     Config
-	store   *store.Store
-	engine  *engine.Engine
-	metrics *metrics
-	logger  *slog.Logger
-	handler http.Handler
+	cfg Config
+	// ops are the node's own operations; routeOps names the operation of
+	// each of their route patterns.
+	ops      []Operation
+	routeOps map[string]string
+	store    *store.Store
+	engine   *engine.Engine
+	metrics  *metrics
+	logger   *slog.Logger
+	handler  http.Handler
 	// routes are the endpoints' patterns, see Routes.
 	routes []string
 	// operations are the coordination operations served (Config.Operations).
@@ -259,8 +263,15 @@ func NewServer(cfg Config, st *store.Store, ops ...Operation) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("region: register metrics: %w", err)
 	}
+	for _, op := range ops {
+		for _, c := range op.Collectors {
+			if err := cfg.Registry.Register(c); err != nil {
+				return nil, fmt.Errorf("region: register operation %q's metrics: %w", op.Name, err)
+			}
+		}
+	}
 	s := &Server{cfg: cfg, store: st, engine: cfg.Engine, metrics: m, workerMetrics: wm, obs: obs, logger: cfg.Logger, operations: coordOps, own: own, window: window,
-		forwardTransport: newPeerTransport()}
+		forwardTransport: newPeerTransport(), ops: ops, routeOps: map[string]string{}}
 	if s.errors, err = nodeErrors(ops); err != nil {
 		return nil, err
 	}
@@ -275,6 +286,7 @@ func NewServer(cfg Config, st *store.Store, ops ...Operation) (*Server, error) {
 		}
 		for _, rt := range op.Routes(s) {
 			mux.HandleFunc(rt.Pattern, s.authenticated(rt.Handler))
+			s.routeOps[rt.Pattern] = op.Name
 			if _, path, ok := strings.Cut(rt.Pattern, " "); ok && !slices.Contains(paths, path) {
 				paths = append(paths, path)
 			}

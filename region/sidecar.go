@@ -18,7 +18,7 @@ type SidecarConfig struct {
 	// Routes are the proxied routes (sidecar.ParseRoutes). None: no sidecar.
 	Routes []sidecar.Route
 	// Locker, when set, fences takeovers of the routes' records with an
-	// external lock (etcd), as payments do.
+	// external lock (etcd), as the node's own operations do.
 	Locker engine.Locker
 }
 

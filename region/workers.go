@@ -9,7 +9,6 @@ import (
 
 	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/outbox"
-	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/store"
 )
 
@@ -18,7 +17,7 @@ import (
 type WorkerConfig struct {
 	// RecoveryInterval is how often the records of every operation
 	// registered in the node's engine that nobody is working on (stale or
-	// unknown) are recovered; payments asks the provider. Suggested: 5s.
+	// unknown) are recovered by its Recover. Suggested: 5s.
 	RecoveryInterval time.Duration
 	// RecoveryBatch bounds one recovery pass, per operation. Default 50.
 	RecoveryBatch int
@@ -55,7 +54,7 @@ type workerMetrics struct {
 func newWorkerMetrics(reg prometheus.Registerer, ops []Operation) (*workerMetrics, error) {
 	m := &workerMetrics{
 		recovery: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "idempotency_recovery_total", Help: "Records handled by the recovery worker, by outcome (completed, failed, released, unknown, skipped; payments adds declined and conflict).",
+			Name: "idempotency_recovery_total", Help: "Records handled by the recovery worker, by outcome (completed, failed, released, unknown, skipped; an operation may add its own).",
 		}, []string{"outcome"}),
 		bodiesPruned: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "idempotency_cleanup_bodies_pruned_total", Help: "Response bodies dropped from records past their window.",
@@ -101,12 +100,16 @@ func (s *Server) StartWorkers(ctx context.Context, cfg WorkerConfig) {
 	s.stopWorkers = cancel
 	s.every(ctx, "recovery", cfg.RecoveryInterval, func(ctx context.Context) error {
 		// Every operation registered in the node's engine, through the
-		// engine: payments' Recover asks the provider.
+		// engine, each by its own Recover.
 		out, err := s.engine.RecoverStale(ctx, cfg.RecoveryBatch)
 		for outcome, n := range out {
 			s.workerMetrics.recovery.WithLabelValues(outcome).Add(float64(n))
 		}
-		s.metrics.keyConflicts.Add(float64(out[payments.RecoveryConflict]))
+		for _, op := range s.ops {
+			if op.Recovered != nil {
+				op.Recovered(out)
+			}
+		}
 		return err
 	})
 	s.every(ctx, "cleanup", cfg.CleanupInterval, func(ctx context.Context) error {
