@@ -98,8 +98,8 @@ type TenantRTO struct {
 	Tenant string `json:"tenant"`
 	// Seconds is the RTO: from the fault to the end of the first call
 	// that got a final answer among those sent after the tenant's last
-	// unserved call (no answer, or a 5xx) sent after the fault; -1 when
-	// none did.
+	// unserved call (no answer, or a 5xx, from a region other than the
+	// failed one) sent after the fault; -1 when none did.
 	Seconds float64 `json:"seconds"`
 	// LastUnservedAt is when the tenant's last unserved call after the
 	// fault was sent, in seconds from the start of the traffic (0 when
@@ -149,19 +149,23 @@ type drillInput struct {
 // unavailable, the store unavailable).
 func unserved(o *Op) bool { return o.Status == 0 || o.Status >= 500 }
 
-// tenantRTO measures how long tenant went unserved after the fault at at:
-// until the end of the first call that got a final answer among those
-// sent after the tenant's last unserved call (every call sent after that
-// one was served, or answered otherwise than by an outage). A call that
-// happened to be answered between the fault's start and its effect (a
-// kill command that had not killed yet) ends nothing. Without an
-// unserved call after the fault, it is the first final answer to a call
-// sent after it.
-func tenantRTO(tenant string, at time.Duration, ops []*Op) TenantRTO {
+// tenantRTO measures how long tenant went unserved after the fault at at,
+// which took region down: until the end of the first call that got a
+// final answer among those sent after the tenant's last unserved call
+// (every call sent after that one was served, or answered otherwise than
+// by an outage). A call that happened to be answered between the fault's
+// start and its effect (a kill command that had not killed yet) ends
+// nothing. Calls that the failed region's own nodes answered without
+// service (cut off, they refuse with 503) are not counted as unserved: a
+// client that meets them goes on to another region, and the outage is how
+// long the rest of the cluster made the tenant wait. Without an unserved
+// call after the fault, it is the first final answer to a call sent after
+// it.
+func tenantRTO(tenant, region string, at time.Duration, ops []*Op) TenantRTO {
 	rto := TenantRTO{Tenant: tenant, Seconds: -1}
 	from, failed := at, false
 	for _, o := range ops {
-		if o.Tenant == tenant && !o.Sweep && o.Start >= at && unserved(o) && (!failed || o.Start > from) {
+		if o.Tenant == tenant && !o.Sweep && o.Start >= at && unserved(o) && o.Region != region && (!failed || o.Start > from) {
 			from, failed = o.Start, true
 		}
 	}
@@ -197,7 +201,7 @@ func computeDrill(in drillInput) *Drill {
 	slices.Sort(tenants)
 	at := time.Duration(in.at * float64(time.Second))
 	for _, t := range tenants {
-		d.Tenants = append(d.Tenants, tenantRTO(t, at, in.ops))
+		d.Tenants = append(d.Tenants, tenantRTO(t, in.region, at, in.ops))
 	}
 	for _, o := range in.ops {
 		if o.Start >= at && strings.HasPrefix(o.RedirectedFrom, in.region+"-") {

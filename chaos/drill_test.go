@@ -114,9 +114,10 @@ func TestDrillBoundAllowsForAnElection(t *testing.T) {
 // TestRTOMeasuresTheOutage: a call answered between the fault's start and
 // its effect (a kill command that has not killed yet) is not the
 // recovery: the RTO runs to the first final answer after the tenant's
-// last unserved call (no answer, or a 5xx), so it covers the outage the
-// calls saw. Calls redirected from the region's refusing nodes are
-// counted.
+// last unserved call (no answer, or a 5xx, from a region other than the
+// failed one: a client meeting the failed region goes elsewhere), so it
+// covers the outage the calls saw. Calls redirected from the region's
+// refusing nodes are counted.
 func TestRTOMeasuresTheOutage(t *testing.T) {
 	s := func(x float64) time.Duration { return time.Duration(x * float64(time.Second)) }
 	ops := []*Op{
@@ -125,7 +126,8 @@ func TestRTOMeasuresTheOutage(t *testing.T) {
 		{Tenant: "tenant-a", Start: s(11), End: s(11.1), Status: 503, RedirectedFrom: "eu-west-1"},                      // unserved
 		{Tenant: "tenant-a", Start: s(13), End: s(13.2), Status: 409, ErrorCode: codeInProgress},                        // neither
 		{Tenant: "tenant-a", Start: s(14.9), End: s(15.3), Status: 201, Node: "us-east-0"},                              // sent before the last failure
-		{Tenant: "tenant-a", Start: s(15), End: s(15.5), Status: 503},                                                   // the last unserved call
+		{Tenant: "tenant-a", Start: s(15), End: s(15.5), Status: 503, Region: "us-east"},                                // the last unserved call
+		{Tenant: "tenant-a", Start: s(16), End: s(16.1), Status: 503, Region: "eu-west", Node: "eu-west-1"},             // the failed region itself
 		{Tenant: "tenant-a", Start: s(15.2), End: s(15.6), Status: 201, Node: "us-east-1", RedirectedFrom: "eu-west-0"}, // served again: 5.6s
 		{Tenant: "tenant-b", Start: s(16), End: s(16.1), Status: 201, Node: "us-east-1", RedirectedFrom: "eu-west-0"},
 		{Tenant: "tenant-b", Start: s(16), End: s(16.1), Status: 201, Node: "ap-south-1", RedirectedFrom: "us-east-0"},
