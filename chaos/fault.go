@@ -682,12 +682,12 @@ func handover(ctx context.Context, c *cluster.Cluster, from, to string, n *notes
 func noteHandover(n *notes, rep failover.Report) {
 	empty := 0
 	for _, t := range rep.Tenants {
-		if t.Records == 0 && t.Payments == 0 && len(t.Conflicts) == 0 {
+		if t.Records == 0 && t.Rows == 0 && len(t.Conflicts) == 0 {
 			empty++
 			continue
 		}
-		n.note("handover %s: %d records read, %d copied, %d identical, %d payments copied, %d conflicts",
-			t.Tenant, t.Records, t.Copied, t.Identical, t.Payments, len(t.Conflicts))
+		n.note("handover %s: %d records read, %d copied, %d identical, %d rows copied, %d conflicts",
+			t.Tenant, t.Records, t.Copied, t.Identical, t.Rows, len(t.Conflicts))
 		for i, cf := range t.Conflicts {
 			if i == 5 {
 				n.note("… %d more conflicts", len(t.Conflicts)-5)

@@ -34,6 +34,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemcoord/idem/outbox"
+	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/routing"
 	"github.com/idemcoord/idem/store"
 )
@@ -214,7 +215,7 @@ func Handover(ctx context.Context, cli *clientv3.Client, from, to string, src, d
 		if !ok || f.To != to || (f.From != from && f.Region != from) {
 			continue
 		}
-		tr, err := store.Handover(ctx, src, dst, tenant)
+		tr, err := store.Handover(ctx, src, dst, tenant, payments.HandoverRows)
 		if err != nil {
 			return rep, err
 		}

@@ -101,7 +101,7 @@ func TestReferencingRecords(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if rep, err := store.Handover(ctx, st, newHome, "tenant-moved"); err != nil || rep.Copied != 1 || rep.Payments != 1 {
+		if rep, err := store.Handover(ctx, st, newHome, "tenant-moved", payments.HandoverRows); err != nil || rep.Copied != 1 || rep.Rows != 1 {
 			t.Fatalf("handover = %+v, %v; want the record and its payment copied", rep, err)
 		}
 		again, err := payments.NewService(newHome, payments.Config{}).Create(ctx, req)

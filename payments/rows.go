@@ -220,3 +220,38 @@ func SetPaymentStatus(ctx context.Context, q store.Querier, tenant, id, status s
 	}
 	return nil
 }
+
+// HandoverRows copies tenant's payments from the store it left into its new
+// home's (a store.HandoverRows, which failover.Handover passes to
+// store.Handover): a referencing record renders its answer from its
+// payment. A payment the new store holds is left as it is.
+func HandoverRows(ctx context.Context, from, to *store.Store, tenant string) (int, error) {
+	var pays []Payment
+	err := from.Read(ctx, func(q store.Querier) error {
+		rows, err := q.Query(ctx, `SELECT `+paymentColumnList+` FROM payments WHERE tenant_id = $1`, tenant)
+		if err != nil {
+			return err
+		}
+		pays, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Payment, error) { return scanPayment(row) })
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("payments: read payments: %w", err)
+	}
+	copied := 0
+	for _, p := range pays {
+		var tag pgconn.CommandTag
+		err := to.ExecOne(ctx, func(q store.Querier) error {
+			var err error
+			tag, err = q.Exec(ctx, `INSERT INTO payments (`+paymentColumnList+`, updated_at)
+				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now()) ON CONFLICT DO NOTHING`,
+				p.Tenant, p.ID, p.AccountID, p.AmountMinor, p.Currency, p.MerchantReference, p.Channel, p.Status, p.ProviderKey, p.CreatedAt)
+			return err
+		})
+		if err != nil {
+			return copied, fmt.Errorf("payments: copy payment %s: %w", p.ID, err)
+		}
+		copied += int(tag.RowsAffected())
+	}
+	return copied, nil
+}

@@ -4,10 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemcoord/idem"
 )
@@ -25,17 +23,27 @@ type HandoverReport struct {
 	Records   int // records read from the old store
 	Copied    int // records inserted into the new store
 	Identical int // already present with the same request and answer
-	Payments  int // payment rows copied
+	Rows      int // the operations' own rows copied (HandoverRows)
 	Conflicts []HandoverConflict
 }
 
-// Handover merges tenant's records (and payment rows) from the store of the
-// region it left (from) into the store of its new home (to), idempotently:
+// HandoverRows copies an operation's own rows of tenant from the store the
+// tenant left (from) into its new home's (to), idempotently (a row the new
+// store holds is left as it is), and returns how many it copied. Handover
+// runs it after it read the records and before it copies them: a
+// referencing record renders its answer from a row that committed with it
+// or before it, so the new store never holds such a record without its
+// row.
+type HandoverRows func(ctx context.Context, from, to *Store, tenant string) (int, error)
+
+// Handover merges tenant's records (and, through own, the operations' own
+// rows) from the store of the region it left (from) into the store of its
+// new home (to), idempotently:
 // a record the new store lacks is inserted as is (an open record goes on to
 // be recovered there); one it has is compared and reported as a conflict
 // when the request hash, state or stored answer differ. Nothing in the new
 // store is overwritten. Running it twice copies nothing the second time.
-func Handover(ctx context.Context, from, to *Store, tenant string) (HandoverReport, error) {
+func Handover(ctx context.Context, from, to *Store, tenant string, own ...HandoverRows) (HandoverReport, error) {
 	var rep HandoverReport
 	// The old region may still be writing (its nodes came back): reads and
 	// writes are retried on serialization failures as transactions are.
@@ -52,13 +60,15 @@ func Handover(ctx context.Context, from, to *Store, tenant string) (HandoverRepo
 		return rep, fmt.Errorf("store: handover: read records: %w", err)
 	}
 	rep.Records = len(recs)
-	// Payments go first, read after the records: a referencing record
-	// renders its answer from its payment, which committed with it or
-	// before it, so the new store never holds such a record without it.
-	n, err := copyPayments(ctx, from, to, tenant)
-	rep.Payments = n
-	if err != nil {
-		return rep, err
+	// The operations' rows go first, read after the records: a
+	// referencing record renders its answer from its row, which committed
+	// with it or before it.
+	for _, copyRows := range own {
+		n, err := copyRows(ctx, from, to, tenant)
+		rep.Rows += n
+		if err != nil {
+			return rep, fmt.Errorf("store: handover: %w", err)
+		}
 	}
 	for _, rec := range recs {
 		var copied bool
@@ -125,52 +135,4 @@ func difference(a, b *idem.Record) string {
 		return "different resource"
 	}
 	return ""
-}
-
-// paymentRow, paymentColumns and scanPayment are the payments table's row
-// as the handover copies it.
-type paymentRow struct {
-	Tenant, ID, AccountID                                     string
-	AmountMinor                                               int64
-	Currency, MerchantReference, Channel, Status, ProviderKey string
-	CreatedAt                                                 time.Time
-}
-
-const paymentColumns = `tenant_id, payment_id, account_id, amount_minor, currency, merchant_reference, channel, status, provider_key, created_at`
-
-func scanPayment(row rowScanner) (paymentRow, error) {
-	var p paymentRow
-	err := row.Scan(&p.Tenant, &p.ID, &p.AccountID, &p.AmountMinor, &p.Currency, &p.MerchantReference, &p.Channel, &p.Status, &p.ProviderKey, &p.CreatedAt)
-	return p, err
-}
-
-func copyPayments(ctx context.Context, from, to *Store, tenant string) (int, error) {
-	var pays []paymentRow
-	err := from.Read(ctx, func(q Querier) error {
-		rows, err := q.Query(ctx, `SELECT `+paymentColumns+` FROM payments WHERE tenant_id = $1`, tenant)
-		if err != nil {
-			return err
-		}
-		pays, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (paymentRow, error) { return scanPayment(row) })
-		return err
-	})
-	if err != nil {
-		return 0, fmt.Errorf("store: handover: read payments: %w", err)
-	}
-	copied := 0
-	for _, p := range pays {
-		var tag pgconn.CommandTag
-		err := to.ExecOne(ctx, func(q Querier) error {
-			var err error
-			tag, err = q.Exec(ctx, `INSERT INTO payments (`+paymentColumns+`, updated_at)
-				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now()) ON CONFLICT DO NOTHING`,
-				p.Tenant, p.ID, p.AccountID, p.AmountMinor, p.Currency, p.MerchantReference, p.Channel, p.Status, p.ProviderKey, p.CreatedAt)
-			return err
-		})
-		if err != nil {
-			return copied, fmt.Errorf("store: handover: copy payment %s: %w", p.ID, err)
-		}
-		copied += int(tag.RowsAffected())
-	}
-	return copied, nil
 }

@@ -112,7 +112,8 @@ type ReferenceRead struct {
 
 // NewReferenceRead prepares the read of records of resourceType joined
 // with row: a query of at most one row of the operation's table, keyed on
-// the tenant ($1) and the record's resource id (r.resource_id), for
+// the tenant ($1) and the record's resource id (r.resource_id), ending in
+// its WHERE clause (the store appends its conditions on the record), for
 // example "SELECT * FROM payments WHERE tenant_id = $1 AND payment_id =
 // r.resource_id". It is a LATERAL subquery keyed on its table's primary
 // key, so that its lookup is one index probe whatever the planner believes

@@ -1,5 +1,7 @@
-// Package store keeps idempotency records, and the reference payment domain's
-// tables, on PostgreSQL or CockroachDB through pgx.
+// Package store keeps idempotency records on PostgreSQL or CockroachDB
+// through pgx, and gives an operation with tables of its own what it needs
+// to write them with its records (ClaimWith, ReferenceRead, Querier and
+// the transaction helpers, HandoverRows).
 //
 // Every transaction runs at SERIALIZABLE: a multi-statement one through
 // cockroach-go's crdbpgx.ExecuteTx on CockroachDB and as BEGIN, its
