@@ -15,8 +15,9 @@
 //     change to it (idemd --proxy-routes).
 //   - coordclient: the Go client of a node's coordination API, itself a
 //     [Coordinator].
-//   - store: records (and the reference payment tables) on PostgreSQL or
-//     CockroachDB through pgx, with serializable transactions and migrations.
+//   - store: records on PostgreSQL or CockroachDB through pgx, with
+//     serializable transactions and migrations, and what an operation with
+//     tables of its own needs to write them with its records.
 //   - memcoord: a [Coordinator] in memory, for unit tests (not durable, one
 //     process); coordtest: the contract suite a Coordinator must pass.
 //   - fingerprint: canonical request hashing (RFC 8785 JSON, SHA-256, versioned).

@@ -7,7 +7,7 @@ import (
 
 // Error codes a client can see, those of the engine and the node. They are
 // part of the API contract: never rename one. An operation's own codes live
-// in its package (payments' in package payments). The HTTP status and
+// in its own package. The HTTP status and
 // Retry-After of each live in one table, idemhttp.DefaultErrors, which a
 // node extends with the codes its operations declare.
 const (
@@ -21,7 +21,7 @@ const (
 	// ECodeOutcomeUnknown: an operation may have acted but its outcome was
 	// lost and is not known yet; a retry with the same key answers it once
 	// recovery knows. An operation may answer with its own code instead
-	// (payments answers PAYMENT_OUTCOME_UNKNOWN).
+	// (engine.Operation.UnknownCode).
 	ECodeOutcomeUnknown        = "OUTCOME_UNKNOWN"
 	ECodeRoutingLoop           = "IDEMPOTENCY_ROUTING_LOOP"
 	ECodeNotHome               = "TENANT_NOT_SERVED_HERE"

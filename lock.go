@@ -7,9 +7,9 @@ import (
 
 // Lock is exclusive ownership of one key in an external lock service,
 // fenced by a token: what a recoverer holds while it takes a record over.
-// Package fencing's etcd Locker returns one; the engine's and payments'
-// Locker interfaces return one, so that neither depends on the lock
-// service's client. Its methods are safe for concurrent use.
+// Package fencing's etcd Locker returns one; the engine's Locker interface
+// returns one, so that the engine and the operations over it do not depend
+// on the lock service's client. Its methods are safe for concurrent use.
 type Lock interface {
 	// Token is the fencing token: successive owners of a key get strictly
 	// increasing tokens, and a write made under the lock carries it.

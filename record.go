@@ -48,7 +48,7 @@ func (s Status) Settled() bool {
 
 // Checkpoint is how far an operation got. Every operation starts at
 // RECEIVED and ends at COMPLETED; what lies between is the operation's own
-// (payments defines its checkpoints in package payments).
+// (each operation defines its checkpoints in its own package).
 type Checkpoint string
 
 // Checkpoints every operation shares.

@@ -126,7 +126,7 @@ type sidecarLoseAnswers struct{ env *Env }
 
 // SidecarLoseAnswers makes the sidecar scenario's upstream drop the
 // connection after every third execution, before answering: the node sees
-// a request written and no answer (202 PAYMENT_OUTCOME_UNKNOWN), and the
+// a request written and no answer (202 OUTCOME_UNKNOWN), and the
 // route's lookup must settle it without a second execution.
 func SidecarLoseAnswers(env *Env) Fault { return &sidecarLoseAnswers{env: env} }
 
@@ -174,7 +174,7 @@ type sidecarKey struct {
 }
 
 // final reports whether a is an answer the command ends with: a 2xx other
-// than 202 (PAYMENT_OUTCOME_UNKNOWN).
+// than 202 (OUTCOME_UNKNOWN).
 func (a SidecarAnswer) final() bool {
 	return a.Error == "" && a.Status >= 200 && a.Status < 300 && a.Status != http.StatusAccepted
 }

@@ -33,8 +33,7 @@
 // may have acted, and only the operation's Recover (which asks downstream)
 // may settle it. Without Recover such a record is left
 // UNKNOWN_REQUIRES_RECOVERY and the request answers OUTCOME_UNKNOWN
-// (idem.ECodeOutcomeUnknown; payments answers its own
-// PAYMENT_OUTCOME_UNKNOWN).
+// (idem.ECodeOutcomeUnknown, or the operation's own UnknownCode).
 //
 // # Failure classes
 //
@@ -51,13 +50,13 @@
 // the records nobody is working on.
 //
 // An operation whose final write belongs in one transaction with rows of
-// its own (a payment's status and its outbox event) writes the record
+// its own (an order's status and its outbox event) writes the record
 // itself under [Attempt.Lease] and returns [Result.Stored]; the engine then
 // writes nothing (and an error returned with it goes to the caller as it
 // is). An error coded IDEMPOTENCY_REQUEST_IN_PROGRESS (what [Attempt.Check]
 // returns when the attempt's lock ran out) leaves the record to the owner
 // that will finish it. [Operation.UnknownCode] keeps a code its clients
-// already know for an unknown outcome (payments: PAYMENT_OUTCOME_UNKNOWN).
+// already know for an unknown outcome.
 //
 // # Operations that own more of the path
 //
@@ -73,14 +72,14 @@
 //     STARTED write. It answers a takeover that needs the scope's lock
 //     as Begin does, and the engine locks and claims again with the token.
 //   - [Operation.Replay] renders a replayed answer from the stored record
-//     (payments rebuilds a response stored under an older schema).
+//     (a response stored under an older schema, rebuilt in the current one).
 //   - [Attempt] tells Execute and Recover how the record was claimed
 //     ([Attempt.Outcome], [Attempt.Takeover], Record.Checkpoint, the
 //     fencing token in Lease) and whether a client waits for it
 //     ([Attempt.Background] is set by RecoverStale), so a takeover can
-//     depend on the checkpoint and on who took over: payments charges a
-//     payment left before the provider call for a client's retry, but
-//     only releases it for the recovery worker.
+//     depend on the checkpoint and on who took over: an operation may run
+//     a side effect left before its downstream call for a client's retry,
+//     but only release it for the recovery worker.
 //
 // [Request.Execute], [Request.Recover] and [Request.Claim] bind those
 // functions to one request (its parsed command, say).

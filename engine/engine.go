@@ -64,7 +64,8 @@ type StaleLister interface {
 }
 
 // LockKey is the lock name of a scope: <tenant>/<operation>/<key>, each part
-// path-escaped (the same names payments uses, so both fence each other).
+// path-escaped: every user of the engine's Locker names a scope's lock so,
+// and so fences the others.
 func LockKey(scope idem.Scope) string {
 	return url.PathEscape(scope.Tenant) + "/" + url.PathEscape(scope.Operation) + "/" + url.PathEscape(scope.Key)
 }
@@ -163,7 +164,7 @@ type Operation struct {
 	// UnknownCode is the error code stored with, and answered for, an
 	// outcome that is not known yet. Default idem.ECodeOutcomeUnknown
 	// (OUTCOME_UNKNOWN); an operation whose clients already know another
-	// code keeps it (payments: PAYMENT_OUTCOME_UNKNOWN).
+	// code keeps it.
 	UnknownCode string
 	// Claim, when set, claims a request's key in place of the
 	// Coordinator's Begin (see ClaimFunc). RecoverStale always takes
@@ -189,15 +190,15 @@ type Result struct {
 	ResourceID   string
 	// Stored says that Execute or Recover already wrote the record's next
 	// state under the attempt's lease, in the same transaction as its own
-	// rows (a payment and its outbox event, say): the engine writes nothing
+	// rows (an order and its outbox event, say): the engine writes nothing
 	// and reports Status (which must then be set when the error is nil).
 	// An error returned with a Stored result goes to the caller as it is:
 	// the operation has recorded what it means (or, if Status is empty,
 	// chose to leave the record as it is, to go stale at its lock).
 	Stored bool
 	// RecoveryOutcome, set by Recover, is the outcome RecoverStale counts
-	// for the record instead of the one its Status maps to (payments
-	// counts "declined" and "conflict" apart from other failures).
+	// for the record instead of the one its Status maps to (a "declined"
+	// apart from other failures, say).
 	RecoveryOutcome string
 }
 
@@ -216,8 +217,8 @@ type Attempt struct {
 	Outcome idem.Outcome
 	// Background is true when RecoverStale runs the attempt: no client is
 	// waiting for it, so a Recover may choose to settle only what needs no
-	// client (payments releases a payment the provider never saw rather
-	// than charge it on its own).
+	// client (release a command downstream never saw, say, rather than
+	// act on it on its own).
 	Background bool
 	coord      idem.Coordinator
 	lock       idem.Lock

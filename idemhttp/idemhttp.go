@@ -36,8 +36,8 @@
 // that the request's pattern and path values are known; outside a mux the
 // route is the URL path.
 //
-// An operation that owns more of its path (the node's own POST /payments
-// is one) parses its requests itself (Options.Command: its fingerprint, a
+// An operation that owns more of its path (a node's own operations are)
+// parses its requests itself (Options.Command: its fingerprint, a
 // claim that writes its rows with the record, a value for the handler,
 // ValueFrom), records its results with its own writes (Stored), hands the
 // engine its errors (Fail), and answers with its service's error writer

@@ -564,7 +564,7 @@ func TestOversizedAnswerRecovered(t *testing.T) {
 }
 
 // TestCommandStoredAndHooks: an operation that owns more of its path (as
-// payments does) parses its own command (Options.Command: its fields and a
+// a node's own operations do) parses its own command (Options.Command: its fields and a
 // value for the handler), records its result itself (Stored: the
 // middleware writes nothing to the record) and answers with the node's
 // table of errors, extended with a code of its own, and metrics (Errors,

@@ -308,7 +308,7 @@ func TestUpstreamUnreachableIsRetryable(t *testing.T) {
 }
 
 // TestLostAnswerResolvedByLookup: the upstream executed but the answer was
-// lost: 202 PAYMENT_OUTCOME_UNKNOWN, then the retry asks the lookup, which
+// lost: 202 OUTCOME_UNKNOWN, then the retry asks the lookup, which
 // settles the record without a second execution.
 func TestLostAnswerResolvedByLookup(t *testing.T) {
 	f := newFixture(t, ";lookup={up}/transfers/by-key/{derivedKey}")

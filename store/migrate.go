@@ -18,7 +18,7 @@ var migrationFS embed.FS
 // Migrations is one set of schema migrations: files named
 // <version>_<name>.sql at the root of FS. The engine's set creates the
 // idempotency records (EngineMigrations); an operation with tables of its
-// own (payments) ships its set and installs it with Migrate.
+// own ships its set and installs it with Migrate.
 //
 // Every set shares schema_migrations and one sequence of versions: a set
 // owns its versions, a version is applied once whichever set brings it, and
@@ -27,7 +27,7 @@ var migrationFS embed.FS
 // store's is recognised: the files kept their versions and names when they
 // moved to the sets they belong to.
 type Migrations struct {
-	// Name names the set in errors ("engine", "payments").
+	// Name names the set in errors ("engine", an operation's name).
 	Name string
 	// FS holds the set's .sql files at its root.
 	FS fs.FS
@@ -85,7 +85,7 @@ func collect(sets []Migrations) ([]migration, error) {
 }
 
 // Migrate applies every migration of the engine's set and of sets (an
-// operation's own tables, such as payments.Migrations) not yet applied, in
+// operation's own tables) not yet applied, in
 // version order. It is safe to run from several processes at once: each
 // migration is claimed by inserting its version into schema_migrations
 // first (insert-first, like every claim in this project), and applied in

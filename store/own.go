@@ -14,8 +14,8 @@ import (
 	"github.com/idemcoord/idem/internal/telemetry"
 )
 
-// An operation with tables of its own (package payments writes a payment
-// and its outbox event with each record) uses two things of the store:
+// An operation with tables of its own (an order and its outbox event
+// written with each record, say) uses two things of the store:
 // ClaimWith, a claim that writes the operation's rows in the same
 // statement, and ReferenceRead, the replay fast path's read joined with the
 // row a referencing record renders its answer from. Everything else an
@@ -114,7 +114,7 @@ type ReferenceRead struct {
 // with row: a query of at most one row of the operation's table, keyed on
 // the tenant ($1) and the record's resource id (r.resource_id), ending in
 // its WHERE clause (the store appends its conditions on the record), for
-// example "SELECT * FROM payments WHERE tenant_id = $1 AND payment_id =
+// example "SELECT * FROM orders WHERE tenant_id = $1 AND order_id =
 // r.resource_id". It is a LATERAL subquery keyed on its table's primary
 // key, so that its lookup is one index probe whatever the planner believes
 // of the tables' sizes (as a plain join, a generic plan made while the

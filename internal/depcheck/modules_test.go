@@ -54,7 +54,7 @@ func TestConsumerBuildList(t *testing.T) {
 	consumer := filepath.Join(root, "examples", "consumer")
 	run(consumer, "build", "-o", os.DevNull, ".")
 	for dir, list := range map[string]string{
-		"examples/consumer": run(consumer, "list", "-m", "-f", "{{.Path}}", "all"),
+		"examples/consumer":  run(consumer, "list", "-m", "-f", "{{.Path}}", "all"),
 		"the library module": run(root, "list", "-m", "-f", "{{.Path}}", "all"),
 	} {
 		mods := strings.Fields(list)
