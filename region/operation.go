@@ -1,6 +1,7 @@
 package region
 
 import (
+	"context"
 	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -42,6 +43,11 @@ type Operation struct {
 	// Recovered, when set, is told the outcomes of each recovery pass of
 	// the node's engine (outcome -> records), for metrics of its own.
 	Recovered func(outcomes map[string]int)
+	// Workers, when set, starts the operation's own background work when
+	// the node starts its workers (StartWorkers), with Server.Every so
+	// that Close waits for it: payments' outbox publisher, consumers and
+	// receipt sender.
+	Workers func(ctx context.Context, s *Server, cfg WorkerConfig)
 }
 
 // Route is one endpoint of an Operation.

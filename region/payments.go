@@ -38,6 +38,7 @@ func Payments(pay *payments.Service) Operation {
 		Errors:           payments.Errors,
 		RecoveryOutcomes: payments.RecoveryOutcomes,
 		Collectors:       []prometheus.Collector{keyConflicts},
+		Workers:          func(ctx context.Context, s *Server, cfg WorkerConfig) { s.startOutbox(ctx, cfg) },
 		Recovered: func(out map[string]int) {
 			keyConflicts.Add(float64(out[payments.RecoveryConflict]))
 		},

@@ -87,7 +87,7 @@ func newWorkerMetrics(reg prometheus.Registerer, ops []Operation) (*workerMetric
 }
 
 // StartWorkers starts the node's background workers: recovery, cleanup and
-// the outbox. They stop when ctx is done or the server is closed; Close waits
+// its operations' own (Operation.Workers: payments' outbox). They stop when ctx is done or the server is closed; Close waits
 // for them.
 func (s *Server) StartWorkers(ctx context.Context, cfg WorkerConfig) {
 	if cfg.RecoveryBatch <= 0 {
@@ -118,7 +118,20 @@ func (s *Server) StartWorkers(ctx context.Context, cfg WorkerConfig) {
 		s.workerMetrics.recordsDeleted.Add(float64(res.RecordsDeleted))
 		return err
 	})
-	s.startOutbox(ctx, cfg)
+	for _, op := range s.ops {
+		if op.Workers != nil {
+			op.Workers(ctx, s, cfg)
+		}
+	}
+}
+
+// Every runs fn every interval among the node's background workers, until
+// ctx is done or the server is closed (Close waits for it); a zero interval
+// runs nothing. Failures are logged and counted under name
+// (idempotency_worker_errors_total), never fatal. For an Operation's
+// Workers.
+func (s *Server) Every(ctx context.Context, name string, interval time.Duration, fn func(context.Context) error) {
+	s.every(ctx, name, interval, fn)
 }
 
 // every runs fn every interval until ctx is done; failures are logged and

@@ -78,7 +78,12 @@ type Main struct {
 	// false, the node checks that they have been applied (by idemctl
 	// migrate, as a role that owns the schema) and refuses to start
 	// otherwise.
-	Migrate      bool
+	Migrate bool
+	// Payments serves the reference payments operation (--payments):
+	// POST /payments, GET /payments/{id}, its tables and its outbox
+	// workers. Without it the node serves the coordination API and the
+	// sidecar's routes only, on a store with the engine's migrations.
+	Payments     bool
 	ReplayWindow time.Duration
 	LockFor      time.Duration
 
@@ -163,6 +168,7 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	fs.StringVar(&m.EffectsDatabaseURL, "effects-database-url", "", "database every region sees where consumer effects (ledger entries, receipt emails) are claimed once across regions; default: the store in global mode, none in region-local mode")
 	tokensFile := fs.String("auth-tokens-file", "", "file of bearer tokens and their tenants, one token=tenant per line (# comments); or IDEM_AUTH_TOKENS=token=tenant,token2=tenant2")
 	fs.BoolVar(&m.Migrate, "migrate", true, "apply the store's migrations at start; false: only check that 'idemctl migrate' applied them (the node's role then needs no DDL privilege)")
+	fs.BoolVar(&m.Payments, "payments", true, "serve the reference payments operation (POST /payments, GET /payments/{id}, its tables and outbox workers); false: the coordination API and the sidecar's routes only")
 	fs.DurationVar(&m.ReplayWindow, "replay-window", payments.DefaultWindow, "how long a key's record answers retries")
 	fs.DurationVar(&m.LockFor, "lock-timeout", payments.DefaultLockFor, "how long an owner holds a key before a retry may take it over")
 	fs.StringVar(&m.ProviderURL, "provider-url", "", "base URL of the payment provider; empty: payments complete locally in one transaction")
@@ -380,15 +386,21 @@ func (m *Main) Run(ctx context.Context) error {
 	if err := st.Ping(ctx); err != nil {
 		return fmt.Errorf("database: %w", err)
 	}
+	var sets []store.Migrations // the engine's, and the operations' own
+	if m.Payments {
+		sets = append(sets, payments.Migrations())
+	}
 	if m.Migrate {
-		if err := payments.Migrate(ctx, st); err != nil {
+		if err := st.Migrate(ctx, sets...); err != nil {
 			return err
 		}
-	} else if err := payments.CheckMigrated(ctx, st); err != nil {
+	} else if err := st.CheckMigrated(ctx, sets...); err != nil {
 		return err
 	}
-	if err := m.openEffectGuard(ctx); err != nil {
-		return err
+	if m.Payments {
+		if err := m.openEffectGuard(ctx); err != nil {
+			return err
+		}
 	}
 	ln, err := net.Listen("tcp", m.Listen)
 	if err != nil {
@@ -442,16 +454,26 @@ func (m *Main) Run(ctx context.Context) error {
 		rcfg.Sidecar.Locker = m.membership
 	}
 	rcfg.Sidecar.Routes = m.ProxyRoutes
-	pay := payments.NewService(st, cfg)
 	rcfg.Router = router
 	rcfg.Operations = m.Operations
 	rcfg.ReadHeaderTimeout, rcfg.ReadTimeout = m.HTTP.ReadHeaderTimeout, m.HTTP.ReadTimeout
 	rcfg.WriteTimeout, rcfg.IdleTimeout, rcfg.MaxHeaderBytes = m.HTTP.WriteTimeout, m.HTTP.IdleTimeout, m.HTTP.MaxHeaderBytes
-	// The node's engine fences recovery as the payments service does (the
-	// etcd membership's locks), so that the recovery worker and a client's
-	// retry exclude each other.
-	rcfg.Engine = engine.New(st, pay.EngineOptions())
-	srv, err := region.NewServer(rcfg, st, region.Payments(pay))
+	// The node's engine fences recovery (the etcd membership's locks) as
+	// the payments service does, so that the recovery worker and a
+	// client's retry exclude each other.
+	var ops []region.Operation
+	if m.Payments {
+		pay := payments.NewService(st, cfg)
+		rcfg.Engine = engine.New(st, pay.EngineOptions())
+		ops = append(ops, region.Payments(pay))
+	} else {
+		eopts := engine.Options{Owner: m.Region + "/" + m.NodeID, HomeRegion: m.Region, Logger: m.logger}
+		if m.membership != nil {
+			eopts.Locker = m.membership
+		}
+		rcfg.Engine = engine.New(st, eopts)
+	}
+	srv, err := region.NewServer(rcfg, st, ops...)
 	if err != nil {
 		_ = ln.Close()
 		return err

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/internal/pgtest"
 	"github.com/idemcoord/idem/internal/storetest"
@@ -351,5 +353,43 @@ func TestProxyRoutesFlag(t *testing.T) {
 	}
 	if err := NewMain().ParseFlags([]string{"--database-url", "x", "--proxy-routes", "POST /transfers=create_transfer"}, func(string) string { return "" }); err == nil {
 		t.Error("a route without an upstream was accepted")
+	}
+}
+
+// TestWithoutPayments: with --payments=false a node serves the
+// coordination API on a store that holds the engine's tables only: it
+// creates no payments table, answers POST /payments 404, and claims a key.
+func TestWithoutPayments(t *testing.T) {
+	db := pgtest.NewDatabase(t)
+	p := startIdemd(t, db, "--payments=false", "--operations", "create_transfer")
+	if status, body, _ := pay(t, p.url, "k1"); status != http.StatusNotFound {
+		t.Errorf("POST /payments without payments = %d %s, want 404", status, body)
+	}
+	req, _ := http.NewRequest(http.MethodPost, p.url+"/v1/coordination/create_transfer/k1/begin", strings.NewReader(`{"command":{"amount":"1.00"}}`))
+	req.Header.Set("Authorization", "Bearer tok-a")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"outcome":"execute"`) {
+		t.Errorf("begin = %d %s, want 200 and outcome execute", resp.StatusCode, b)
+	}
+	st := openStore(t, db)
+	var tables []string
+	if err := st.Read(context.Background(), func(q store.Querier) error {
+		rows, err := q.Query(context.Background(), `SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename IN ('payments', 'outbox_events') ORDER BY 1`)
+		if err != nil {
+			return err
+		}
+		tables, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(tables) != 0 {
+		t.Errorf("a node without payments created %v", tables)
 	}
 }
