@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -522,6 +523,25 @@ func (r *SoakReport) judge() {
 	for _, c := range r.Checks {
 		r.Passed = r.Passed && c.Passed
 	}
+}
+
+// ReadSoakReport reads a soak.json that RunSoak wrote (at the end of a run
+// or, for an interrupted one, after its last sample) and judges its samples
+// again with this build's checks, so that its report can be written anew.
+func ReadSoakReport(path string) (*SoakReport, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("chaos: read soak report: %w", err)
+	}
+	var r SoakReport
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("chaos: decode %s: %w", filepath.Base(path), err)
+	}
+	if r.TrafficSeconds == 0 && len(r.Samples) > 0 {
+		r.TrafficSeconds = r.Samples[len(r.Samples)-1].T
+	}
+	r.judge()
+	return &r, nil
 }
 
 // Write writes soak.json, soak.html and soak.svg into dir.

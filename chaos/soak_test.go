@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"math"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -229,6 +230,24 @@ func TestSoakReportJudge(t *testing.T) {
 	var h strings.Builder
 	if err := r.WriteHTML(&h); err != nil || !strings.Contains(h.String(), "fds-levels-off") {
 		t.Errorf("WriteHTML: %v", err)
+	}
+
+	// Written and read back, it is judged the same.
+	dir := t.TempDir()
+	if err := r.Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	back, err := ReadSoakReport(filepath.Join(dir, "soak.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(back.Checks) != len(r.Checks) || back.Passed != r.Passed {
+		t.Fatalf("read back: %d checks, passed %t; want %d, %t", len(back.Checks), back.Passed, len(r.Checks), r.Passed)
+	}
+	for i, c := range back.Checks {
+		if c.Name != r.Checks[i].Name || c.Passed != r.Checks[i].Passed {
+			t.Errorf("read back: check %s passed %t, want %s %t", c.Name, c.Passed, r.Checks[i].Name, r.Checks[i].Passed)
+		}
 	}
 }
 

@@ -182,18 +182,20 @@ func (r *SoakReport) panels(all bool) []soakPanel {
 			})},
 		}},
 	}
-	ps = append(ps, soakPanel{"CPU per 1,000 answered calls", "CPU s", r.cpuLines()})
+	ps = append(ps,
+		soakPanel{"CPU per 1,000 answered calls", "CPU s", r.cpuLines()},
+		soakPanel{"outbox backlog, all regions", "rows", []soakLine{
+			{"outbox unpublished", r.series(sum(func(st StoreSample) float64 { return float64(st.OutboxBacklog) }))},
+			{"queue pending", r.series(sum(func(st StoreSample) float64 { return float64(st.QueuePending) }))},
+			{"emails unsent", r.series(sum(func(st StoreSample) float64 { return float64(st.EmailsUnsent) }))},
+		}},
+	)
 	if !all {
 		return ps
 	}
 	return append(ps,
 		soakPanel{"store pool connections", "count", r.nodeLines(func(n NodeSample) float64 { return n.PoolTotal }, 1)},
 		soakPanel{"node heap in use", "MB", r.nodeLines(func(n NodeSample) float64 { return n.HeapBytes }, 1<<20)},
-		soakPanel{"backlog, all regions", "rows", []soakLine{
-			{"outbox unpublished", r.series(sum(func(st StoreSample) float64 { return float64(st.OutboxBacklog) }))},
-			{"queue pending", r.series(sum(func(st StoreSample) float64 { return float64(st.QueuePending) }))},
-			{"emails unsent", r.series(sum(func(st StoreSample) float64 { return float64(st.EmailsUnsent) }))},
-		}},
 		soakPanel{"idempotency records, all regions", "rows", []soakLine{
 			{"records", r.series(sum(func(st StoreSample) float64 { return float64(st.Records) }))},
 		}},

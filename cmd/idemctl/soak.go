@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"time"
 
@@ -37,6 +38,7 @@ func runSoak(ctx context.Context, args []string, env *Env) error {
 	idemd := fs.String("idemd", "", "idemd binary (default: next to idemctl, then ./bin, then PATH)")
 	etcd := fs.String("etcd", "", "etcd binary (default: next to idemctl, then ./bin, then PATH)")
 	verbose := fs.Bool("v", false, "log the cluster's progress to stderr")
+	reportFrom := fs.String("report-from", "", "run nothing: judge the samples of this soak.json again and write its report (soak.html, soak.svg, soak.json) into --out")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: idemctl soak [flags] [-- idemd flags]\n\n"+
 			"Starts a cluster shaped as idemctl up's, runs fresh payments, replays, reused keys, forwarded calls and\n"+
@@ -47,6 +49,9 @@ func runSoak(ctx context.Context, args []string, env *Env) error {
 	}
 	if err := parseFlags(fs, args, env); err != nil {
 		return err
+	}
+	if *reportFrom != "" {
+		return soakReportFrom(*reportFrom, *out, env)
 	}
 	if *duration < time.Minute {
 		return usageError{fmt.Errorf("--duration %v: want at least 1m", *duration)}
@@ -99,6 +104,27 @@ func runSoak(ctx context.Context, args []string, env *Env) error {
 	if err != nil {
 		return err
 	}
+	if !rep.Passed {
+		return errSoakFailed
+	}
+	return nil
+}
+
+// soakReportFrom writes the report of a soak.json again (an interrupted
+// run's, or one judged by an earlier build) and prints its summary.
+func soakReportFrom(path, out string, env *Env) error {
+	rep, err := chaos.ReadSoakReport(path)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return fmt.Errorf("soak: output directory: %w", err)
+	}
+	if err := rep.Write(out); err != nil {
+		return err
+	}
+	rep.Summary(env.Stdout)
+	fmt.Fprintf(env.Stdout, "report: %s/soak.html\n", strings.TrimSuffix(out, "/"))
 	if !rep.Passed {
 		return errSoakFailed
 	}
