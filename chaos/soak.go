@@ -23,6 +23,9 @@ const (
 	DefaultSoakDuration   = 10 * time.Minute
 	DefaultSoakInterval   = 30 * time.Second
 	DefaultSoakFaultEvery = 3 * time.Minute
+	// DefaultSoakClients saturate the two cores of the machine the figures
+	// of docs/chaos.md ("Soak") come from.
+	DefaultSoakClients = 6
 	// DefaultSoakWarmup is how much of each process's life (and of the run,
 	// for throughput) the growth checks leave out: pools fill, caches warm.
 	DefaultSoakWarmup = 3 * time.Minute
@@ -39,7 +42,8 @@ type SoakOptions struct {
 	// killed, the provider failing), the first after half of it.
 	// Default DefaultSoakFaultEvery; negative: no faults.
 	FaultEvery time.Duration
-	// Clients is how many closed-loop clients run. Default DefaultClients.
+	// Clients is how many closed-loop clients run. Default
+	// DefaultSoakClients.
 	Clients int
 	// Seed seeds the clients' choices.
 	Seed uint64
@@ -85,7 +89,7 @@ func (o *SoakOptions) setDefaults() error {
 		o.FaultEvery = DefaultSoakFaultEvery
 	}
 	if o.Clients <= 0 {
-		o.Clients = DefaultClients
+		o.Clients = DefaultSoakClients
 	}
 	if len(o.Regions) == 0 {
 		o.Regions = DefaultRegions()

@@ -28,7 +28,7 @@ func runSoak(ctx context.Context, args []string, env *Env) error {
 	duration := fs.Duration("duration", chaos.DefaultSoakDuration, "how long the traffic runs")
 	interval := fs.Duration("interval", chaos.DefaultSoakInterval, "how often to sample throughput, latency, the nodes' metrics, the stores and the provider")
 	faultEvery := fs.Duration("fault-every", chaos.DefaultSoakFaultEvery, "time between two faults (node killed, node paused, etcd member or leader killed, provider failing); 0: none")
-	clients := fs.Int("clients", chaos.DefaultClients, "concurrent closed-loop clients")
+	clients := fs.Int("clients", chaos.DefaultSoakClients, "concurrent closed-loop clients")
 	seed := fs.Uint64("seed", 1, "seed of the clients' choices")
 	out := fs.String("out", "soak-report", "directory for soak.json, soak.html, soak.svg and the cluster's logs")
 	regions := fs.String("regions", strings.Join(chaos.DefaultRegions(), ","), "region names")
