@@ -170,7 +170,6 @@ type Server struct {
 	obs              *observability
 	workers          workerGroup
 	stopWorkers      context.CancelFunc
-	sidecar          *sidecarState
 	// errors is the node's one table of error codes (nodeErrors).
 	errors *idemhttp.Errors
 }
@@ -236,8 +235,12 @@ func NewServer(cfg Config, st *store.Store, ops ...Operation) (*Server, error) {
 			if op.Engine.Name != op.Name {
 				return nil, fmt.Errorf("region: operation %q registers engine operation %q", op.Name, op.Engine.Name)
 			}
-			if err := cfg.Engine.Register(*op.Engine); err != nil {
-				return nil, fmt.Errorf("region: %w", err)
+			// An engine that runs the operation already (the operation's
+			// own service made it, and the node shares it) is used as it is.
+			if _, registered := cfg.Engine.Operation(op.Name); !registered {
+				if err := cfg.Engine.Register(*op.Engine); err != nil {
+					return nil, fmt.Errorf("region: %w", err)
+				}
 			}
 			if len(own) == 1 && op.Engine.Window > 0 {
 				window = op.Engine.Window
@@ -390,7 +393,6 @@ func (s *Server) Close(ctx context.Context) error {
 	if s.stopWorkers != nil {
 		s.stopWorkers()
 	}
-	s.stopSidecar()
 	defer s.workers.Wait()
 	defer s.peers.closeIdle()
 	defer s.forwardTransport.CloseIdleConnections()

@@ -1,13 +1,10 @@
 package region
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"strings"
-	"time"
 
-	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/sidecar"
 )
 
@@ -16,15 +13,9 @@ import (
 // its own API) and proxies them to the service (package sidecar).
 type SidecarConfig struct {
 	// Routes are the proxied routes (sidecar.ParseRoutes). None: no sidecar.
+	// Their operations run in the node's engine (Config.Engine), fenced by
+	// its Locker and recovered by its recovery worker like the node's own.
 	Routes []sidecar.Route
-	// Locker, when set, fences takeovers of the routes' records with an
-	// external lock (etcd), as the node's own operations do.
-	Locker engine.Locker
-}
-
-type sidecarState struct {
-	engine *engine.Engine
-	stop   context.CancelFunc
 }
 
 // registerSidecar mounts the sidecar routes behind authenticated (so they
@@ -55,12 +46,7 @@ func (s *Server) registerSidecar(mux *routeMux) error {
 			return fmt.Errorf("region: proxied route %s %s: operation %q is the node's own or the coordination API's", rt.Method, rt.Prefix, rt.Operation)
 		}
 	}
-	eopts := engine.Options{Owner: s.cfg.Region + "/" + s.cfg.NodeID + "/sidecar", HomeRegion: s.cfg.Region, Logger: s.logger}
-	if cfg.Locker != nil {
-		eopts.Locker = cfg.Locker
-	}
-	e := engine.New(s.store, eopts)
-	p, err := sidecar.New(e, sidecar.Options{Routes: cfg.Routes, MaxRequestBody: s.cfg.MaxBodyBytes, Errors: s.errors, Logger: s.logger, Registerer: s.cfg.Registry})
+	p, err := sidecar.New(s.engine, sidecar.Options{Routes: cfg.Routes, MaxRequestBody: s.cfg.MaxBodyBytes, Errors: s.errors, Logger: s.logger, Registerer: s.cfg.Registry})
 	if err != nil {
 		return fmt.Errorf("region: %w", err)
 	}
@@ -73,7 +59,6 @@ func (s *Server) registerSidecar(mux *routeMux) error {
 			mux.HandleFunc(pattern, serve)
 		}
 	}
-	s.sidecar = &sidecarState{engine: e}
 	return nil
 }
 
@@ -96,27 +81,4 @@ func literalPrefix(pattern string) string {
 // underPath reports whether path is base or lies under it.
 func underPath(path, base string) bool {
 	return path == base || strings.HasPrefix(path, strings.TrimSuffix(base, "/")+"/")
-}
-
-// StartSidecarRecovery settles, every interval, the proxied routes' records
-// nobody is working on (engine.Engine.Run): a record left before the
-// upstream call is released for the client's retry; one left after it is
-// settled by the route's lookup, or stays UNKNOWN_REQUIRES_RECOVERY. It
-// does nothing without routes or with interval <= 0; Close stops it.
-func (s *Server) StartSidecarRecovery(ctx context.Context, interval time.Duration) {
-	if s.sidecar == nil || interval <= 0 {
-		return
-	}
-	ctx, s.sidecar.stop = context.WithCancel(ctx)
-	s.workers.Add(1)
-	go func() {
-		defer s.workers.Done()
-		s.sidecar.engine.Run(ctx, interval, 0)
-	}()
-}
-
-func (s *Server) stopSidecar() {
-	if s.sidecar != nil && s.sidecar.stop != nil {
-		s.sidecar.stop()
-	}
 }

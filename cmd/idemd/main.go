@@ -451,20 +451,20 @@ func (m *Main) Run(ctx context.Context) error {
 			return err
 		}
 		cfg.Locker = m.membership
-		rcfg.Sidecar.Locker = m.membership
 	}
 	rcfg.Sidecar.Routes = m.ProxyRoutes
 	rcfg.Router = router
 	rcfg.Operations = m.Operations
 	rcfg.ReadHeaderTimeout, rcfg.ReadTimeout = m.HTTP.ReadHeaderTimeout, m.HTTP.ReadTimeout
 	rcfg.WriteTimeout, rcfg.IdleTimeout, rcfg.MaxHeaderBytes = m.HTTP.WriteTimeout, m.HTTP.IdleTimeout, m.HTTP.MaxHeaderBytes
-	// The node's engine fences recovery (the etcd membership's locks) as
-	// the payments service does, so that the recovery worker and a
-	// client's retry exclude each other.
+	// One engine per node, shared by payments, the sidecar's routes, the
+	// coordination API and recovery: the payments service's, which fences
+	// recovery with the etcd membership's locks, so that the recovery
+	// worker and a client's retry exclude each other.
 	var ops []region.Operation
 	if m.Payments {
 		pay := payments.NewService(st, cfg)
-		rcfg.Engine = engine.New(st, pay.EngineOptions())
+		rcfg.Engine = pay.Engine()
 		ops = append(ops, region.Payments(pay))
 	} else {
 		eopts := engine.Options{Owner: m.Region + "/" + m.NodeID, HomeRegion: m.Region, Logger: m.logger}
@@ -483,7 +483,6 @@ func (m *Main) Run(ctx context.Context) error {
 		return err
 	}
 	srv.StartWorkers(context.WithoutCancel(ctx), m.Workers)
-	srv.StartSidecarRecovery(context.WithoutCancel(ctx), m.Workers.RecoveryInterval)
 	m.logger.Info("idemd serving", "region", m.Region, "node", m.NodeID, "url", srv.URL(),
 		"store_mode", m.StoreMode, "etcd", len(m.EtcdEndpoints) > 0, "replay_window", m.ReplayWindow)
 	return nil
