@@ -20,7 +20,7 @@ func Example() {
 	eng := engine.New(memcoord.New(), engine.Options{})
 	idempotent, err := idemhttp.Middleware(eng, idemhttp.Options{
 		Operation: "create_transfer",
-		Tokens:    map[string]string{"secret-token": "acme"}, // bearer token -> tenant
+		Tenant:    idemhttp.BearerTokens(map[string]string{"secret-token": "acme"}), // or your own auth
 	})
 	if err != nil {
 		panic(err)

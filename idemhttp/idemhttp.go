@@ -37,11 +37,11 @@
 // route is the URL path.
 //
 // An operation that owns more of its path (a node's own operations are)
-// parses its requests itself (Options.Command: its fingerprint, a
+// parses its requests itself (Hooks.Command: its fingerprint, a
 // claim that writes its rows with the record, a value for the handler,
 // ValueFrom), records its results with its own writes (Stored), hands the
 // engine its errors (Fail), and answers with its service's error writer
-// and metrics (Options.Errors, Options.Observe).
+// and metrics (Options.Errors, Hooks.Observe).
 package idemhttp
 
 import (
@@ -51,6 +51,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"mime"
 	"net/http"
 	"strconv"
@@ -86,16 +87,16 @@ type FingerprintFunc func(r *http.Request, body []byte) (map[string]any, error)
 // Options configure Middleware.
 type Options struct {
 	// Operation is the operation's name, the scope's middle part
-	// (required). Middleware registers it with the engine.
+	// (required). Middleware registers it with the engine unless the
+	// engine has it already (a registration of the service's own, or
+	// another route's Middleware: routes may share an operation).
 	Operation string
-	// Tenant returns the tenant of an authenticated request. An error (or
-	// "") answers 401 UNAUTHENTICATED and stores nothing. Either Tenant or
-	// Tokens is required: there is no default, because the tenant must come
-	// from the authenticated principal, never from a client-chosen field.
+	// Tenant returns the tenant of an authenticated request (required;
+	// BearerTokens maps bearer tokens to tenants). An error (or "")
+	// answers 401 UNAUTHENTICATED and stores nothing. There is no default,
+	// because the tenant must come from the authenticated principal, never
+	// from a client-chosen field.
 	Tenant func(r *http.Request) (string, error)
-	// Tokens maps bearer tokens (Authorization: Bearer <token>) to tenants;
-	// used when Tenant is nil.
-	Tokens map[string]string
 	// Fingerprint normalises a request. Default: the method, the route
 	// pattern (r.Pattern, or the URL path outside a mux), the path values
 	// of the pattern's wildcards, the SemanticHeaders present, and the body
@@ -136,38 +137,59 @@ type Options struct {
 	MaxResponseBody int
 	// Recover, optional, settles a record a crashed or lost execution left
 	// behind (see engine.Operation.Recover).
+	//
+	// Window, LockTimeout and Recover make the operation's registration:
+	// when the engine has the operation already, that registration
+	// decides them, and Middleware refuses them set to other values.
 	Recover engine.ExecuteFunc
-	// Registered says the operation is already registered with the engine
-	// (with its own Claim, Replay, Recover, UnknownCode): Middleware uses
-	// that registration, and refuses Recover, Window or LockTimeout above,
-	// which only a registration of its own would use.
-	Registered bool
-	// Command, when set, replaces Fingerprint for an operation that owns
-	// more of its path: it parses a request into a Command (its
-	// fingerprint, and optionally a claim of its own and a value for the
-	// handler). An error answers as Fingerprint's do, storing nothing.
-	Command func(r *http.Request, body []byte) (Command, error)
-	// RetryOn, when set, says which errors of an attempt leave the request
-	// to be attempted again at once (engine.Request.RetryOn): a commit
-	// whose outcome is unknown, whose record then answers what it did.
-	RetryOn func(error) bool
 	// Errors is the table error answers are written by (problem+json,
 	// RFC 9457, with each code's status and Retry-After). Default
 	// DefaultErrors(); a service whose operations declare codes of their
 	// own passes its table extended with them (Errors.With).
 	Errors *Errors
-	// Observe, when set, is called once per request after its answer was
-	// written, with what the engine answered (zero for a request refused
-	// before it), the error answered, and the time taken.
-	Observe func(r *http.Request, ans engine.Answer, err error, d time.Duration)
 	// Logger receives internal errors. Default: discard.
 	Logger *slog.Logger
 	// Registerer, when set, receives the counter
 	// idemhttp_requests_total{operation,outcome}.
 	Registerer prometheus.Registerer
+	// Hooks, optional, are for an operation that owns more of its path.
+	Hooks *Hooks
 }
 
-// Command is a request as Options.Command parses it.
+// Hooks are the middleware's advanced hooks, for an operation that owns
+// more of its path than a handler: its own parsing and claim, its retry
+// rule, its own metrics. A plain handler needs none of them.
+type Hooks struct {
+	// Command replaces Options.Fingerprint: it parses a request into a
+	// Command (its fingerprint, and optionally a claim of its own and a
+	// value for the handler). An error answers as Fingerprint's do,
+	// storing nothing.
+	Command func(r *http.Request, body []byte) (Command, error)
+	// RetryOn says which errors of an attempt leave the request to be
+	// attempted again at once (engine.Request.RetryOn): a commit whose
+	// outcome is unknown, whose record then answers what it did.
+	RetryOn func(error) bool
+	// Observe is called once per request after its answer was written,
+	// with what the engine answered (zero for a request refused before
+	// it), the error answered, and the time taken.
+	Observe func(r *http.Request, ans engine.Answer, err error, d time.Duration)
+}
+
+// BearerTokens returns an Options.Tenant that maps bearer tokens
+// (Authorization: Bearer <token>) to tenants; an unknown token, or none,
+// is refused.
+func BearerTokens(tokens map[string]string) func(*http.Request) (string, error) {
+	tokens = maps.Clone(tokens)
+	return func(r *http.Request) (string, error) {
+		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if tenant := tokens[token]; ok && token != "" && tenant != "" {
+			return tenant, nil
+		}
+		return "", errors.New("idemhttp: unknown bearer token")
+	}
+}
+
+// Command is a request as Hooks.Command parses it.
 type Command struct {
 	// Fields are the fields fingerprinted under the operation's name
 	// (fingerprint.Hashes); Hashes, when set, are used instead.
@@ -205,10 +227,10 @@ func Middleware(e *engine.Engine, opts Options) (func(http.Handler) http.Handler
 		return nil, errors.New("idemhttp: Options.Operation is required")
 	}
 	if opts.Tenant == nil {
-		if len(opts.Tokens) == 0 {
-			return nil, errors.New("idemhttp: Options.Tenant or Options.Tokens is required")
-		}
-		opts.Tenant = bearerTenant(opts.Tokens)
+		return nil, errors.New("idemhttp: Options.Tenant is required (BearerTokens maps bearer tokens to tenants)")
+	}
+	if opts.Hooks == nil {
+		opts.Hooks = &Hooks{}
 	}
 	if opts.Fingerprint == nil {
 		opts.Fingerprint = DefaultFingerprint(opts.SemanticHeaders...)
@@ -228,18 +250,18 @@ func Middleware(e *engine.Engine, opts Options) (func(http.Handler) http.Handler
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	if opts.Registered && (opts.Recover != nil || opts.Window != 0 || opts.LockTimeout != 0) {
-		// The registration decides them; a value here would be ignored.
-		return nil, errors.New("idemhttp: Options.Recover, Window and LockTimeout belong to the engine's registration when Options.Registered is set; set them there")
-	}
-	if !opts.Registered {
+	op, registered := e.Operation(opts.Operation)
+	if registered {
+		// The registration decides them; a different value here would be
+		// ignored without a word.
+		if opts.Recover != nil || (opts.Window != 0 && opts.Window != op.Window) || (opts.LockTimeout != 0 && opts.LockTimeout != op.LockTimeout) {
+			return nil, fmt.Errorf("idemhttp: operation %q is registered with the engine already, which decides its Recover, Window and LockTimeout; set them there", opts.Operation)
+		}
+	} else {
 		if err := e.Register(engine.Operation{Name: opts.Operation, Recover: opts.Recover, Window: opts.Window, LockTimeout: opts.LockTimeout}); err != nil {
 			return nil, fmt.Errorf("idemhttp: %w", err)
 		}
-	}
-	op, ok := e.Operation(opts.Operation)
-	if !ok {
-		return nil, fmt.Errorf("idemhttp: operation %q is not registered with the engine", opts.Operation)
+		op, _ = e.Operation(opts.Operation)
 	}
 	m := &middleware{eng: e, opts: opts, window: strconv.FormatInt(int64(op.Window/time.Second), 10), unknownCode: op.UnknownCode}
 	if m.opts.Errors == nil {
@@ -269,16 +291,6 @@ func Middleware(e *engine.Engine, opts Options) (func(http.Handler) http.Handler
 	}, nil
 }
 
-func bearerTenant(tokens map[string]string) func(*http.Request) (string, error) {
-	return func(r *http.Request) (string, error) {
-		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if tenant := tokens[token]; ok && token != "" && tenant != "" {
-			return tenant, nil
-		}
-		return "", errors.New("idemhttp: unknown bearer token")
-	}
-}
-
 func (m *middleware) count(outcome string) {
 	if m.requests != nil {
 		m.requests.WithLabelValues(m.opts.Operation, outcome).Inc()
@@ -301,8 +313,8 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, h http.Handle
 	case err != nil:
 		m.opts.Errors.Write(w, r, m.opts.Logger, err)
 	}
-	if m.opts.Observe != nil {
-		m.opts.Observe(r, ans, err, time.Since(start))
+	if m.opts.Hooks.Observe != nil {
+		m.opts.Hooks.Observe(r, ans, err, time.Since(start))
 	}
 }
 
@@ -337,7 +349,7 @@ func (m *middleware) answer(w http.ResponseWriter, r *http.Request, h http.Handl
 	var rec *recorder
 	*ans, err = m.eng.Do(r.Context(), engine.Request{
 		Operation: m.opts.Operation, Tenant: tenant, Key: key, RequestHashes: cmd.Hashes, Wait: m.wait(r.Header),
-		Claim: cmd.Claim, Recover: cmd.Recover, RetryOn: m.opts.RetryOn,
+		Claim: cmd.Claim, Recover: cmd.Recover, RetryOn: m.opts.Hooks.RetryOn,
 		Execute: func(ctx context.Context, a *engine.Attempt) (engine.Result, error) {
 			// An answer passes through to the client at most once.
 			client := w
@@ -407,13 +419,13 @@ func (m *middleware) answer(w http.ResponseWriter, r *http.Request, h http.Handl
 	return nil
 }
 
-// command parses a request (Options.Command, or Options.Fingerprint) and
+// command parses a request (Hooks.Command, or Options.Fingerprint) and
 // fills in its hashes.
 func (m *middleware) command(r *http.Request, body []byte) (Command, error) {
 	var cmd Command
-	if m.opts.Command != nil {
+	if m.opts.Hooks.Command != nil {
 		var err error
-		if cmd, err = m.opts.Command(r, body); err != nil {
+		if cmd, err = m.opts.Hooks.Command(r, body); err != nil {
 			return Command{}, err
 		}
 	} else {

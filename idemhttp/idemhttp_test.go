@@ -52,8 +52,8 @@ func newFixture(t *testing.T, h http.HandlerFunc, eopts engine.Options, opts ide
 	f := &fixture{st: st, reg: prometheus.NewRegistry(), served: make(chan struct{}, 100)}
 	e := engine.New(st, eopts)
 	opts.Operation = opName
-	if opts.Tenant == nil && opts.Tokens == nil {
-		opts.Tokens = tokens
+	if opts.Tenant == nil {
+		opts.Tenant = idemhttp.BearerTokens(tokens)
 	}
 	if opts.Window == 0 {
 		opts.Window = time.Hour
@@ -504,16 +504,17 @@ func TestOptionsNeedATenantSource(t *testing.T) {
 	st, _ := storetest.New(t)
 	e := engine.New(st, engine.Options{})
 	if _, err := idemhttp.Middleware(e, idemhttp.Options{Operation: opName}); err == nil {
-		t.Error("Middleware without Tenant or Tokens succeeded")
+		t.Error("Middleware without Tenant succeeded")
 	}
-	if _, err := idemhttp.Middleware(e, idemhttp.Options{Tokens: tokens}); err == nil {
+	if _, err := idemhttp.Middleware(e, idemhttp.Options{Tenant: idemhttp.BearerTokens(tokens)}); err == nil {
 		t.Error("Middleware without Operation succeeded")
 	}
 }
 
-// TestRegisteredRefusesWhatItWouldIgnore: with Registered, the engine's
-// registration decides the window, the lock timeout and Recover; setting
-// one of them on the middleware is an error, not a silent no-op.
+// TestRegisteredRefusesWhatItWouldIgnore: when the engine has the
+// operation already, its registration decides the window, the lock timeout
+// and Recover; setting one of them to another value on the middleware is
+// an error, not a silent no-op. Two routes share one operation.
 func TestRegisteredRefusesWhatItWouldIgnore(t *testing.T) {
 	st, _ := storetest.New(t)
 	e := engine.New(st, engine.Options{})
@@ -526,13 +527,21 @@ func TestRegisteredRefusesWhatItWouldIgnore(t *testing.T) {
 		"LockTimeout": {LockTimeout: time.Second},
 		"Recover":     {Recover: recover},
 	} {
-		opts.Operation, opts.Tokens, opts.Registered = opName, tokens, true
+		opts.Operation, opts.Tenant = opName, idemhttp.BearerTokens(tokens)
 		if _, err := idemhttp.Middleware(e, opts); err == nil {
-			t.Errorf("Registered with %s succeeded", name)
+			t.Errorf("a registered operation with another %s succeeded", name)
 		}
 	}
-	if _, err := idemhttp.Middleware(e, idemhttp.Options{Operation: opName, Tokens: tokens, Registered: true}); err != nil {
-		t.Errorf("Registered alone: %v", err)
+	for _, route := range []string{"POST /a", "POST /b"} {
+		if _, err := idemhttp.Middleware(e, idemhttp.Options{Operation: opName, Tenant: idemhttp.BearerTokens(tokens), Window: time.Hour}); err != nil {
+			t.Errorf("route %s on the registered operation, with its own window: %v", route, err)
+		}
+	}
+	// Two routes of an operation the middleware registers share it too.
+	for _, route := range []string{"POST /c", "POST /d"} {
+		if _, err := idemhttp.Middleware(e, idemhttp.Options{Operation: "shared_op", Tenant: idemhttp.BearerTokens(tokens)}); err != nil {
+			t.Errorf("route %s of shared_op: %v", route, err)
+		}
 	}
 }
 
@@ -564,7 +573,7 @@ func TestOversizedAnswerRecovered(t *testing.T) {
 }
 
 // TestCommandStoredAndHooks: an operation that owns more of its path (as
-// a node's own operations do) parses its own command (Options.Command: its fields and a
+// a node's own operations do) parses its own command (Hooks.Command: its fields and a
 // value for the handler), records its result itself (Stored: the
 // middleware writes nothing to the record) and answers with the node's
 // table of errors, extended with a code of its own, and metrics (Errors,
@@ -583,6 +592,8 @@ func TestCommandStoredAndHooks(t *testing.T) {
 	}
 	opts := idemhttp.Options{
 		Errors: table,
+	}
+	opts.Hooks = &idemhttp.Hooks{
 		Command: func(r *http.Request, body []byte) (idemhttp.Command, error) {
 			var c struct {
 				Amount int `json:"amount"`

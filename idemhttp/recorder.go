@@ -174,7 +174,7 @@ func recorderOf(w http.ResponseWriter) *recorder {
 
 type valueKey struct{}
 
-// ValueFrom returns the Value of the request's Command (Options.Command)
+// ValueFrom returns the Value of the request's Command (Hooks.Command)
 // inside the handler, or nil.
 func ValueFrom(ctx context.Context) any {
 	return ctx.Value(valueKey{})

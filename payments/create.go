@@ -45,7 +45,7 @@ type createCall struct {
 
 // Call is one create_payment request bound to its command, for a caller
 // that runs it through the engine itself, as the node's HTTP route does
-// through the idempotency middleware (idemhttp.Options.Command): the
+// through the idempotency middleware (idemhttp.Hooks.Command): the
 // command's fingerprint, the claim that writes the payment with the record,
 // the Recover of a client's takeover, and the Execute that charges. A Call
 // serves one request (and its attempts after an ambiguous commit); it is

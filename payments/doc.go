@@ -9,7 +9,7 @@
 // A request is a Call (Prepare: the parsed command, its fingerprint, and a
 // claim, Execute and Recover bound to it; create.go). The node's POST
 // /payments runs it behind the idempotency middleware (idemhttp, with
-// Options.Command and a handler that calls Execute), and Create runs it
+// Hooks.Command and a handler that calls Execute), and Create runs it
 // through the engine (engine.Engine.Do) for Go callers. The engine's hooks keep what payments
 // needs: its claim (engine.ClaimFunc) claims the key in the statement that
 // writes the payment row and its event, and, without a provider, completes

@@ -69,44 +69,47 @@ func paymentRequestOf(ctx context.Context) *paymentRequest {
 // errors and metrics.
 func (s *Server) createPaymentHandler(pay *payments.Service, keyConflicts prometheus.Counter) TenantHandler {
 	mw, err := idemhttp.Middleware(pay.Engine(), idemhttp.Options{
-		Operation:  payments.Operation,
-		Registered: true,
+		// The service registered create_payment (its own claim, replay
+		// and recovery) in its engine; the middleware uses it.
+		Operation: payments.Operation,
 		Tenant: func(r *http.Request) (string, error) {
 			if pr := paymentRequestOf(r.Context()); pr != nil && pr.tenant != "" {
 				return pr.tenant, nil
 			}
 			return "", errors.New("region: no authenticated tenant")
 		},
-		Command: func(r *http.Request, body []byte) (idemhttp.Command, error) {
-			if ct := r.Header.Get("Content-Type"); ct != "" {
-				if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
-					return idemhttp.Command{}, idem.Errorf(idem.ECodeUnsupportedMediaType, "The body must be application/json.")
-				}
-			}
-			call, err := pay.Prepare(payments.Request{Body: body, APIVersion: r.Header.Get("Api-Version"), Uncertain: routeOf(r.Context()).Uncertain})
-			if err != nil {
-				return idemhttp.Command{}, err
-			}
-			if pr := paymentRequestOf(r.Context()); pr != nil {
-				pr.call = call
-			}
-			return idemhttp.Command{Hashes: call.Hashes(), Claim: call.Claim, Recover: call.Recover, Value: call}, nil
-		},
-		RetryOn:        payments.CommitUnknown,
 		MaxRequestBody: s.cfg.MaxBodyBytes,
 		MaxWait:        engine.DefaultMaxWait,
 		Logger:         s.logger,
 		Errors:         s.errors,
-		Observe: func(r *http.Request, ans engine.Answer, err error, d time.Duration) {
-			var unknown bool
-			if pr := paymentRequestOf(r.Context()); pr != nil && pr.call != nil && !ans.Replayed {
-				unknown = pr.call.Unknown()
-				if pr.call.ProviderKeyConflict() {
-					keyConflicts.Inc()
+		Hooks: &idemhttp.Hooks{
+			Command: func(r *http.Request, body []byte) (idemhttp.Command, error) {
+				if ct := r.Header.Get("Content-Type"); ct != "" {
+					if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+						return idemhttp.Command{}, idem.Errorf(idem.ECodeUnsupportedMediaType, "The body must be application/json.")
+					}
 				}
-			}
-			s.observe(payments.Operation, observation{outcome: ans.Outcome, replayed: ans.Replayed, expiredRetry: ans.ExpiredRetry,
-				unknown: unknown}, err, d)
+				call, err := pay.Prepare(payments.Request{Body: body, APIVersion: r.Header.Get("Api-Version"), Uncertain: routeOf(r.Context()).Uncertain})
+				if err != nil {
+					return idemhttp.Command{}, err
+				}
+				if pr := paymentRequestOf(r.Context()); pr != nil {
+					pr.call = call
+				}
+				return idemhttp.Command{Hashes: call.Hashes(), Claim: call.Claim, Recover: call.Recover, Value: call}, nil
+			},
+			RetryOn: payments.CommitUnknown,
+			Observe: func(r *http.Request, ans engine.Answer, err error, d time.Duration) {
+				var unknown bool
+				if pr := paymentRequestOf(r.Context()); pr != nil && pr.call != nil && !ans.Replayed {
+					unknown = pr.call.Unknown()
+					if pr.call.ProviderKeyConflict() {
+						keyConflicts.Inc()
+					}
+				}
+				s.observe(payments.Operation, observation{outcome: ans.Outcome, replayed: ans.Replayed, expiredRetry: ans.ExpiredRetry,
+					unknown: unknown}, err, d)
+			},
 		},
 	})
 	if err != nil {

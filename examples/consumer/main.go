@@ -73,7 +73,7 @@ func run(ctx context.Context) error {
 
 	idempotent, err := idemhttp.Middleware(eng, idemhttp.Options{
 		Operation: "create_transfer",
-		Tokens:    map[string]string{os.Getenv("API_TOKEN"): "acme"},
+		Tenant:    idemhttp.BearerTokens(map[string]string{os.Getenv("API_TOKEN"): "acme"}),
 	})
 	if err != nil {
 		return err
