@@ -15,11 +15,13 @@ for tool in spin cc; do
 done
 
 # Bounds of every run: the state vector, the search depth, the hash table
-# (2^W slots) and the wall-clock limit of one run.
+# (2^W slots) and the wall-clock limit of one run: it only stops a search
+# that runs away, so it is set far above the minute the longest run takes
+# on a quiet machine (a loaded one takes several times longer).
 VECTORSZ=1024
 DEPTH=200000
 W=24
-LIMIT=${LIMIT:-150}
+LIMIT=${LIMIT:-1200}
 # Runs at once (each is one process; 2 cores run two).
 JOBS=${JOBS:-2}
 
