@@ -22,7 +22,7 @@ import (
 // Defaults of Options.
 const (
 	DefaultDuration   = 30 * time.Second
-	DefaultClients    = 6
+	DefaultClients    = 12
 	DefaultMinRate    = 5.0
 	DefaultStuckBound = 30 * time.Second
 	// DefaultDrain bounds how long open operations keep retrying after the
@@ -375,7 +375,7 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 	var sct *sidecarTraffic
 	if up != nil {
 		sct = newSidecarTraffic(up, s.SidecarForm, runID(s, opts.Seed), opts.Seed, regions, targets, info.Tokens, c.ClientTLS())
-		wg.Go(func() { sct.run(trafficCtx, drainCtx, max(opts.Clients/2, 1)) })
+		wg.Go(func() { sct.run(trafficCtx, drainCtx, opts.Clients) })
 	}
 
 	// Warm-up: the traffic must reach the minimum rate before any fault.

@@ -32,7 +32,7 @@ type WorkloadConfig struct {
 	TLS *tls.Config
 	// MaxAttempts bounds the calls of one command with one key. Default 10.
 	MaxAttempts int
-	// Think is the mean pause of a client between operations. Default 40ms.
+	// Think is the mean pause of a client between operations. Default 20ms.
 	Think time.Duration
 	// Replays is the probability that a client resends a command that got
 	// a final answer (once or twice, re-serialised, to another region),
@@ -73,7 +73,7 @@ func (w *WorkloadConfig) setDefaults() {
 		w.MaxAttempts = 10
 	}
 	if w.Think <= 0 {
-		w.Think = 40 * time.Millisecond
+		w.Think = 20 * time.Millisecond
 	}
 	if w.RaceWidth <= 0 {
 		w.RaceWidth = 2
