@@ -369,6 +369,9 @@ func (s *sidecarTraffic) send(ctx context.Context, t target, k *sidecarKey, body
 	return a
 }
 
+// sweepAttempts bounds the sends of one command's sweep resend.
+const sweepAttempts = 5
+
 // sweep resends every answered command once, to a random region: it must
 // be a replay of the answer.
 func (s *sidecarTraffic) sweep(ctx context.Context) {
@@ -387,7 +390,17 @@ func (s *sidecarTraffic) sweep(ctx context.Context) {
 			continue
 		}
 		r := s.regions[rng.IntN(len(s.regions))]
-		a := s.send(ctx, s.targets[r][rng.IntN(len(s.targets[r]))], k, s.body(rng, k))
+		t := s.targets[r][rng.IntN(len(s.targets[r]))]
+		a := s.send(ctx, t, k, s.body(rng, k))
+		// A resend that got no answer (a timeout on a loaded machine) or
+		// a 503 is sent again, as a client would: it is recorded as the
+		// call it was, and only the answer the sweep ends with must be a
+		// replay.
+		for attempt := 1; attempt < sweepAttempts && (a.Error != "" || a.Status == http.StatusServiceUnavailable) && ctx.Err() == nil; attempt++ {
+			s.record(k, a)
+			time.Sleep(200 * time.Millisecond)
+			a = s.send(ctx, t, k, s.body(rng, k))
+		}
 		a.Sweep = true
 		s.record(k, a)
 	}
