@@ -131,6 +131,11 @@ type Report struct {
 	// Outbox is what was left undone in the old region's outbox, and what
 	// the handover did of it (outbox.Drain).
 	Outbox outbox.DrainReport `json:"outbox"`
+	// OutboxLeftToRegion says the old region had a live node again (its
+	// nodes came back, as after a partition that healed): its own nodes
+	// work its outbox, so the handover left it to them. A second worker
+	// beside them could send a receipt twice.
+	OutboxLeftToRegion bool `json:"outboxLeftToRegion,omitempty"`
 }
 
 // Stores names the databases of a handover.
@@ -180,7 +185,8 @@ func HandoverURLs(ctx context.Context, cli *clientv3.Client, from, to string, db
 // rule are named nowhere else). Then it takes over what src's outbox left
 // undone (outbox.Drain: events published, deliveries consumed with their
 // effects claimed through effects, which is region from's guard or nil,
-// receipts sent), which from's nodes would have done had they lived; a
+// receipts sent), which from's nodes would have done had they lived, unless
+// from has a live node again (Report.OutboxLeftToRegion); a
 // receipt under a dead sender's claim is left for after its lease
 // (Report.Outbox.Left.Leased: run Handover again then). It is idempotent.
 func Handover(ctx context.Context, cli *clientv3.Client, from, to string, src, dst *store.Store, effects *outbox.EffectGuard) (Report, error) {
@@ -235,6 +241,14 @@ func Handover(ctx context.Context, cli *clientv3.Client, from, to string, src, d
 				return rep, err
 			}
 		}
+	}
+	alive, err := routing.RegionAlive(ctx, cli, from)
+	if err != nil {
+		return rep, fmt.Errorf("failover: handover: %w", err)
+	}
+	if alive {
+		rep.OutboxLeftToRegion = true
+		return rep, nil
 	}
 	rep.Outbox, err = outbox.Drain(ctx, src, outbox.DrainConfig{Guard: effects})
 	if err != nil {

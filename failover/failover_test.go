@@ -159,3 +159,35 @@ func TestTransient(t *testing.T) {
 		}
 	}
 }
+
+// TestHandoverLeavesAReturnedRegionsOutbox: when the old region has a live
+// node again (it came back after a partition), its own nodes work its
+// outbox, and the handover leaves it to them: a second worker beside them
+// could send a receipt twice.
+func TestHandoverLeavesAReturnedRegionsOutbox(t *testing.T) {
+	ctx := context.Background()
+	cli := etcdtest.Start(t).Client(t)
+	if _, err := routing.SetPlacement(ctx, cli, "tenant-a", "eu-west"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := failover.Move(ctx, cli, "eu-west", "us-east", 10*time.Second, nil); err != nil {
+		t.Fatal(err)
+	}
+	member, err := routing.Join(ctx, cli, "eu-west", "eu-west-0", "http://127.0.0.1:1", 2*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = member.Close(context.Background()) })
+	src, _ := storetest.New(t)
+	dst, _ := storetest.New(t)
+	storetest.Exec(t, src, `INSERT INTO outbox_events (event_id, tenant_id, aggregate_id, event_type, payload)
+		VALUES ('evt_1', 'tenant-a', 'pay_1', 'PaymentConfirmed',
+		'{"eventId":"evt_1","type":"PaymentConfirmed","paymentId":"pay_1","accountId":"acc_1","amount":"1.00","currency":"EUR"}')`)
+	rep, err := failover.Handover(ctx, cli, "eu-west", "us-east", src, dst, nil)
+	if err != nil || !rep.OutboxLeftToRegion || rep.Outbox.Published != 0 {
+		t.Fatalf("Handover with eu-west back = outbox %+v, left to region %v, %v; want the outbox left to eu-west's nodes", rep.Outbox, rep.OutboxLeftToRegion, err)
+	}
+	if n := storetest.Count(t, src, `SELECT count(*) FROM outbox_events WHERE published_at IS NULL`); n != 1 {
+		t.Errorf("unpublished events in eu-west's store = %d, want 1 (left to its nodes)", n)
+	}
+}
