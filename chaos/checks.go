@@ -89,7 +89,7 @@ func checkTable() []check {
 		{CheckSidecarIdenticalAnswers, checkSidecarIdenticalAnswers,
 			"every 2xx answer of one sidecar command is byte-identical, the sweep's resend replays it, and no retry was refused as a different request"},
 		{CheckDrillBounds, nil,
-			"a failover-type scenario's drill figures met their bounds: RTO of the failed region's tenants at most the region lease TTL (plus --auto-failover-after) + 3s; no acknowledged answer lost, no duplicate charge, payment, ledger entry or email, no record stuck"},
+			"a failover-type scenario's drill figures met their bounds: RTO of the failed region's tenants at most the region lease TTL (plus --auto-failover-after) + 4s; no acknowledged answer lost, no duplicate charge, payment, ledger entry or email, no record stuck"},
 		{CheckLinearizable, checkLinearizability,
 			"per key, the history is linearizable against a register model (unbound → bound to one command → answered once; ambiguous calls may or may not take effect) — porcupine"},
 	}

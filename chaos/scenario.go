@@ -257,7 +257,7 @@ func Catalogue() []Scenario {
 			Name: "region-auto-failover",
 			Description: "the nodes run automatic failover (--auto-failover-after 500ms): a region's nodes are all killed, then " +
 				"another region is cut off; each time the cluster moves the region's tenants to a survivor by itself, nobody acting, " +
-				"within the region lease TTL + 3s; once a region is back its records are handed over",
+				"within the region lease TTL + 4s; once a region is back its records are handed over",
 			Regions: 3,
 			// The targets name the default regions (r[1] = us-east takes
 			// both); with other --regions the elected node's region does.
