@@ -105,20 +105,46 @@ func RunImages() (debian, postgres string) {
 		PostgresRepo + ":" + PostgresMajor + "-" + shortHash(postgresDockerfile, postgresEntrypoint, []byte(DebianSuite))
 }
 
-// ModuleRoot returns the closest directory at or above dir holding go.mod.
+// ModuleRoot returns the repository's root: the closest directory at or
+// above dir whose go.mod is the library module's (github.com/idemcoord/idem),
+// so that the tooling modules nested in it (idemtest, cmd/idemctl, chaos)
+// find the root their images are built from; else the closest directory
+// holding any go.mod.
 func ModuleRoot(dir string) (string, error) {
 	dir, err := filepath.Abs(dir)
 	if err != nil {
 		return "", err
 	}
+	nearest := ""
 	for d := dir; ; d = filepath.Dir(d) {
-		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-			return d, nil
+		if b, err := os.ReadFile(filepath.Join(d, "go.mod")); err == nil {
+			if nearest == "" {
+				nearest = d
+			}
+			if modulePath(b) == rootModule {
+				return d, nil
+			}
 		}
 		if filepath.Dir(d) == d {
+			if nearest != "" {
+				return nearest, nil
+			}
 			return "", fmt.Errorf("images: no go.mod at or above %s", dir)
 		}
 	}
+}
+
+// rootModule is the library module, at the repository's root.
+const rootModule = "github.com/idemcoord/idem"
+
+// modulePath is the path a go.mod's module directive names.
+func modulePath(gomod []byte) string {
+	for _, line := range strings.Split(string(gomod), "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "module "); ok {
+			return strings.Trim(strings.TrimSpace(rest), `"`)
+		}
+	}
+	return ""
 }
 
 func shortHash(parts ...[]byte) string {

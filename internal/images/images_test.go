@@ -35,3 +35,17 @@ func TestTagsSameFromAnywhere(t *testing.T) {
 		t.Errorf("ModuleRoot = %s without go.mod: %v", root, err)
 	}
 }
+
+// TestModuleRootFromANestedModule: from a tooling module nested in the
+// repository (idemtest has a go.mod of its own), ModuleRoot is the
+// repository's root, where the library's go.mod is.
+func TestModuleRootFromANestedModule(t *testing.T) {
+	root, err := ModuleRoot(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nested, err := ModuleRoot(filepath.Join(root, "idemtest"))
+	if err != nil || nested != root {
+		t.Errorf("ModuleRoot(idemtest) = %q, %v; want %q", nested, err, root)
+	}
+}
