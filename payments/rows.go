@@ -121,35 +121,37 @@ func readSettled(ctx context.Context, st *store.Store, req idem.BeginRequest) (i
 // that already exists with the same id is left as it is (an earlier owner of
 // the same operation wrote it).
 func InsertPayment(ctx context.Context, q store.Querier, p Payment, ev Event) error {
-	_, err := q.Exec(ctx, `WITH pay AS (
-		INSERT INTO payments (tenant_id, payment_id, account_id, amount_minor, currency, merchant_reference,
-			channel, status, provider_key, created_at, updated_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, now(), now())
-		ON CONFLICT (tenant_id, payment_id) DO NOTHING
-		RETURNING payment_id
-	)
-	INSERT INTO outbox_events (event_id, tenant_id, aggregate_id, event_type, payload, created_at)
-	SELECT $10, $1, payment_id, $11, $12, now() FROM pay`,
-		p.Tenant, p.ID, p.AccountID, p.AmountMinor, p.Currency, p.MerchantReference, p.Channel, p.Status, p.ProviderKey,
-		ev.ID, ev.Type, []byte(ev.Payload))
-	if err != nil {
-		return classify(err)
-	}
-	return nil
+	return writePayment(ctx, q, insertPaymentSQL, p, ev)
 }
 
 // InsertPaymentOnly is the business write without any idempotency record: the
 // payment row and its outbox event in one statement, the same SQL as the
 // claimed path otherwise. It is the baseline that benchmarks compare against.
 func InsertPaymentOnly(ctx context.Context, q store.Querier, p Payment, ev Event) error {
-	_, err := q.Exec(ctx, `WITH pay AS (
+	return writePayment(ctx, q, insertPaymentOnlySQL, p, ev)
+}
+
+// paymentWriteSQL is a payment row and its outbox event in one statement;
+// onConflict goes after the payment's VALUES.
+func paymentWriteSQL(onConflict string) string {
+	return `WITH pay AS (
 		INSERT INTO payments (tenant_id, payment_id, account_id, amount_minor, currency, merchant_reference,
 			channel, status, provider_key, created_at, updated_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, now(), now())
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, now(), now())` + onConflict + `
 		RETURNING payment_id
 	)
 	INSERT INTO outbox_events (event_id, tenant_id, aggregate_id, event_type, payload, created_at)
-	SELECT $10, $1, payment_id, $11, $12, now() FROM pay`,
+	SELECT $10, $1, payment_id, $11, $12, now() FROM pay`
+}
+
+var (
+	insertPaymentSQL     = paymentWriteSQL("\n\t\tON CONFLICT (tenant_id, payment_id) DO NOTHING")
+	insertPaymentOnlySQL = paymentWriteSQL("")
+)
+
+// writePayment runs one of the payment write statements.
+func writePayment(ctx context.Context, q store.Querier, sql string, p Payment, ev Event) error {
+	_, err := q.Exec(ctx, sql,
 		p.Tenant, p.ID, p.AccountID, p.AmountMinor, p.Currency, p.MerchantReference, p.Channel, p.Status, p.ProviderKey,
 		ev.ID, ev.Type, []byte(ev.Payload))
 	if err != nil {
