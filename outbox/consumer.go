@@ -131,6 +131,10 @@ func WithHandler(name string, h Handler) ConsumerOption {
 type Consumers struct {
 	st       *store.Store
 	handlers map[string]Handler
+	// isolateAll runs every batch with a savepoint per delivery from the
+	// start, the way a batch whose handler failed runs; only benchmarks
+	// set it, to measure what the first attempt without savepoints saves.
+	isolateAll bool
 }
 
 // NewConsumers returns the built-in consumers (ConsumerLedger with
@@ -150,20 +154,24 @@ func NewConsumers(st *store.Store, opts ...ConsumerOption) *Consumers {
 // ConsumeBatch processes up to limit of consumer's pending deliveries, oldest
 // first, in one transaction (fewer round trips and commits than one per
 // message; concurrent batches take disjoint rows through FOR UPDATE SKIP
-// LOCKED). For each delivery it inserts the (consumer, message) inbox row
-// first: a conflict means a duplicate, which is only marked processed;
-// otherwise the handler runs in the same transaction and the delivery is
-// marked processed, so the effect, the inbox row and the mark commit
-// together.
+// LOCKED). It claims the batch's (consumer, message) inbox rows in one
+// statement: a message whose row already exists is a duplicate, whose
+// delivery is only marked processed; for the others the handler runs in the
+// same transaction and the delivery is marked processed, so each effect, its
+// inbox row and the mark commit together.
 //
-// Each delivery runs under a savepoint. When a handler fails, its delivery
-// is rolled back to that savepoint (no inbox row, no partial effect, still
-// pending) and the rest of the batch commits: ConsumeBatch then returns the
-// committed Stats together with an error joining one *HandlerError per
-// failure. When a handler returns Reject, the message is recorded as REJECTED
-// and its delivery processed. A serialization failure, a lost connection or
-// a cancelled context aborts the whole batch (the store retries
-// serialization failures); ConsumeBatch then returns zero Stats and the error.
+// A handler that fails must leave no partial effect, so a failure is isolated
+// under a savepoint. Savepoints cost two round trips per delivery, and
+// handlers rarely fail, so a batch first runs without them; only when a
+// handler fails is that attempt rolled back and the batch run again with a
+// savepoint around each delivery. Then a failed delivery is rolled back to
+// its savepoint (no inbox row, no partial effect, still pending) and the rest
+// of the batch commits: ConsumeBatch returns the committed Stats together
+// with an error joining one *HandlerError per failure. When a handler returns
+// Reject, the message is recorded as REJECTED and its delivery processed. A
+// serialization failure, a lost connection or a cancelled context aborts the
+// whole batch (the store retries serialization failures); ConsumeBatch then
+// returns zero Stats and the error.
 func (c *Consumers) ConsumeBatch(ctx context.Context, consumer string, limit int) (Stats, error) {
 	h, ok := c.handlers[consumer]
 	if !ok {
@@ -172,6 +180,24 @@ func (c *Consumers) ConsumeBatch(ctx context.Context, consumer string, limit int
 	if limit < 1 {
 		return Stats{}, fmt.Errorf("outbox: consume %s: %w", consumer, errInvalidLimit)
 	}
+	stats, failures, err := c.consume(ctx, h, consumer, limit, c.isolateAll)
+	if errors.Is(err, errIsolate) {
+		stats, failures, err = c.consume(ctx, h, consumer, limit, true)
+	}
+	if err != nil {
+		return Stats{}, fmt.Errorf("outbox: consume %s: %w", consumer, err)
+	}
+	return stats, errors.Join(failures...)
+}
+
+// errIsolate aborts a batch run without savepoints in which a handler
+// failed, for ConsumeBatch to run it again with them.
+var errIsolate = errors.New("a handler failed: run the batch again with a savepoint per delivery")
+
+// consume runs one batch transaction; isolate puts each delivery under a
+// savepoint. Without isolate, a handler failure aborts the transaction with
+// errIsolate.
+func (c *Consumers) consume(ctx context.Context, h Handler, consumer string, limit int, isolate bool) (Stats, []error, error) {
 	var (
 		stats    Stats
 		failures []error
@@ -179,14 +205,32 @@ func (c *Consumers) ConsumeBatch(ctx context.Context, consumer string, limit int
 	err := c.st.ExecTx(ctx, func(tx pgx.Tx) error {
 		stats, failures = Stats{}, nil
 		msgs, err := pendingDeliveries(ctx, tx, consumer, limit)
-		if err != nil {
+		if err != nil || len(msgs) == 0 {
 			return err
+		}
+		var fresh map[string]bool
+		if !isolate {
+			if fresh, err = claimInbox(ctx, tx, consumer, msgs); err != nil {
+				return err
+			}
 		}
 		done := make([]string, 0, len(msgs))
 		for _, m := range msgs {
-			res, err := deliver(ctx, tx, h, m)
-			if err != nil {
-				return err
+			var res result
+			if isolate {
+				if res, err = deliver(ctx, tx, h, m); err != nil {
+					return err
+				}
+			} else if !fresh[m.ID] {
+				res.duplicate = true
+			} else {
+				delete(fresh, m.ID) // a second delivery in this batch is a duplicate
+				if herr := h(ctx, tx, m); herr != nil {
+					if abortsBatch(ctx, herr) {
+						return herr
+					}
+					return errIsolate
+				}
 			}
 			switch {
 			case res.duplicate:
@@ -208,10 +252,33 @@ func (c *Consumers) ConsumeBatch(ctx context.Context, consumer string, limit int
 		_, err = tx.Exec(ctx, `UPDATE queue_messages SET processed_at = now() WHERE delivery_id = ANY ($1::UUID[])`, done)
 		return err
 	})
-	if err != nil {
-		return Stats{}, fmt.Errorf("outbox: consume %s: %w", consumer, err)
+	return stats, failures, err
+}
+
+// claimInbox inserts the PROCESSED inbox rows of msgs' messages in one
+// statement and returns the ids it inserted: those no earlier batch
+// processed or rejected.
+func claimInbox(ctx context.Context, tx pgx.Tx, consumer string, msgs []Message) (map[string]bool, error) {
+	ids := make([]string, len(msgs))
+	for i, m := range msgs {
+		ids[i] = m.ID
 	}
-	return stats, errors.Join(failures...)
+	rows, err := tx.Query(ctx, `INSERT INTO consumer_inbox (consumer_name, message_id, status, processed_at)
+		SELECT $1, id, $3, now() FROM unnest($2::TEXT[]) AS id ORDER BY id
+		ON CONFLICT (consumer_name, message_id) DO NOTHING
+		RETURNING message_id`, consumer, ids, InboxProcessed)
+	if err != nil {
+		return nil, err
+	}
+	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	fresh := make(map[string]bool, len(inserted))
+	for _, id := range inserted {
+		fresh[id] = true
+	}
+	return fresh, nil
 }
 
 // pendingDeliveries locks up to limit of consumer's unprocessed deliveries

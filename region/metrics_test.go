@@ -109,7 +109,7 @@ func TestMetricsExistAtZero(t *testing.T) {
 	for _, outcome := range []string{"completed", "released", "declined", "unknown", "skipped", "conflict"} {
 		want = append(want, fmt.Sprintf(`idempotency_recovery_total{outcome=%q}`, outcome))
 	}
-	for _, w := range []string{"recovery", "cleanup", "outbox"} {
+	for _, w := range []string{"recovery", "cleanup", "outbox-publish", "outbox-ledger", "outbox-receipt-email", "outbox-send"} {
 		want = append(want, fmt.Sprintf(`idempotency_worker_errors_total{worker=%q}`, w))
 	}
 	want = append(want, "idempotency_provider_key_conflicts_total", "idempotency_fenced_total")

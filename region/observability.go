@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -144,7 +145,7 @@ func (s *Server) forwardSpan(ctx context.Context, homeRegion, node string) (cont
 // own when tracing is on (recovery and cleanup; the outbox's frequent passes
 // are not traced).
 func (s *Server) tracedPass(ctx context.Context, name string, fn func(context.Context) error) error {
-	if !s.obs.tracing || name == "outbox" {
+	if !s.obs.tracing || strings.HasPrefix(name, "outbox-") {
 		return fn(ctx)
 	}
 	ctx, span := s.obs.tracer.Start(ctx, "worker "+name, trace.WithNewRoot(),

@@ -18,7 +18,8 @@ type outboxMetrics struct {
 }
 
 // startOutbox starts the leader-free outbox publisher, the ledger and
-// receipt-email consumers and the email sender, each every OutboxInterval.
+// receipt-email consumers and the email sender, each a worker of its own
+// that runs every OutboxInterval and, while it finds full batches, drains.
 func (s *Server) startOutbox(ctx context.Context, cfg WorkerConfig) {
 	if cfg.OutboxInterval <= 0 {
 		return
@@ -57,23 +58,56 @@ func (s *Server) startOutbox(ctx context.Context, cfg WorkerConfig) {
 			m.consumed.WithLabelValues(name, result)
 		}
 	}
-	s.every(ctx, "outbox", cfg.OutboxInterval, func(ctx context.Context) error {
-		n, err := pub.PublishBatch(ctx, cfg.OutboxBatch)
-		m.published.WithLabelValues().Add(float64(n))
-		if err != nil {
+	s.every(ctx, workerOutboxPublish, cfg.OutboxInterval, func(ctx context.Context) error {
+		return drain(ctx, cfg.OutboxBatch, func(ctx context.Context) (int, error) {
+			n, err := pub.PublishBatch(ctx, cfg.OutboxBatch)
+			m.published.WithLabelValues().Add(float64(n))
+			return n, err
+		})
+	})
+	for worker, name := range map[string]string{workerOutboxLedger: outbox.ConsumerLedger, workerOutboxReceipt: outbox.ConsumerReceiptEmail} {
+		s.every(ctx, worker, cfg.OutboxInterval, func(ctx context.Context) error {
+			return drain(ctx, cfg.OutboxBatch, func(ctx context.Context) (int, error) {
+				st, err := consumers.ConsumeBatch(ctx, name, cfg.OutboxBatch)
+				m.consumed.WithLabelValues(name, "processed").Add(float64(st.Processed))
+				m.consumed.WithLabelValues(name, "duplicate").Add(float64(st.Duplicates))
+				m.consumed.WithLabelValues(name, "rejected").Add(float64(st.Rejected))
+				m.consumed.WithLabelValues(name, "failed").Add(float64(st.Failed))
+				return st.Processed + st.Duplicates + st.Rejected + st.Failed, err
+			})
+		})
+	}
+	s.every(ctx, workerOutboxSend, cfg.OutboxInterval, func(ctx context.Context) error {
+		return drain(ctx, cfg.OutboxBatch, func(ctx context.Context) (int, error) {
+			n, err := sender.SendBatch(ctx, cfg.OutboxBatch)
+			m.sent.Add(float64(n))
+			return n, err
+		})
+	})
+}
+
+// Names of the outbox's workers (idempotency_worker_errors_total's worker
+// label): the publisher, one per consumer, and the receipt sender, each a
+// loop of its own so that none waits for another.
+const (
+	workerOutboxPublish = "outbox-publish"
+	workerOutboxLedger  = "outbox-ledger"
+	workerOutboxReceipt = "outbox-receipt-email"
+	workerOutboxSend    = "outbox-send"
+)
+
+// drainBatches bounds the batches of one outbox pass.
+const drainBatches = 50
+
+// drain runs batch again while it does a full batch of limit (a backlog is
+// left), up to drainBatches times, so that a worker keeps up with traffic
+// above one batch per interval; it stops at the first error.
+func drain(ctx context.Context, limit int, batch func(context.Context) (int, error)) error {
+	for range drainBatches {
+		n, err := batch(ctx)
+		if err != nil || n < limit || ctx.Err() != nil {
 			return err
 		}
-		var errs []error
-		for _, name := range []string{outbox.ConsumerLedger, outbox.ConsumerReceiptEmail} {
-			st, err := consumers.ConsumeBatch(ctx, name, cfg.OutboxBatch)
-			m.consumed.WithLabelValues(name, "processed").Add(float64(st.Processed))
-			m.consumed.WithLabelValues(name, "duplicate").Add(float64(st.Duplicates))
-			m.consumed.WithLabelValues(name, "rejected").Add(float64(st.Rejected))
-			m.consumed.WithLabelValues(name, "failed").Add(float64(st.Failed))
-			errs = append(errs, err)
-		}
-		sent, err := sender.SendBatch(ctx, cfg.OutboxBatch)
-		m.sent.Add(float64(sent))
-		return errors.Join(append(errs, err)...)
-	})
+	}
+	return nil
 }

@@ -42,7 +42,7 @@ type WorkerConfig struct {
 }
 
 // workerNames label idempotency_worker_errors_total.
-var workerNames = []string{"recovery", "cleanup", "outbox"}
+var workerNames = []string{"recovery", "cleanup", workerOutboxPublish, workerOutboxLedger, workerOutboxReceipt, workerOutboxSend}
 
 type workerMetrics struct {
 	recovery       *prometheus.CounterVec
