@@ -261,7 +261,7 @@ svg{border:1px solid #e5e7eb;border-radius:4px;margin:4px 0}
 </table>
 <table>
 <tr><th>scenario</th><th>verdict</th><th>calls</th><th>keys</th><th>faults</th><th>failed checks</th></tr>
-{{range .Scenarios}}<tr><td><a href="#{{.Name}}">{{.Name}}</a></td><td class="{{vclass .Passed}}">{{verdict .Passed}}{{if not .Valid}} (invalid){{end}}</td><td>{{.Ops}}</td><td>{{.Keys}}</td><td>{{len .Faults}}</td><td>{{join .Failed ", "}}{{if .Error}}error{{end}}</td></tr>
+{{range .Scenarios}}<tr><td><a href="#{{.Name}}">{{.Name}}</a></td><td class="{{vclass .Passed}}">{{verdict .Passed}}{{if not .Valid}} (invalid){{end}}</td><td>{{.Ops}}{{if .SidecarCalls}} + {{.SidecarCalls}} sidecar{{end}}</td><td>{{.Keys}}</td><td>{{len .Faults}}</td><td>{{join .Failed ", "}}{{if .Error}}error{{end}}</td></tr>
 {{end}}</table>
 {{range .Scenarios}}{{$s := .}}{{range .Drills}}{{template "drill" (drillView $s.Name .)}}{{end}}{{end}}
 {{range .Scenarios}}{{$s := .}}
@@ -272,7 +272,7 @@ svg{border:1px solid #e5e7eb;border-radius:4px;margin:4px 0}
 <table class="kv">
 <tr><td>cluster</td><td>{{len .Regions}} regions ({{join .Regions ", "}}), {{.NodesPerRegion}} nodes each, {{.StoreMode}} store, 3 etcd members, provider simulator, every link proxied</td></tr>
 <tr><td>idemd flags</td><td><code>{{join .NodeArgs " "}}</code></td></tr>
-<tr><td>traffic</td><td>{{.Ops}} calls on {{.Keys}} keys by {{.Clients}} clients over {{secs .TrafficSeconds}}; warm-up rate {{printf "%.1f" .WarmupRate}} calls/s (minimum {{.MinRate}})</td></tr>
+<tr><td>traffic</td><td>{{.Ops}} calls on {{.Keys}} keys by {{.Clients}} clients{{if .SidecarCalls}}, and {{.SidecarCalls}} calls by as many sidecar clients,{{end}} over {{secs .TrafficSeconds}}; warm-up rate {{printf "%.1f" .WarmupRate}} calls/s (minimum {{.MinRate}})</td></tr>
 <tr><td>answers</td><td>{{range outcomes .Outcomes}}<code>{{.Name}}</code>&nbsp;×{{.Count}} &nbsp; {{end}}</td></tr>
 {{if .History}}<tr><td>artifacts</td><td><a href="{{.History}}">history.json</a> (every call) · <a href="{{.Logs}}">logs/</a>{{if .Elapsed}} · whole scenario {{.Elapsed}}{{end}}</td></tr>{{end}}
 </table>

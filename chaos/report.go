@@ -62,6 +62,10 @@ type ScenarioReport struct {
 	IdleTenants int `json:"idleTenants,omitempty"`
 	Ops         int `json:"ops"`
 	Keys        int `json:"keys"`
+	// SidecarCalls counts the calls of a sidecar scenario's sidecar
+	// clients (each checked by the sidecar checks), beside the workload's
+	// Ops.
+	SidecarCalls int `json:"sidecarCalls,omitempty"`
 	// Redirected counts the calls a node refused (a dead process) that
 	// went on to another node, as a client with several endpoints does.
 	Redirected int            `json:"redirected,omitempty"`
@@ -239,7 +243,10 @@ func (r *Report) Summary(w io.Writer) {
 		return "FAIL"
 	}
 	for _, s := range r.Scenarios {
-		fmt.Fprintf(w, "%s  %-28s %5d calls %5d keys  %2d fault(s)  warm-up %.0f/s", verdict(s.Passed), s.Name, s.Ops, s.Keys, len(s.Faults), s.WarmupRate)
+		fmt.Fprintf(w, "%s  %-28s %5d calls %5d keys  %2d fault(s)  warm-up %.0f/s", verdict(s.Passed), s.Name, s.Ops+s.SidecarCalls, s.Keys, len(s.Faults), s.WarmupRate)
+		if s.SidecarCalls > 0 {
+			fmt.Fprintf(w, "  (%d through the sidecar)", s.SidecarCalls)
+		}
 		if s.Elapsed != "" {
 			fmt.Fprintf(w, "  %s", s.Elapsed)
 		}

@@ -455,6 +455,9 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 	var scres *sidecarResult
 	if sct != nil {
 		scres = sct.result()
+		for _, k := range scres.keys {
+			sr.SidecarCalls += len(k.Answers)
+		}
 		if err := writeJSON(filepath.Join(dir, "sidecar.json"), scres.keys); err != nil {
 			return sr, err
 		}
