@@ -18,11 +18,11 @@ import (
 
 // Defaults of Options and Operation.
 const (
-	DefaultWindow      = 24 * time.Hour
-	DefaultLockTimeout = 30 * time.Second
-	DefaultMaxWait     = 60 * time.Second
-	DefaultPollMin     = 20 * time.Millisecond
-	DefaultPollMax     = 500 * time.Millisecond
+	DefaultWindow  = 24 * time.Hour
+	DefaultLockFor = 30 * time.Second
+	DefaultMaxWait = 60 * time.Second
+	DefaultPollMin = 20 * time.Millisecond
+	DefaultPollMax = 500 * time.Millisecond
 	// writeTimeout bounds releasing an etcd lock and each write that ends
 	// an attempt after its caller has gone.
 	writeTimeout = 5 * time.Second
@@ -158,9 +158,9 @@ type Operation struct {
 	Recover ExecuteFunc
 	// Window is the replay window. Default DefaultWindow (24h).
 	Window time.Duration
-	// LockTimeout is how long an owner holds the record before a retry may
-	// take it over; it also bounds Execute. Default DefaultLockTimeout (30s).
-	LockTimeout time.Duration
+	// LockFor is how long an owner holds the record before a retry may
+	// take it over; it also bounds Execute. Default DefaultLockFor (30s).
+	LockFor time.Duration
 	// UnknownCode is the error code stored with, and answered for, an
 	// outcome that is not known yet. Default idem.ECodeOutcomeUnknown
 	// (OUTCOME_UNKNOWN); an operation whose clients already know another
@@ -347,7 +347,7 @@ func New(coord idem.Coordinator, opts Options) *Engine {
 	return &Engine{coord: coord, opts: opts, ops: map[string]Operation{}}
 }
 
-// Register adds op. Names are unique; defaults fill Window and LockTimeout.
+// Register adds op. Names are unique; defaults fill Window and LockFor.
 func (e *Engine) Register(op Operation) error {
 	if op.Name == "" {
 		return errors.New("engine: register: an operation needs a name")
@@ -355,8 +355,8 @@ func (e *Engine) Register(op Operation) error {
 	if op.Window <= 0 {
 		op.Window = DefaultWindow
 	}
-	if op.LockTimeout <= 0 {
-		op.LockTimeout = DefaultLockTimeout
+	if op.LockFor <= 0 {
+		op.LockFor = DefaultLockFor
 	}
 	if op.UnknownCode == "" {
 		op.UnknownCode = idem.ECodeOutcomeUnknown
@@ -513,7 +513,7 @@ func (e *Engine) beginRequest(op Operation, scope idem.Scope, hashes []string, o
 	}
 	return idem.BeginRequest{
 		Scope: scope, RequestHashes: hashes, HashVersion: v, Owner: owner, HomeRegion: region,
-		LockFor: op.LockTimeout, Window: op.Window, ExternalFencing: e.opts.Locker != nil,
+		LockFor: op.LockFor, Window: op.Window, ExternalFencing: e.opts.Locker != nil,
 	}
 }
 
@@ -753,7 +753,7 @@ func (e *Engine) stored(ans Answer, op Operation, res Result, err error) (Answer
 // left UNKNOWN_REQUIRES_RECOVERY at once (what a crash would leave at the
 // lock timeout, sooner) and the panic goes on.
 func (e *Engine) call(ctx context.Context, op Operation, a *Attempt, fn ExecuteFunc) (res Result, err error) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), op.LockTimeout)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), op.LockFor)
 	defer cancel()
 	defer func() {
 		if p := recover(); p != nil {

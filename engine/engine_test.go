@@ -167,8 +167,8 @@ func newEngine(t *testing.T, c idem.Coordinator, opts engine.Options, op engine.
 	t.Helper()
 	e := engine.New(c, opts)
 	op.Name = opName
-	if op.LockTimeout == 0 {
-		op.LockTimeout = 30 * time.Second
+	if op.LockFor == 0 {
+		op.LockFor = 30 * time.Second
 	}
 	if op.Window == 0 {
 		op.Window = time.Hour
@@ -1001,7 +1001,7 @@ func TestReferencingRecord(t *testing.T) {
 	}
 
 	plain := engine.New(st, engine.Options{})
-	if err := plain.Register(engine.Operation{Name: opName, Execute: execute, LockTimeout: time.Minute, Window: time.Hour}); err != nil {
+	if err := plain.Register(engine.Operation{Name: opName, Execute: execute, LockFor: time.Minute, Window: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	if ans, err := plain.Do(ctx, request("k-ref", h)); idem.ErrorCode(err) != idem.ECodeInternal || len(ans.Response.Body) != 0 {
@@ -1015,7 +1015,7 @@ func TestReferencingRecord(t *testing.T) {
 // stored, and the retry replays it.
 func TestClientGoneCancelsNothingStarted(t *testing.T) {
 	st, _ := storetest.New(t)
-	e := newEngine(t, st, engine.Options{}, engine.Operation{LockTimeout: time.Minute})
+	e := newEngine(t, st, engine.Options{}, engine.Operation{LockFor: time.Minute})
 	h := hashes(t, map[string]any{"amount": "1"})
 	client, hangUp := context.WithCancel(ctxOf(t))
 	req := request("k-gone", h)

@@ -112,10 +112,10 @@ type Options struct {
 	StoredHeaders []string
 	// Window is the replay window. Default engine.DefaultWindow (24h).
 	Window time.Duration
-	// LockTimeout bounds one execution of the handler (its context ends
+	// LockFor bounds one execution of the handler (its context ends
 	// then) and is how long a crashed owner blocks a retry. Default
-	// engine.DefaultLockTimeout (30s).
-	LockTimeout time.Duration
+	// engine.DefaultLockFor (30s).
+	LockFor time.Duration
 	// MaxWait caps Prefer: wait=N. Default engine.DefaultMaxWait (60s).
 	MaxWait time.Duration
 	// Wait is how long a request that finds its key in progress is held
@@ -138,7 +138,7 @@ type Options struct {
 	// Recover, optional, settles a record a crashed or lost execution left
 	// behind (see engine.Operation.Recover).
 	//
-	// Window, LockTimeout and Recover make the operation's registration:
+	// Window, LockFor and Recover make the operation's registration:
 	// when the engine has the operation already, that registration
 	// decides them, and Middleware refuses them set to other values.
 	Recover engine.ExecuteFunc
@@ -254,11 +254,11 @@ func Middleware(e *engine.Engine, opts Options) (func(http.Handler) http.Handler
 	if registered {
 		// The registration decides them; a different value here would be
 		// ignored without a word.
-		if opts.Recover != nil || (opts.Window != 0 && opts.Window != op.Window) || (opts.LockTimeout != 0 && opts.LockTimeout != op.LockTimeout) {
-			return nil, fmt.Errorf("idemhttp: operation %q is registered with the engine already, which decides its Recover, Window and LockTimeout; set them there", opts.Operation)
+		if opts.Recover != nil || (opts.Window != 0 && opts.Window != op.Window) || (opts.LockFor != 0 && opts.LockFor != op.LockFor) {
+			return nil, fmt.Errorf("idemhttp: operation %q is registered with the engine already, which decides its Recover, Window and LockFor; set them there", opts.Operation)
 		}
 	} else {
-		if err := e.Register(engine.Operation{Name: opts.Operation, Recover: opts.Recover, Window: opts.Window, LockTimeout: opts.LockTimeout}); err != nil {
+		if err := e.Register(engine.Operation{Name: opts.Operation, Recover: opts.Recover, Window: opts.Window, LockFor: opts.LockFor}); err != nil {
 			return nil, fmt.Errorf("idemhttp: %w", err)
 		}
 		op, _ = e.Operation(opts.Operation)

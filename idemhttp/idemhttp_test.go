@@ -284,7 +284,7 @@ func TestPanicLeavesTheKeyForRecovery(t *testing.T) {
 	f := newFixture(t, func(w http.ResponseWriter, r *http.Request) {
 		n.Add(1)
 		panic("handler bug")
-	}, engine.Options{}, idemhttp.Options{LockTimeout: time.Hour, Recover: func(_ context.Context, a *engine.Attempt) (engine.Result, error) {
+	}, engine.Options{}, idemhttp.Options{LockFor: time.Hour, Recover: func(_ context.Context, a *engine.Attempt) (engine.Result, error) {
 		s := verdict.Load().(idem.Status)
 		return engine.Result{Status: s, Response: idem.Response{Status: 201, Body: []byte("settled downstream")}}, nil
 	}})
@@ -523,9 +523,9 @@ func TestRegisteredRefusesWhatItWouldIgnore(t *testing.T) {
 	}
 	recover := func(context.Context, *engine.Attempt) (engine.Result, error) { return engine.Result{}, nil }
 	for name, opts := range map[string]idemhttp.Options{
-		"Window":      {Window: time.Minute},
-		"LockTimeout": {LockTimeout: time.Second},
-		"Recover":     {Recover: recover},
+		"Window":  {Window: time.Minute},
+		"LockFor": {LockFor: time.Second},
+		"Recover": {Recover: recover},
 	} {
 		opts.Operation, opts.Tenant = opName, idemhttp.BearerTokens(tokens)
 		if _, err := idemhttp.Middleware(e, opts); err == nil {

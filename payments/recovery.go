@@ -46,7 +46,7 @@ var RecoveryOutcomes = []string{RecoveryCompleted, RecoveryReleased, RecoveryDec
 // operation's Recover through the engine (engine.RecoverStale) with every
 // other registered operation's.
 func (s *Service) EngineOperation() engine.Operation {
-	op := engine.Operation{Name: Operation, Window: s.cfg.Window, LockTimeout: s.cfg.LockFor, UnknownCode: ECodeOutcomeUnknown,
+	op := engine.Operation{Name: Operation, Window: s.cfg.Window, LockFor: s.cfg.LockFor, UnknownCode: ECodeOutcomeUnknown,
 		Replay: s.replayRecord}
 	if s.cfg.Provider != nil {
 		op.Recover = s.recoverAttempt

@@ -194,7 +194,7 @@ func New(e *engine.Engine, opts Options) (*Proxy, error) {
 			Tenant:          opts.Tenant,
 			Fingerprint:     fingerprintOf(rt),
 			StoredHeaders:   r.replayHeaders,
-			LockTimeout:     rt.Timeout + lockMargin,
+			LockFor:         rt.Timeout + lockMargin,
 			MaxWait:         opts.MaxWait,
 			Wait:            rt.Wait,
 			MaxRequestBody:  opts.MaxRequestBody,

@@ -83,9 +83,9 @@ type Main struct {
 	// POST /payments, GET /payments/{id}, its tables and its outbox
 	// workers. Without it the node serves the coordination API and the
 	// sidecar's routes only, on a store with the engine's migrations.
-	Payments     bool
-	ReplayWindow time.Duration
-	LockFor      time.Duration
+	Payments bool
+	Window   time.Duration
+	LockFor  time.Duration
 
 	EtcdEndpoints  []string
 	StoreMode      routing.StoreMode
@@ -169,7 +169,7 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	tokensFile := fs.String("auth-tokens-file", "", "file of bearer tokens and their tenants, one token=tenant per line (# comments); or IDEM_AUTH_TOKENS=token=tenant,token2=tenant2")
 	fs.BoolVar(&m.Migrate, "migrate", true, "apply the store's migrations at start; false: only check that 'idemctl migrate' applied them (the node's role then needs no DDL privilege)")
 	fs.BoolVar(&m.Payments, "payments", true, "serve the reference payments operation (POST /payments, GET /payments/{id}, its tables and outbox workers); false: the coordination API and the sidecar's routes only")
-	fs.DurationVar(&m.ReplayWindow, "replay-window", payments.DefaultWindow, "how long a key's record answers retries")
+	fs.DurationVar(&m.Window, "replay-window", payments.DefaultWindow, "how long a key's record answers retries")
 	fs.DurationVar(&m.LockFor, "lock-timeout", payments.DefaultLockFor, "how long an owner holds a key before a retry may take it over")
 	fs.StringVar(&m.ProviderURL, "provider-url", "", "base URL of the payment provider; empty: payments complete locally in one transaction")
 	metricsTokenFile := fs.String("metrics-token-file", "", "file holding the bearer token GET /metrics requires (Prometheus: authorization.credentials_file); or IDEM_METRICS_TOKEN; empty: /metrics is open")
@@ -263,10 +263,10 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	}
 	m.Workers.Cleanup.BodyRetention = *bodyRetention
 	if m.Workers.Cleanup.BodyRetention == 0 {
-		m.Workers.Cleanup.BodyRetention = m.ReplayWindow
+		m.Workers.Cleanup.BodyRetention = m.Window
 	}
-	if m.Workers.Cleanup.BodyRetention < m.ReplayWindow {
-		return fmt.Errorf("--body-retention %v is shorter than --replay-window %v: replays inside the window would lose their body", m.Workers.Cleanup.BodyRetention, m.ReplayWindow)
+	if m.Workers.Cleanup.BodyRetention < m.Window {
+		return fmt.Errorf("--body-retention %v is shorter than --replay-window %v: replays inside the window would lose their body", m.Workers.Cleanup.BodyRetention, m.Window)
 	}
 	if m.FailoverTargets, err = cli.ParsePairs(*targets); err != nil {
 		return fmt.Errorf("--failover-targets: %w", err)
@@ -408,7 +408,7 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	cfg := payments.Config{
 		Region: m.Region, Owner: m.Region + "/" + m.NodeID,
-		Window: m.ReplayWindow, LockFor: m.LockFor, Logger: m.logger,
+		Window: m.Window, LockFor: m.LockFor, Logger: m.logger,
 		ProviderTimeout: m.ProviderTimeout, ResponseSchema: m.ResponseSchema, ReplayRule: m.ReplayRule,
 		StoreBodies: m.StoreBodies, Faults: m.faults.payments(),
 		OnFenced: func() {
@@ -484,7 +484,7 @@ func (m *Main) Run(ctx context.Context) error {
 	}
 	srv.StartWorkers(context.WithoutCancel(ctx), m.Workers)
 	m.logger.Info("idemd serving", "region", m.Region, "node", m.NodeID, "url", srv.URL(),
-		"store_mode", m.StoreMode, "etcd", len(m.EtcdEndpoints) > 0, "replay_window", m.ReplayWindow)
+		"store_mode", m.StoreMode, "etcd", len(m.EtcdEndpoints) > 0, "replay_window", m.Window)
 	return nil
 }
 
@@ -534,7 +534,7 @@ func (m *Main) joinRegion(ctx context.Context, ln net.Listener, https bool) (*ro
 		go func() { defer close(m.autoDone); _ = af.Run(actx) }()
 	}
 	return routing.NewRouter(cli, m.routes, m.membership, routing.RouterConfig{
-		Region: m.Region, Mode: m.StoreMode, RouteToHome: m.RouteToHome, Window: m.ReplayWindow, Now: m.faults.now,
+		Region: m.Region, Mode: m.StoreMode, RouteToHome: m.RouteToHome, Window: m.Window, Now: m.faults.now,
 	}), nil
 }
 

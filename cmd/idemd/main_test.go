@@ -329,7 +329,7 @@ func TestParseFlagsFromEnvironment(t *testing.T) {
 	if err := m.ParseFlags([]string{"--region", "eu-west"}, func(k string) string { return env[k] }); err != nil {
 		t.Fatal(err)
 	}
-	if m.DatabaseURL != "postgres://x" || m.ReplayWindow != 2*time.Hour || m.Region != "eu-west" || m.AuthTokens["b"] != "t2" {
+	if m.DatabaseURL != "postgres://x" || m.Window != 2*time.Hour || m.Region != "eu-west" || m.AuthTokens["b"] != "t2" {
 		t.Errorf("parsed %+v", m)
 	}
 	if err := NewMain().ParseFlags([]string{"--replay-window", "1h", "--body-retention", "30m", "--database-url", "x"}, func(string) string { return "" }); err == nil {

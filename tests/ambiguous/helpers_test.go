@@ -52,7 +52,7 @@ func newEngine(t *testing.T, c idem.Coordinator, opts engine.Options, op engine.
 	t.Helper()
 	e := engine.New(c, opts)
 	op.Name = opName
-	op.LockTimeout = 30 * time.Second
+	op.LockFor = 30 * time.Second
 	op.Window = time.Hour
 	if err := e.Register(op); err != nil {
 		t.Fatal(err)
