@@ -96,6 +96,18 @@ func TestImagesAnswer(t *testing.T) {
 			t.Errorf("%s in the idem image: exit %d, %v: %s", cmd, code, err, b)
 		}
 	}
+	// The image's idemctl is the operator build: its commands, none of the
+	// tooling's (the chaos harness, the local cluster, the benchmarks).
+	code, out, err := etcd.Exec(ctx, []string{"/usr/local/bin/idemctl", "help"})
+	b, _ := io.ReadAll(out)
+	if err != nil || code != 0 || !strings.Contains(string(b), "migrate") || !strings.Contains(string(b), "region") {
+		t.Errorf("idemctl help in the idem image: exit %d, %v, without migrate or region: %s", code, err, b)
+	}
+	for _, tooling := range []string{"chaos", "soak", "bench", "up"} {
+		if code, _, err := etcd.Exec(ctx, []string{"/usr/local/bin/idemctl", tooling, "-h"}); err != nil || code != 2 {
+			t.Errorf("idemctl %s in the idem image: exit %d, %v; want 2 (an unknown command in the operator build)", tooling, code, err)
+		}
+	}
 }
 
 // TestMultiRegionContainers is cluster's TestMultiRegion run as

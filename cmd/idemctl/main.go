@@ -29,21 +29,20 @@ type Env struct {
 	Getenv         func(string) string
 }
 
+// commands is the operator's commands and, unless idemctl is built with the
+// operator tag (the production image's build), the tooling's (toolingCommands).
 func commands() map[string]command {
-	return map[string]command{
-		"up":          {"start a local cluster (PostgreSQL + idemd nodes) and print its endpoints", runUp},
+	cmds := map[string]command{
 		"migrate":     {"apply the store's migrations to --database-url", runMigrate},
-		"bench":       {"benchmark the payment write with and without the idempotency layer", runBench},
 		"provider":    {"serve the payment provider simulator", runProvider},
 		"placement":   {"get or set a tenant's home region (placement get|set --tenant T [--region R]), or the default regions (placement defaults --regions A,B)", runPlacement},
 		"region":      {"region status, failover --from A --to B, failback --region A, handover of a failed region's records", runRegion},
-		"images":      {"build the container images with the local Docker engine, nothing pulled (images build [--patroni] | images tags)", runImages},
 		"healthcheck": {"GET a URL and exit non-zero unless it answers 200 (the idem image's container health check)", runHealthcheck},
-		"chaos":       {"chaos tests: list the scenarios, or run them against a local cluster and check the history (chaos list|run)", runChaos},
-		"wan-proxy":   {"serve toxiproxy's API and proxies: the WAN container of the docker chaos environment (chaos run --env docker)", runWANProxy},
-		"soak":        {"run mixed traffic with faults against a local cluster for --duration, sample the nodes, stores and provider, and fail on growth that does not level off or drifting throughput or p99", runSoak},
-		"drill":       {"failover drill against a running cluster: --inject and --heal commands, manual or automatic failover, the chaos checks and a report with RTO and RPO", runDrill},
 	}
+	for name, c := range toolingCommands() {
+		cmds[name] = c
+	}
+	return cmds
 }
 
 func main() {

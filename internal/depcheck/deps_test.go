@@ -125,7 +125,13 @@ type pkg struct {
 // as the go command resolves it for a build without tags.
 func listDeps(t *testing.T, pkgs []string) map[string]pkg {
 	t.Helper()
-	args := append([]string{"list", "-deps", "-f", "{{.ImportPath}} {{.Standard}}{{range .Imports}} {{.}}{{end}}"}, pkgs...)
+	return listDepsTagged(t, "", pkgs)
+}
+
+// listDepsTagged is listDeps for a build with tags (comma-separated).
+func listDepsTagged(t *testing.T, tags string, pkgs []string) map[string]pkg {
+	t.Helper()
+	args := append([]string{"list", "-deps", "-tags", tags, "-f", "{{.ImportPath}} {{.Standard}}{{range .Imports}} {{.}}{{end}}"}, pkgs...)
 	cmd := exec.Command(goTool(t), args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -250,4 +256,33 @@ func importersBut(g map[string]pkg, deps map[string][]string, p, allowed string)
 	}
 	slices.Sort(bad)
 	return bad
+}
+
+// TestOperatorBuild: what the production image ships, idemd and idemctl's
+// operator build (-tags operator), links no test machinery, no chaos
+// harness or local cluster launcher, no toxiproxy, porcupine,
+// testcontainers or etcd server.
+func TestOperatorBuild(t *testing.T) {
+	progs := []string{module + "/cmd/idemd", module + "/cmd/idemctl"}
+	g := listDepsTagged(t, "operator", progs)
+	tooling := []string{
+		"go.etcd.io/etcd/server", "github.com/testcontainers", "github.com/Shopify/toxiproxy",
+		"github.com/anishathalye/porcupine", "github.com/moby", "go.uber.org/goleak", "testing",
+		module + "/chaos", module + "/cluster", module + "/cmd/idemctl/internal/bench", module + "/tests",
+		module + "/internal/images", module + "/internal/etcdtest", module + "/internal/pgtest", module + "/internal/storetest",
+	}
+	for _, prog := range progs {
+		deps := chains(g, prog)
+		for _, f := range tooling {
+			if hits := matching(deps, func(p string) bool { return under(p, f) }); len(hits) > 0 {
+				t.Errorf("%s (operator build) pulls %s: %s", path.Base(prog), f, shortest(deps, hits))
+			}
+		}
+	}
+	// Without the tag, idemctl is the whole tool: the test above would
+	// catch a harness package if the tag stopped leaving it out.
+	full := chains(listDeps(t, progs[1:]), progs[1])
+	if hits := matching(full, func(p string) bool { return under(p, module+"/chaos") }); len(hits) == 0 {
+		t.Errorf("idemctl without the operator tag does not link the chaos harness: the check above proves nothing")
+	}
 }

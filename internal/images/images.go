@@ -156,12 +156,18 @@ func shortHash(parts ...[]byte) string {
 	return hex.EncodeToString(h.Sum(nil))[:12]
 }
 
+// idemctlTags are the build tags of the image's idemctl: the operator build,
+// the operator's commands without the chaos harness, the local cluster
+// launcher and the benchmarks (and without toxiproxy, porcupine and
+// testcontainers in the image).
+const idemctlTags = "operator"
+
 // sourceHash hashes what the idem image is built from: the Go version,
 // go.mod, go.sum and every file (Go sources and embedded files, such as the
 // migrations) of the module's packages that idemd and idemctl are built
 // from, as `go list -deps` names them.
 func sourceHash(root string) (string, error) {
-	cmd := exec.Command("go", "list", "-deps", "-f",
+	cmd := exec.Command("go", "list", "-deps", "-tags", idemctlTags, "-f",
 		"{{if and .Module .Module.Main}}{{.Dir}}{{range .GoFiles}}\t{{.}}{{end}}{{range .EmbedFiles}}\t{{.}}{{end}}{{end}}",
 		"./cmd/idemd", "./cmd/idemctl")
 	cmd.Dir = root
@@ -183,6 +189,7 @@ func sourceHash(root string) (string, error) {
 	h := sha256.New()
 	fmt.Fprintf(h, "go %s %s/%s\n", runtime.Version(), runtime.GOOS, runtime.GOARCH)
 	fmt.Fprintf(h, "dockerfile %x\n", sha256.Sum256(idemDockerfile))
+	fmt.Fprintf(h, "idemctl tags %s\n", idemctlTags)
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
@@ -451,7 +458,10 @@ func (b *builder) idem(ctx context.Context) (string, error) {
 		c.Dir = b.o.Root
 		c.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOFLAGS=-trimpath -buildvcs=false")
 	}
-	if _, err := b.run(ctx, goEnv, "go", "build", "-o", bin+"/", "./cmd/idemd", "./cmd/idemctl"); err != nil {
+	if _, err := b.run(ctx, goEnv, "go", "build", "-o", bin+"/", "./cmd/idemd"); err != nil {
+		return "", err
+	}
+	if _, err := b.run(ctx, goEnv, "go", "build", "-tags", idemctlTags, "-o", bin+"/", "./cmd/idemctl"); err != nil {
 		return "", err
 	}
 	if _, err := b.run(ctx, goEnv, "go", "build", "-o", filepath.Join(bin, "etcd"), "go.etcd.io/etcd/server/v3"); err != nil {
