@@ -65,7 +65,8 @@ func (s *Service) EngineOptions() engine.Options {
 }
 
 // RecoverBatch reconciles up to limit stale create_payment records that no
-// client is retrying, through an engine of its own (engine.RecoverStale):
+// client is retrying, through the service's engine (Engine, whose
+// RecoverStale also recovers the other operations registered in it):
 // it takes recovery ownership of each (atomically, fenced, exactly as a
 // retry would), asks the provider by provider key, and records what it
 // learns. A record that had reached PROVIDER_REQUEST_SENT and has no charge
@@ -77,11 +78,7 @@ func (s *Service) RecoverBatch(ctx context.Context, limit int) (map[string]int, 
 	if s.cfg.Provider == nil {
 		return nil, nil
 	}
-	e := engine.New(s.store, s.EngineOptions())
-	if err := e.Register(s.EngineOperation()); err != nil {
-		return nil, err
-	}
-	return e.RecoverStale(ctx, limit)
+	return s.engine.RecoverStale(ctx, limit)
 }
 
 // recoverAttempt is create_payment's engine Recover: it settles a record
