@@ -202,7 +202,7 @@ func (c *Consumers) consume(ctx context.Context, h Handler, consumer string, lim
 		stats    Stats
 		failures []error
 	)
-	err := c.st.ExecTx(ctx, func(tx pgx.Tx) error {
+	err := c.st.ExecTxReadCommitted(ctx, func(tx pgx.Tx) error {
 		stats, failures = Stats{}, nil
 		msgs, err := pendingDeliveries(ctx, tx, consumer, limit)
 		if err != nil || len(msgs) == 0 {

@@ -29,14 +29,24 @@
 // effects with natural unique keys (ON CONFLICT DO NOTHING), a second line of
 // defence that does not depend on the inbox.
 //
-// Each delivery runs under a savepoint. A handler error rolls back to it, so
-// the failed message leaves neither an inbox row nor any partial effect, and
-// its delivery stays pending for a later batch, while the rest of the batch
-// commits. A handler that can never succeed for a message returns [Reject]:
+// A handler's failure must leave no partial effect. A batch first runs with
+// no savepoints (the inbox rows of the whole batch claimed in one
+// statement); when a handler fails, that attempt is rolled back and the batch
+// runs again with each delivery under a savepoint. A handler error then
+// rolls back to it, so the failed message leaves neither an inbox row nor
+// any partial effect, and its delivery stays pending for a later batch,
+// while the rest of the batch commits. A handler that can never succeed for a message returns [Reject]:
 // the inbox records the message as REJECTED with an error code and the
 // delivery is marked processed (dead-lettered). Serialization failures,
 // connection failures and cancellation abort the whole batch instead, and the
-// store's ExecTx retries it from the start when that is safe.
+// store retries it from the start when that is safe.
+//
+// Publishing, consuming and sending run at READ COMMITTED
+// (store.Store.ExecTxReadCommitted): their correctness rests on row locks
+// (FOR UPDATE SKIP LOCKED re-checks each row it locks) and unique
+// constraints (the inbox row, the effects' natural keys, ON CONFLICT), not
+// on what a read saw, and at SERIALIZABLE their stream of batches would fill
+// PostgreSQL's shared table of predicate locks beside the request traffic.
 //
 // The built-in consumers are [ConsumerLedger] (a ledger_entries row per
 // PaymentCreated and PaymentConfirmed event, entry ids

@@ -637,3 +637,27 @@ func TestSenderShutdownMidSend(t *testing.T) {
 		t.Errorf("%d emails sent in all, want 2 (one each)", got)
 	}
 }
+
+// TestBatchesRunAtReadCommitted: a consumer's batch (and so its handler)
+// runs at READ COMMITTED, not at the store's SERIALIZABLE default: its
+// correctness rests on row locks and unique constraints, and serializable
+// queue batches fill PostgreSQL's shared predicate lock table beside the
+// request traffic ("out of shared memory" for every serializable statement).
+func TestBatchesRunAtReadCommitted(t *testing.T) {
+	st, _ := storetest.New(t)
+	addPayment(t, st, "pay_rc", "PENDING")
+	publishAll(t, outbox.NewPublisher(st, outbox.PublisherConfig{}))
+	var isolation string
+	cons := outbox.NewConsumers(st, outbox.WithHandler(outbox.ConsumerLedger, func(ctx context.Context, q store.Querier, m outbox.Message) error {
+		if err := q.QueryRow(ctx, `SHOW transaction_isolation`).Scan(&isolation); err != nil {
+			return err
+		}
+		return outbox.HandleLedger(ctx, q, m)
+	}))
+	if s, err := cons.ConsumeBatch(context.Background(), outbox.ConsumerLedger, 10); err != nil || s.Processed != 1 {
+		t.Fatalf("ConsumeBatch = %+v, %v; want 1 processed", s, err)
+	}
+	if isolation != "read committed" {
+		t.Errorf("the batch ran at %q, want read committed", isolation)
+	}
+}

@@ -104,7 +104,7 @@ func (p *Publisher) PublishBatch(ctx context.Context, limit int) (int, error) {
 		return 0, fmt.Errorf("outbox: publish: %w", errInvalidLimit)
 	}
 	var n int
-	err := p.st.ExecTx(ctx, func(tx pgx.Tx) error {
+	err := p.st.ExecTxReadCommitted(ctx, func(tx pgx.Tx) error {
 		n = 0
 		rows, err := tx.Query(ctx, `SELECT event_id FROM outbox_events
 			WHERE published_at IS NULL
@@ -146,8 +146,10 @@ func (p *Publisher) PublishBatch(ctx context.Context, limit int) (int, error) {
 // or 0 when every event is published.
 func (p *Publisher) Lag(ctx context.Context) (time.Duration, error) {
 	var secs float64
-	err := p.st.Pool().QueryRow(ctx, `SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0)::FLOAT8
-		FROM outbox_events WHERE published_at IS NULL`).Scan(&secs)
+	err := p.st.ExecTxReadCommitted(ctx, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, `SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0)::FLOAT8
+			FROM outbox_events WHERE published_at IS NULL`).Scan(&secs)
+	})
 	if err != nil {
 		return 0, fmt.Errorf("outbox: lag: %w", err)
 	}

@@ -136,7 +136,7 @@ func (s *Sender) SendBatch(ctx context.Context, limit int) (int, error) {
 	}
 	markCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
 	defer cancel()
-	err = s.st.ExecTx(markCtx, func(tx pgx.Tx) error {
+	err = s.st.ExecTxReadCommitted(markCtx, func(tx pgx.Tx) error {
 		if len(sent) > 0 {
 			if _, err := tx.Exec(markCtx, `UPDATE email_notifications
 				SET sent_at = now(), claimed_until = NULL, last_error = NULL
@@ -166,7 +166,7 @@ func (s *Sender) SendBatch(ctx context.Context, limit int) (int, error) {
 // claim takes up to limit unsent emails whose claim is free or expired.
 func (s *Sender) claim(ctx context.Context, limit int) ([]Email, error) {
 	var claimed []Email
-	err := s.st.ExecTx(ctx, func(tx pgx.Tx) error {
+	err := s.st.ExecTxReadCommitted(ctx, func(tx pgx.Tx) error {
 		claimed = nil
 		rows, err := tx.Query(ctx, `SELECT dedupe_key, tenant_id, payment_id, account_id, amount, currency
 			FROM email_notifications

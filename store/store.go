@@ -144,7 +144,27 @@ func (s *Store) Ping(ctx context.Context) error {
 // failures, and serialization failures or deadlocks that outlast
 // Options.TxAttempts, are returned as *idem.Error with code
 // STORE_UNAVAILABLE (wrapping the last error).
-func (s *Store) ExecTx(ctx context.Context, fn func(pgx.Tx) error) (err error) {
+func (s *Store) ExecTx(ctx context.Context, fn func(pgx.Tx) error) error {
+	return s.execTx(ctx, pgx.Serializable, fn)
+}
+
+// ExecTxReadCommitted is ExecTx at READ COMMITTED on PostgreSQL, for work
+// whose correctness rests on row locks and unique constraints alone, not on
+// what its reads saw: a queue taken with SELECT ... FOR UPDATE SKIP LOCKED
+// (which re-checks each row it locks against its WHERE clause), and writes
+// that are INSERT ... ON CONFLICT. Such work at SERIALIZABLE pays for
+// predicate locks it does not need, and PostgreSQL keeps a committed
+// serializable transaction's predicate locks for as long as any transaction
+// that overlapped it runs, in one table shared by every database of the
+// server (max_pred_locks_per_transaction × max_connections slots): a
+// stream of queue batches beside the request traffic fills it, and then
+// every serializable statement of the server fails with "out of shared
+// memory". On CockroachDB, which has no such table, it runs as ExecTx.
+func (s *Store) ExecTxReadCommitted(ctx context.Context, fn func(pgx.Tx) error) error {
+	return s.execTx(ctx, pgx.ReadCommitted, fn)
+}
+
+func (s *Store) execTx(ctx context.Context, iso pgx.TxIsoLevel, fn func(pgx.Tx) error) (err error) {
 	ctx, span := telemetry.Start(ctx, "store.tx", trace.SpanKindInternal)
 	defer func() { endSpan(span, err) }()
 	return s.retry(ctx, func() error {
@@ -153,7 +173,7 @@ func (s *Store) ExecTx(ctx context.Context, fn func(pgx.Tx) error) (err error) {
 		if s.cockroach(ctx) {
 			err = crdbpgx.ExecuteTx(crdb.WithMaxRetries(ctx, 1), c, pgx.TxOptions{IsoLevel: pgx.Serializable}, fn)
 		} else {
-			err = c.run(ctx, fn)
+			err = c.run(ctx, iso, fn)
 		}
 		if err == nil {
 			err = c.commitErr
@@ -288,8 +308,8 @@ func (s *Store) cockroach(ctx context.Context) bool {
 
 // run is one PostgreSQL transaction: BEGIN, fn, COMMIT (whose error is
 // kept), or ROLLBACK when fn fails.
-func (c *commitKeeper) run(ctx context.Context, fn func(pgx.Tx) error) error {
-	tx, err := c.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.Serializable})
+func (c *commitKeeper) run(ctx context.Context, iso pgx.TxIsoLevel, fn func(pgx.Tx) error) error {
+	tx, err := c.BeginTx(ctx, pgx.TxOptions{IsoLevel: iso})
 	if err != nil {
 		return err
 	}
@@ -379,7 +399,11 @@ func isUnavailable(err error) bool {
 		return true
 	}
 	code := sqlState(err)
-	return len(code) == 5 && (code[:2] == "08" || code == "57P01" || code == "57P03")
+	// Class 08: the connection; 57P01, 57P03: the server shutting down or
+	// starting; class 53, insufficient resources (out of memory or shared
+	// memory, disk full, too many connections): the store cannot serve
+	// now, which says nothing about the request.
+	return len(code) == 5 && (code[:2] == "08" || code[:2] == "53" || code == "57P01" || code == "57P03")
 }
 
 // Unavailable classifies err as the store's callers see it: a failure to
