@@ -1,6 +1,7 @@
 package payments
 
 import (
+	"encoding/json"
 	"net/http"
 
 	"github.com/idemcoord/idem"
@@ -30,6 +31,38 @@ var Errors = map[string]idemhttp.ErrorClass{
 	ECodePaymentNotFound:      {Status: http.StatusNotFound, Title: "Payment not found"},
 	ECodePaymentDeclined:      {Status: http.StatusPaymentRequired, Title: "Payment declined"},
 	ECodeProviderUnavailable:  {Status: http.StatusServiceUnavailable, RetryAfter: 1, Title: "Provider unavailable"},
+}
+
+// paymentProblem is an answer of the payments API that carries one of its
+// codes and names a payment: RFC 9457 problem+json, as every error of the
+// node is (type, title, status, detail, errorCode, message), with the
+// payment's id as an extension member.
+type paymentProblem struct {
+	idemhttp.Problem
+	PaymentID         string `json:"paymentId,omitempty"`
+	ExistingPaymentID string `json:"existingPaymentId,omitempty"`
+}
+
+// problemResponse renders code's answer with message, naming a payment
+// (p's PaymentID or ExistingPaymentID), by the node's table extended with
+// Errors: the status, Content-Type and Retry-After any other surface sends
+// for code.
+func problemResponse(code, message string, p paymentProblem) idem.Response {
+	table, err := idemhttp.DefaultErrors().With(Errors)
+	if err != nil { // Errors redefines a code of the default table: a programming error
+		panic(err)
+	}
+	prob, h := table.Problem(code, message)
+	p.Problem = prob
+	body, err := json.Marshal(p)
+	if err != nil {
+		panic(err) // strings only
+	}
+	headers := map[string]string{"Content-Type": h.Get("Content-Type")}
+	if ra := h.Get("Retry-After"); ra != "" {
+		headers["Retry-After"] = ra
+	}
+	return idem.Response{Status: prob.Status, Headers: headers, Body: body}
 }
 
 // Checkpoints of create_payment, in order: RECEIVED ->

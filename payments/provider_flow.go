@@ -162,16 +162,9 @@ func (s *Service) chargedForAnotherKey(ctx context.Context, lease idem.Lease, p 
 
 // decline records a business rejection: replayed to every retry.
 func (s *Service) decline(ctx context.Context, lease idem.Lease, p Payment) (Result, error) {
-	body, err := json.Marshal(struct {
-		ErrorCode string `json:"errorCode"`
-		Message   string `json:"message"`
-		PaymentID string `json:"paymentId"`
-	}{ECodePaymentDeclined, "The payment provider declined the payment.", p.ID})
-	if err != nil {
-		return Result{}, err
-	}
-	resp := idem.Response{Status: 402, Headers: map[string]string{"Content-Type": "application/json"}, Body: body, SchemaVersion: s.cfg.ResponseSchema}
-	err = s.ownedTx(ctx, func(tx pgx.Tx) error {
+	resp := problemResponse(ECodePaymentDeclined, "The payment provider declined the payment.", paymentProblem{PaymentID: p.ID})
+	resp.SchemaVersion = s.cfg.ResponseSchema
+	err := s.ownedTx(ctx, func(tx pgx.Tx) error {
 		if err := store.FailTx(ctx, tx, lease, idem.Failure{Status: idem.StatusFailedReplayable, ErrorCode: ECodePaymentDeclined, Response: &resp}); err != nil {
 			return err
 		}
@@ -211,12 +204,10 @@ func (s *Service) providerKeyConflict(ctx context.Context, lease idem.Lease, p P
 // providerKeyConflictResponse is the 409 answer of a payment whose provider
 // key holds another charge.
 func providerKeyConflictResponse(paymentID string) idem.Response {
-	body, _ := json.Marshal(struct {
-		ErrorCode string `json:"errorCode"`
-		Message   string `json:"message"`
-		PaymentID string `json:"paymentId"`
-	}{ECodeProviderKeyConflict, "The payment provider already holds a different charge for this payment; nothing was charged. Use a new merchant reference, or contact support.", paymentID})
-	return idem.Response{Status: 409, Headers: map[string]string{"Content-Type": "application/json"}, Body: body, SchemaVersion: DefaultSchemaVersion}
+	resp := problemResponse(ECodeProviderKeyConflict, "The payment provider already holds a different charge for this payment; nothing was charged. Use a new merchant reference, or contact support.",
+		paymentProblem{PaymentID: paymentID})
+	resp.SchemaVersion = DefaultSchemaVersion
+	return resp
 }
 
 // retryable records a failure that happened before any side effect: the next
@@ -246,12 +237,8 @@ func (s *Service) markUnknown(ctx context.Context, lease idem.Lease, p Payment, 
 }
 
 func unknownResponse(paymentID string) idem.Response {
-	body, _ := json.Marshal(struct {
-		ErrorCode string `json:"errorCode"`
-		Message   string `json:"message"`
-		PaymentID string `json:"paymentId"`
-	}{ECodeOutcomeUnknown, "The payment was sent to the provider but its outcome is not known yet. Retry with the same key; it will never be charged twice.", paymentID})
-	return idem.Response{Status: 202, Headers: map[string]string{"Content-Type": "application/json", "Retry-After": "1"}, Body: body}
+	return problemResponse(ECodeOutcomeUnknown, "The payment was sent to the provider but its outcome is not known yet. Retry with the same key; it will never be charged twice.",
+		paymentProblem{PaymentID: paymentID})
 }
 
 // ownedTx runs one write of an owner, bounded by the owner's lock duration.

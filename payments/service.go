@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -208,12 +207,10 @@ func (s *Service) Engine() *engine.Engine { return s.engine }
 // duplicateResponse is the 409 answer naming the payment that already holds
 // the merchant reference.
 func duplicateResponse(existingID string) idem.Response {
-	body, _ := json.Marshal(struct {
-		ErrorCode         string `json:"errorCode"`
-		Message           string `json:"message"`
-		ExistingPaymentID string `json:"existingPaymentId"`
-	}{ECodeDuplicateMerchantRef, "A payment with this merchant reference already exists for the account.", existingID})
-	return idem.Response{Status: 409, Headers: map[string]string{"Content-Type": "application/json"}, Body: body, SchemaVersion: DefaultSchemaVersion}
+	resp := problemResponse(ECodeDuplicateMerchantRef, "A payment with this merchant reference already exists for the account.",
+		paymentProblem{ExistingPaymentID: existingID})
+	resp.SchemaVersion = DefaultSchemaVersion
+	return resp
 }
 
 // rejectDuplicate answers a command whose merchant reference already has a
