@@ -277,7 +277,7 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 	}
 	sr := &ScenarioReport{
 		Name: s.Name, Description: s.Description, Seed: opts.Seed, Break: opts.Break,
-		Regions: regions, NodesPerRegion: perRegion, StoreMode: storeMode, Clients: opts.Clients,
+		Regions: regions, NodesPerRegion: perRegion, StoreMode: storeMode, Clients: opts.Clients + s.ExtraClients,
 		Started: began.UTC(), MinRate: opts.MinRate, NodeArgs: args,
 	}
 	cfg := cluster.Config{
@@ -348,7 +348,7 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 	}
 	hist := &History{}
 	wcfg := s.Workload
-	wcfg.Clients = opts.Clients
+	wcfg.Clients = opts.Clients + s.ExtraClients
 	wcfg.ReplayWindow = s.ReplayWindow
 	wcfg.TLS = c.ClientTLS()
 	if s.ReplayWindow > 0 && s.ReplayWindow < time.Minute {

@@ -30,6 +30,11 @@ type Scenario struct {
 	// Workload shapes the traffic (Clients and ReplayWindow are filled in
 	// by the run).
 	Workload WorkloadConfig
+	// ExtraClients are added to the run's --clients for this scenario: a
+	// store that commits each write on a synchronous standby in another
+	// region answers every call later, and the same clients then make
+	// fewer calls.
+	ExtraClients int
 	// Faults returns the fault steps, in order, for a cluster whose
 	// regions are regions (regions[i] is home of the i-th tenant).
 	Faults func(env *Env, regions []string) []Step
@@ -130,10 +135,11 @@ func Catalogue() []Scenario {
 			Description: "global store replicated over three regions (Patroni, synchronous and strict): the primary member's whole region " +
 				"dies (its PostgreSQL, its Patroni agent and its nodes, SIGKILL); the synchronous standby is promoted and the nodes' " +
 				"multi-host URL finds it: no acknowledged answer is lost; the store's recovery time is in the fault's notes",
-			Regions:   3,
-			StoreMode: "global",
-			StoreHA:   true,
-			Workload:  WorkloadConfig{Mix: map[Role]int{RoleRacer: 1, RoleNormal: 2}, RaceWidth: 2, Replays: 0.3},
+			Regions:      3,
+			StoreMode:    "global",
+			StoreHA:      true,
+			Workload:     WorkloadConfig{Mix: map[Role]int{RoleRacer: 1, RoleNormal: 2}, RaceWidth: 2, Replays: 0.3},
+			ExtraClients: 8,
 			Faults: func(env *Env, r []string) []Step {
 				return []Step{{StorePrimaryLoss(), 2 * time.Second}}
 			},
@@ -143,10 +149,11 @@ func Catalogue() []Scenario {
 			Description: "global store replicated over three regions: the primary member is cut from its replicas and from etcd while the " +
 				"nodes still reach it; it acknowledges nothing it could lose (strict synchronous replication, then it demotes itself), " +
 				"a replica is promoted, and every write the isolated member acknowledged is on the new primary (no split brain)",
-			Regions:   3,
-			StoreMode: "global",
-			StoreHA:   true,
-			Workload:  WorkloadConfig{Mix: map[Role]int{RoleRacer: 1, RoleNormal: 2}, RaceWidth: 2, Replays: 0.3},
+			Regions:      3,
+			StoreMode:    "global",
+			StoreHA:      true,
+			Workload:     WorkloadConfig{Mix: map[Role]int{RoleRacer: 1, RoleNormal: 2}, RaceWidth: 2, Replays: 0.3},
+			ExtraClients: 8,
 			Faults: func(env *Env, r []string) []Step {
 				return []Step{{StorePartition(), 2 * time.Second}}
 			},
