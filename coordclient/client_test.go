@@ -19,6 +19,7 @@ import (
 	"github.com/idemcoord/idem/internal/pgtest"
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/payments/paymentsnode"
 	"github.com/idemcoord/idem/region"
 	"github.com/idemcoord/idem/store"
 )
@@ -50,7 +51,7 @@ func newNode(t *testing.T, st *store.Store) string {
 	t.Helper()
 	pay := payments.NewService(st, payments.Config{Region: "test", Window: time.Hour})
 	srv, err := region.NewServer(region.Config{Region: "test", Tokens: map[string]string{"tok-a": "tenant-a", "tok-b": "tenant-b"},
-		Operations: []string{"contract_op", "op"}}, st, region.Payments(pay))
+		Operations: []string{"contract_op", "op"}}, st, paymentsnode.Operation(pay, paymentsnode.Outbox{}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/memcoord"
 	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/payments/paymentsnode"
 	"github.com/idemcoord/idem/region"
 	"github.com/idemcoord/idem/store"
 )
@@ -99,7 +100,7 @@ var coordinators = []coordinator{
 		st, _ := storetest.New(t)
 		pay := payments.NewService(st, payments.Config{Region: "test", Window: time.Hour})
 		srv, err := region.NewServer(region.Config{Region: "test", Tokens: map[string]string{"tok-a": tenant},
-			Operations: []string{opName, coordtest.Operation, coordtest.OtherOperation}}, st, region.Payments(pay))
+			Operations: []string{opName, coordtest.Operation, coordtest.OtherOperation}}, st, paymentsnode.Operation(pay, paymentsnode.Outbox{}))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -204,6 +204,9 @@ func (s *Service) Create(ctx context.Context, req Request) (Result, error) {
 // itself (the idempotency middleware) runs it there.
 func (s *Service) Engine() *engine.Engine { return s.engine }
 
+// Store is the store the service keeps its payments, records and outbox in.
+func (s *Service) Store() *store.Store { return s.store }
+
 // duplicateResponse is the 409 answer naming the payment that already holds
 // the merchant reference.
 func duplicateResponse(existingID string) idem.Response {

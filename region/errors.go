@@ -25,6 +25,13 @@ func nodeErrors(ops []Operation) (*idemhttp.Errors, error) {
 // Errors returns the node's table of error codes.
 func (s *Server) Errors() *idemhttp.Errors { return s.errors }
 
+// WriteError answers err as problem+json (RFC 9457) by the node's table,
+// as the node answers its own errors: for an Operation's handlers. Internal
+// details are logged, never sent.
+func (s *Server) WriteError(w http.ResponseWriter, r *http.Request, err error) {
+	s.writeError(w, r, err)
+}
+
 // writeError answers err as problem+json (RFC 9457) by the node's table.
 // Internal details are logged, never sent.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {

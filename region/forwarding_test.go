@@ -19,6 +19,7 @@ import (
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/internal/tlsutil"
 	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/payments/paymentsnode"
 	"github.com/idemcoord/idem/region"
 	"github.com/idemcoord/idem/routing"
 	"github.com/idemcoord/idem/store"
@@ -117,7 +118,7 @@ func (c *fwdCluster) start(regionName string, cfg region.Config) *fwdNode {
 	cfg.Listener, cfg.Region, cfg.NodeID = ln, regionName, nodeID
 	cfg.Tokens = map[string]string{"tok-a": "tenant-a"}
 	cfg.Router = routing.NewRouter(c.cli, m, mem, routing.RouterConfig{Region: regionName, Window: time.Hour})
-	srv, err := region.NewServer(cfg, st, region.Payments(pay))
+	srv, err := region.NewServer(cfg, st, paymentsnode.Operation(pay, paymentsnode.Outbox{}))
 	if err != nil {
 		t.Fatal(err)
 	}

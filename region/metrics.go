@@ -123,15 +123,22 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(m.inProgressAgeDesc, prometheus.GaugeValue, age.Seconds())
 }
 
-// observation is what an idempotent request's metrics count.
-type observation struct {
-	outcome                         idem.Outcome
-	replayed, expiredRetry, unknown bool
+// Observation is what an operation's idempotent request counts in the
+// node's metrics (idempotency_requests_total and the series beside it).
+type Observation struct {
+	// Outcome is the engine's decision (zero when the request was refused
+	// before one).
+	Outcome idem.Outcome
+	// Replayed, ExpiredRetry and Unknown: the answer was a replay, came
+	// from a key retried after its window, or left the outcome unknown.
+	Replayed, ExpiredRetry, Unknown bool
 }
 
-// observe counts an idempotent request's outcome.
-func (s *Server) observe(operation string, o observation, err error, d time.Duration) {
-	outcome := outcomeLabel(o.outcome)
+// Observe counts an idempotent request of operation (one of the node's
+// Operations): its outcome, or the error it was refused with, and its
+// duration d. For an Operation's handlers behind their own middleware.
+func (s *Server) Observe(operation string, o Observation, err error, d time.Duration) {
+	outcome := outcomeLabel(o.Outcome)
 	switch idem.ErrorCode(err) {
 	case "":
 	case idem.ECodeKeyReused:
@@ -141,17 +148,17 @@ func (s *Server) observe(operation string, o observation, err error, d time.Dura
 		outcome = idem.OutcomeInProgress.String()
 		s.metrics.inProgress.WithLabelValues(operation).Inc()
 	default:
-		if o.outcome == 0 {
+		if o.Outcome == 0 {
 			outcome = outcomeRejected
 		}
 	}
-	if o.replayed {
+	if o.Replayed {
 		s.metrics.replays.WithLabelValues(operation).Inc()
 	}
-	if o.expiredRetry {
+	if o.ExpiredRetry {
 		s.metrics.expiredRetries.WithLabelValues(operation).Inc()
 	}
-	if o.unknown {
+	if o.Unknown {
 		s.metrics.unknownStates.WithLabelValues(operation).Inc()
 	}
 	s.metrics.requests.WithLabelValues(operation, outcome).Inc()

@@ -169,14 +169,14 @@ func TestMonitoringNamesRealMetrics(t *testing.T) {
 	}
 
 	// Real nodes: a forward from us-east to eu-west (forward metrics), the
-	// workers (outbox metrics) and an etcd client's calls (gRPC metrics).
+	// workers, payments (outbox metrics) and an etcd client's calls (gRPC metrics).
 	c := newFwdCluster(t, false)
 	secret := []byte("s3cret-peer")
 	regs := []*prometheus.Registry{prometheus.NewRegistry(), prometheus.NewRegistry()}
 	eu := c.start("eu-west", region.Config{PeerSecret: secret, Registry: regs[0]})
 	us := c.start("us-east", region.Config{PeerSecret: secret, Registry: regs[1]})
 	for _, n := range []*fwdNode{eu, us} {
-		n.srv.StartWorkers(t.Context(), region.WorkerConfig{OutboxInterval: 1 << 62, RecoveryInterval: 1 << 62, CleanupInterval: 1 << 62})
+		n.srv.StartWorkers(t.Context(), region.WorkerConfig{RecoveryInterval: 1 << 62, CleanupInterval: 1 << 62})
 	}
 	if a := c.send(us.url, "monitoring", nil); a.status != http.StatusCreated {
 		t.Fatalf("forwarded payment: %d %s", a.status, a.body)

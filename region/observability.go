@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -142,10 +141,9 @@ func (s *Server) forwardSpan(ctx context.Context, homeRegion, node string) (cont
 }
 
 // tracedPass runs one pass of a background worker, in a root span of its
-// own when tracing is on (recovery and cleanup; the outbox's frequent passes
-// are not traced).
+// own when tracing is on.
 func (s *Server) tracedPass(ctx context.Context, name string, fn func(context.Context) error) error {
-	if !s.obs.tracing || strings.HasPrefix(name, "outbox-") {
+	if !s.obs.tracing {
 		return fn(ctx)
 	}
 	ctx, span := s.obs.tracer.Start(ctx, "worker "+name, trace.WithNewRoot(),

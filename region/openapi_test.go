@@ -1,4 +1,4 @@
-package region
+package region_test
 
 import (
 	"net/http"
@@ -12,6 +12,8 @@ import (
 
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/payments/paymentsnode"
+	"github.com/idemcoord/idem/region"
 	"github.com/idemcoord/idem/sidecar"
 )
 
@@ -72,11 +74,11 @@ func routeDiff(served, documented []string) (undocumented, unserved []string) {
 	return undocumented, unserved
 }
 
-func openAPITestServer(t *testing.T, ops ...Operation) *Server {
+func openAPITestServer(t *testing.T, ops ...region.Operation) *region.Server {
 	t.Helper()
 	st, _ := storetest.New(t)
 	pay := payments.NewService(st, payments.Config{Region: "test", Window: time.Hour})
-	srv, err := NewServer(Config{Region: "test", Tokens: map[string]string{"tok-a": "tenant-a"}}, st, append([]Operation{Payments(pay)}, ops...)...)
+	srv, err := region.NewServer(region.Config{Region: "test", Tokens: map[string]string{"tok-a": "tenant-a"}}, st, append([]region.Operation{paymentsnode.Operation(pay, paymentsnode.Outbox{})}, ops...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,8 +105,8 @@ func TestOpenAPIDocumentsEveryRoute(t *testing.T) {
 // TestOpenAPICheckCatchesAnUndocumentedRoute: a route added to the node
 // without documentation is reported by the check above.
 func TestOpenAPICheckCatchesAnUndocumentedRoute(t *testing.T) {
-	extra := Operation{Name: "create_widget", Routes: func(*Server) []Route {
-		return []Route{{Pattern: "POST /widgets", Handler: func(w http.ResponseWriter, _ *http.Request, _ string) {}}}
+	extra := region.Operation{Name: "create_widget", Routes: func(*region.Server) []region.Route {
+		return []region.Route{{Pattern: "POST /widgets", Handler: func(w http.ResponseWriter, _ *http.Request, _ string) {}}}
 	}}
 	served := openAPITestServer(t, extra).Routes()
 	undocumented, _ := routeDiff(served, readOpenAPI(t).documentedRoutes())
@@ -121,7 +123,7 @@ func TestOpenAPIErrorCodesMatchStatusTable(t *testing.T) {
 	if len(enum) == 0 {
 		t.Fatal("docs/openapi.yaml has no ErrorCode enum")
 	}
-	table := testErrors(t)
+	table := openAPITestServer(t).Errors() // a node serving payments
 	for _, code := range append(slices.Clone(enum), doc.Sidecar.Errors...) {
 		if !slices.Contains(table.Codes(), code) {
 			t.Errorf("docs/openapi.yaml names %s, which the status table does not have", code)
@@ -143,7 +145,7 @@ func TestRoutesListProxiedRoutes(t *testing.T) {
 		t.Fatal(err)
 	}
 	st, _ := storetest.New(t)
-	srv, err := NewServer(Config{Region: "test", Sidecar: SidecarConfig{Routes: routes}}, st)
+	srv, err := region.NewServer(region.Config{Region: "test", Sidecar: region.SidecarConfig{Routes: routes}}, st)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,8 +11,8 @@ import (
 )
 
 // Operation is an operation the node serves itself, with endpoints of its
-// own on the node's API and records of its own: payments is one (see
-// Payments). NewServer serves a list of them.
+// own on the node's API and records of its own (payments is one, registered
+// by package payments/paymentsnode). NewServer serves a list of them.
 type Operation struct {
 	// Name is the operation part of its records' scopes. The coordination
 	// API refuses it: a node's own records are acted on by its own
@@ -45,14 +45,17 @@ type Operation struct {
 	Recovered func(outcomes map[string]int)
 	// Workers, when set, starts the operation's own background work when
 	// the node starts its workers (StartWorkers), with Server.Every so
-	// that Close waits for it: payments' outbox publisher, consumers and
-	// receipt sender.
+	// that Close waits for it (payments: its outbox's publisher, consumers
+	// and receipt sender).
 	Workers func(ctx context.Context, s *Server, cfg WorkerConfig)
+	// WorkerNames are the names Workers gives Server.Every, so that their
+	// series of idempotency_worker_errors_total exist from the start.
+	WorkerNames []string
 }
 
 // Route is one endpoint of an Operation.
 type Route struct {
-	// Pattern is a net/http pattern with its method, "POST /payments".
+	// Pattern is a net/http pattern with its method, "POST /orders".
 	Pattern string
 	// Handler serves a request of tenant.
 	Handler TenantHandler

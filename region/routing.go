@@ -41,6 +41,12 @@ const maxHops = 1
 
 type routeKey struct{}
 
+// UncertainRoute reports whether the request of ctx (one an Operation's
+// route serves) was admitted while its tenant's placement was uncertain: a
+// failover under way, where the tenant's previous home may still hold work
+// of its own (routing.Route.Uncertain).
+func UncertainRoute(ctx context.Context) bool { return routeOf(ctx).Uncertain }
+
 // routeOf returns the route the request was admitted under (zero without a
 // router).
 func routeOf(ctx context.Context) routing.Route {

@@ -175,7 +175,7 @@ type Server struct {
 }
 
 // NewServer returns a Server over st serving ops, the node's own operations
-// (Payments(pay) for the reference one), besides the coordination API.
+// (payments/paymentsnode.Operation for the reference one), besides the coordination API.
 func NewServer(cfg Config, st *store.Store, ops ...Operation) (*Server, error) {
 	if cfg.Addr == "" {
 		cfg.Addr = DefaultAddr
@@ -652,3 +652,10 @@ func (s *Server) instrument(next http.Handler) http.Handler {
 		s.metrics.httpDuration.WithLabelValues(route, strconv.Itoa(sw.status)).Observe(time.Since(start).Seconds())
 	})
 }
+
+// MaxBodyBytes is the bound of request bodies (Config.MaxBodyBytes, or its
+// default): an Operation's handlers read their bodies within it.
+func (s *Server) MaxBodyBytes() int64 { return s.cfg.MaxBodyBytes }
+
+// Logger is the node's logger, for an Operation's handlers and workers.
+func (s *Server) Logger() *slog.Logger { return s.logger }

@@ -21,6 +21,7 @@ import (
 	"github.com/idemcoord/idem/internal/pgtest"
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/payments/paymentsnode"
 	"github.com/idemcoord/idem/region"
 	"github.com/idemcoord/idem/store"
 )
@@ -67,7 +68,7 @@ func startNode(t *testing.T, st *store.Store, pay *payments.Service, cfg region.
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
-	srv, err := region.NewServer(cfg, st, region.Payments(pay))
+	srv, err := region.NewServer(cfg, st, paymentsnode.Operation(pay, paymentsnode.Outbox{}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/payments/paymentsnode"
 	"github.com/idemcoord/idem/region"
 	"github.com/idemcoord/idem/sidecar"
 )
@@ -159,7 +160,7 @@ func TestSidecarRoutesMayNotShadowTheNode(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := region.NewServer(region.Config{Operations: []string{"op"}, Sidecar: region.SidecarConfig{Routes: routes}}, st, region.Payments(pay)); err == nil {
+		if _, err := region.NewServer(region.Config{Operations: []string{"op"}, Sidecar: region.SidecarConfig{Routes: routes}}, st, paymentsnode.Operation(pay, paymentsnode.Outbox{})); err == nil {
 			t.Errorf("NewServer accepted %q", s)
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/payments/paymentsnode"
 	"github.com/idemcoord/idem/region"
 	"github.com/idemcoord/idem/store"
 )
@@ -36,7 +37,7 @@ func openNodeOn(t *testing.T, st *store.Store, pay *payments.Service, cfg region
 	cfg.Region = "test"
 	cfg.Tokens = map[string]string{"tok-a": "tenant-a"}
 	cfg.Registry = prometheus.NewRegistry()
-	srv, err := region.NewServer(cfg, st, region.Payments(pay))
+	srv, err := region.NewServer(cfg, st, paymentsnode.Operation(pay, paymentsnode.Outbox{}))
 	if err != nil {
 		t.Fatal(err)
 	}

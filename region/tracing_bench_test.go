@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/payments/paymentsnode"
 	"github.com/idemcoord/idem/region"
 )
 
@@ -39,7 +40,7 @@ func BenchmarkCreatePaymentTracing(b *testing.B) {
 					cfg.TracerProvider = tp
 				}
 				cfg.Tokens = map[string]string{"tok-a": "tenant-a"}
-				srv, err := region.NewServer(cfg, st, region.Payments(payments.NewService(st, payments.Config{Region: "test", Window: time.Hour})))
+				srv, err := region.NewServer(cfg, st, paymentsnode.Operation(payments.NewService(st, payments.Config{Region: "test", Window: time.Hour}), paymentsnode.Outbox{}))
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -99,7 +100,7 @@ func BenchmarkHandlerTracing(b *testing.B) {
 				b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 				cfg.TracerProvider = tp
 			}
-			srv, err := region.NewServer(cfg, st, region.Payments(payments.NewService(st, payments.Config{Region: "test"})))
+			srv, err := region.NewServer(cfg, st, paymentsnode.Operation(payments.NewService(st, payments.Config{Region: "test"}), paymentsnode.Outbox{}))
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/payments/paymentsnode"
 	"github.com/idemcoord/idem/provider"
 	"github.com/idemcoord/idem/provider/simulator"
 	"github.com/idemcoord/idem/region"
@@ -48,7 +49,7 @@ func TestProviderCallAndRecoveryTraced(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	srv, err := region.NewServer(region.Config{Region: "test", Tokens: map[string]string{"tok-a": "tenant-a"}, TracerProvider: tp}, st, region.Payments(pay))
+	srv, err := region.NewServer(region.Config{Region: "test", Tokens: map[string]string{"tok-a": "tenant-a"}, TracerProvider: tp}, st, paymentsnode.Operation(pay, paymentsnode.Outbox{}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemcoord/idem/engine"
-	"github.com/idemcoord/idem/outbox"
 	"github.com/idemcoord/idem/store"
 )
 
@@ -26,23 +25,11 @@ type WorkerConfig struct {
 	CleanupInterval time.Duration
 	// Cleanup bounds what a cleanup pass does.
 	Cleanup store.CleanupConfig
-	// OutboxInterval is how often the outbox is published and consumers and
-	// the email sender run. Suggested: 200ms.
-	OutboxInterval time.Duration
-	// OutboxBatch bounds one publish or consume batch. Default 100.
-	OutboxBatch int
-	// DuplicateDelivery delivers every outbox event twice (a fault the chaos
-	// harness and tests use to prove that consumers deduplicate).
-	DuplicateDelivery bool
-	// EffectGuard, when set, makes the ledger and receipt-email consumers
-	// claim each effect in a database every region sees before producing
-	// it (outbox.WithEffectGuard), so that a payment recorded again in its
-	// new home after a failover emits nothing twice.
-	EffectGuard *outbox.EffectGuard
 }
 
 // workerNames label idempotency_worker_errors_total.
-var workerNames = []string{"recovery", "cleanup", workerOutboxPublish, workerOutboxLedger, workerOutboxReceipt, workerOutboxSend}
+// (an operation's own workers add theirs: Operation.WorkerNames).
+var workerNames = []string{"recovery", "cleanup"}
 
 type workerMetrics struct {
 	recovery       *prometheus.CounterVec
@@ -83,22 +70,24 @@ func newWorkerMetrics(reg prometheus.Registerer, ops []Operation) (*workerMetric
 	for _, w := range workerNames {
 		m.workerErrors.WithLabelValues(w)
 	}
+	for _, op := range ops {
+		for _, w := range op.WorkerNames {
+			m.workerErrors.WithLabelValues(w)
+		}
+	}
 	return m, nil
 }
 
 // StartWorkers starts the node's background workers: recovery, cleanup and
-// its operations' own (Operation.Workers: payments' outbox). They stop when ctx is done or the server is closed; Close waits
-// for them.
+// its operations' own (Operation.Workers). They stop when ctx is done or
+// the server is closed; Close waits for them.
 func (s *Server) StartWorkers(ctx context.Context, cfg WorkerConfig) {
 	if cfg.RecoveryBatch <= 0 {
 		cfg.RecoveryBatch = 50
 	}
-	if cfg.OutboxBatch <= 0 {
-		cfg.OutboxBatch = 100
-	}
 	ctx, cancel := context.WithCancel(ctx)
 	s.stopWorkers = cancel
-	s.every(ctx, "recovery", cfg.RecoveryInterval, func(ctx context.Context) error {
+	s.every(ctx, "recovery", cfg.RecoveryInterval, true, func(ctx context.Context) error {
 		// Every operation registered in the node's engine, through the
 		// engine, each by its own Recover.
 		out, err := s.engine.RecoverStale(ctx, cfg.RecoveryBatch)
@@ -112,7 +101,7 @@ func (s *Server) StartWorkers(ctx context.Context, cfg WorkerConfig) {
 		}
 		return err
 	})
-	s.every(ctx, "cleanup", cfg.CleanupInterval, func(ctx context.Context) error {
+	s.every(ctx, "cleanup", cfg.CleanupInterval, true, func(ctx context.Context) error {
 		res, err := s.store.Cleanup(ctx, cfg.Cleanup)
 		s.workerMetrics.bodiesPruned.Add(float64(res.BodiesPruned))
 		s.workerMetrics.recordsDeleted.Add(float64(res.RecordsDeleted))
@@ -131,12 +120,18 @@ func (s *Server) StartWorkers(ctx context.Context, cfg WorkerConfig) {
 // (idempotency_worker_errors_total), never fatal. For an Operation's
 // Workers.
 func (s *Server) Every(ctx context.Context, name string, interval time.Duration, fn func(context.Context) error) {
-	s.every(ctx, name, interval, fn)
+	s.every(ctx, name, interval, true, fn)
+}
+
+// EveryUntraced is Every for a worker whose passes are too frequent to
+// trace each (an outbox's, every few hundred milliseconds).
+func (s *Server) EveryUntraced(ctx context.Context, name string, interval time.Duration, fn func(context.Context) error) {
+	s.every(ctx, name, interval, false, fn)
 }
 
 // every runs fn every interval until ctx is done; failures are logged and
 // counted, never fatal.
-func (s *Server) every(ctx context.Context, name string, interval time.Duration, fn func(context.Context) error) {
+func (s *Server) every(ctx context.Context, name string, interval time.Duration, traced bool, fn func(context.Context) error) {
 	if interval <= 0 {
 		return
 	}
@@ -149,7 +144,11 @@ func (s *Server) every(ctx context.Context, name string, interval time.Duration,
 				return
 			case <-t.C:
 			}
-			if err := s.tracedPass(ctx, name, fn); err != nil && ctx.Err() == nil {
+			pass := fn
+			if traced {
+				pass = func(ctx context.Context) error { return s.tracedPass(ctx, name, fn) }
+			}
+			if err := pass(ctx); err != nil && ctx.Err() == nil {
 				s.workerMetrics.workerErrors.WithLabelValues(name).Inc()
 				s.logger.WarnContext(ctx, "background worker failed", "worker", name, "err", err)
 			}

@@ -33,6 +33,7 @@ import (
 	"github.com/idemcoord/idem/internal/tlsutil"
 	"github.com/idemcoord/idem/outbox"
 	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/payments/paymentsnode"
 	"github.com/idemcoord/idem/provider"
 	"github.com/idemcoord/idem/region"
 	"github.com/idemcoord/idem/routing"
@@ -119,6 +120,8 @@ type Main struct {
 	// of a reference to the payment (payments.Config.StoreBodies).
 	StoreBodies bool
 	Workers     region.WorkerConfig
+	// Outbox configures payments' outbox workers.
+	Outbox paymentsnode.Outbox
 
 	// TLSCert and TLSKey make the node serve HTTPS; TLSClientCA is the
 	// cluster CA that peers' certificates are verified against.
@@ -192,14 +195,14 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	fs.DurationVar(&m.Workers.Cleanup.Pause, "cleanup-pause", 50*time.Millisecond, "pause between cleanup batches")
 	fs.DurationVar(&m.Workers.CleanupInterval, "cleanup-interval", time.Minute, "how often cleanup runs (0 disables)")
 	fs.DurationVar(&m.Workers.RecoveryInterval, "recovery-interval", 5*time.Second, "how often stale and unknown payments are reconciled (0 disables)")
-	fs.DurationVar(&m.Workers.OutboxInterval, "outbox-interval", 200*time.Millisecond, "how often the outbox is published and consumed (0 disables)")
+	fs.DurationVar(&m.Outbox.Interval, "outbox-interval", 200*time.Millisecond, "how often the outbox is published and consumed (0 disables)")
 	fs.StringVar(&m.TLSCert, "tls-cert", "", "certificate (PEM) to serve HTTPS with; reloaded when the file changes (needs --tls-key)")
 	fs.StringVar(&m.TLSKey, "tls-key", "", "private key (PEM) of --tls-cert")
 	fs.StringVar(&m.TLSClientCA, "tls-client-ca", "", "cluster CA (PEM): verifies the client certificates of nodes forwarding requests here and the certificates of nodes this node forwards to; reloaded when it changes")
 	fs.StringVar(&m.PeerSecretFile, "peer-secret-file", "", "file holding the cluster's shared peer secret, which authenticates forwarded requests between nodes without mTLS")
 	fs.StringVar(&m.ProviderCA, "provider-ca", "", "CA (PEM) that verifies an https --provider-url (default: the system's roots)")
 	m.Etcd.Register(fs)
-	m.faults.register(fs, &m.Workers.DuplicateDelivery)
+	m.faults.register(fs, &m.Outbox.Duplicate)
 	m.Ops.register(fs)
 	proxyRoutes := fs.String("proxy-routes", "", "sidecar routes made idempotent and proxied to an upstream service: comma-separated 'METHOD PATH_PREFIX=OPERATION@UPSTREAM_URL[;OPTION]...' with the options lookup=URL, idempotent-upstream, header=NAME, timeout=DURATION, wait=DURATION, ignore=FIELD, key-field=FIELD, replay-header=NAME, pass-authorization, max-response=BYTES and unknown-status=202|503 (docs/sidecar.md); any prefix none of the node's own endpoints lies under or above, /v1/... included")
 	operations := fs.String("operations", "", "comma-separated operations the coordination API serves (names of a-z, 0-9, '_', '.', '-'); others are refused with 404 OPERATION_UNKNOWN")
@@ -465,7 +468,7 @@ func (m *Main) Run(ctx context.Context) error {
 	if m.Payments {
 		pay := payments.NewService(st, cfg)
 		rcfg.Engine = pay.Engine()
-		ops = append(ops, region.Payments(pay))
+		ops = append(ops, paymentsnode.Operation(pay, m.Outbox))
 	} else {
 		eopts := engine.Options{Owner: m.Region + "/" + m.NodeID, HomeRegion: m.Region, Logger: m.logger}
 		if m.membership != nil {
@@ -570,7 +573,7 @@ func (m *Main) Close() error {
 	return errors.Join(err, m.stopOps(ctx))
 }
 
-// openEffectGuard sets m.Workers.EffectGuard: on EffectsDatabaseURL when
+// openEffectGuard sets m.Outbox.EffectGuard: on EffectsDatabaseURL when
 // set, on the store in global store mode, none otherwise.
 func (m *Main) openEffectGuard(ctx context.Context) error {
 	pool := m.store.Pool()
@@ -588,6 +591,6 @@ func (m *Main) openEffectGuard(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("effects database: %w", err)
 	}
-	m.Workers.EffectGuard = g
+	m.Outbox.EffectGuard = g
 	return nil
 }

@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/payments/paymentsnode"
 	"github.com/idemcoord/idem/region"
 	"github.com/idemcoord/idem/routing"
 	"github.com/idemcoord/idem/store"
@@ -174,7 +175,7 @@ func startRegionNode(ctx context.Context, cli *clientv3.Client, st *store.Store,
 	srv, err := region.NewServer(region.Config{Listener: ln, Region: regionName, NodeID: regionName + "-0",
 		Tokens: map[string]string{benchToken: tenant}, PeerSecret: secret,
 		Router: routing.NewRouter(cli, m, mem, routing.RouterConfig{Region: regionName, Window: time.Hour})},
-		st, region.Payments(payments.NewService(st, payments.Config{Region: regionName})))
+		st, paymentsnode.Operation(payments.NewService(st, payments.Config{Region: regionName}), paymentsnode.Outbox{}))
 	if err == nil {
 		err = srv.Open()
 	}

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 
 	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/payments/paymentsnode"
 	"github.com/idemcoord/idem/region"
 	"github.com/idemcoord/idem/store"
 )
@@ -129,7 +130,7 @@ func post(client *http.Client, url, token string, w *writer, prefix string) func
 func runHTTP(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, error) {
 	w := newWriter(SuiteHTTP, cfg)
 	node, err := region.NewServer(region.Config{Addr: "127.0.0.1:0", Region: "bench", Tokens: map[string]string{benchToken: w.tenant}},
-		st, region.Payments(payments.NewService(st, payments.Config{Region: "bench"})))
+		st, paymentsnode.Operation(payments.NewService(st, payments.Config{Region: "bench"}), paymentsnode.Outbox{}))
 	if err != nil {
 		return SuiteReport{}, err
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/payments/paymentsnode"
 	"github.com/idemcoord/idem/region"
 	"github.com/idemcoord/idem/sidecar"
 	"github.com/idemcoord/idem/store"
@@ -79,7 +80,7 @@ func runSidecar(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, 
 	}
 	node, err := region.NewServer(region.Config{Addr: "127.0.0.1:0", Region: "bench", Tokens: map[string]string{benchToken: w.tenant},
 		Sidecar: region.SidecarConfig{Routes: routes}},
-		st, region.Payments(payments.NewService(st, payments.Config{Region: "bench"})))
+		st, paymentsnode.Operation(payments.NewService(st, payments.Config{Region: "bench"}), paymentsnode.Outbox{}))
 	if err != nil {
 		return SuiteReport{}, err
 	}

@@ -1,4 +1,10 @@
-package region
+// Package paymentsnode serves the payments operation on a regional node (package
+// region) as one operation among others: POST /payments and GET
+// /payments/{id} behind the idempotency middleware (package idemhttp), its
+// error codes, recovery outcomes and metrics, and the workers of its outbox
+// (package outbox). idemd registers it unless it runs with
+// --payments=false; the node itself knows nothing of payments.
+package paymentsnode
 
 import (
 	"context"
@@ -12,33 +18,55 @@ import (
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/idemhttp"
+	"github.com/idemcoord/idem/outbox"
 	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/region"
 )
 
-// Payments is the reference operation, create_payment, as one of a node's
+// Outbox configures the payments outbox's workers on the node.
+type Outbox struct {
+	// Interval is how often the publisher, each consumer and the email
+	// sender run (each drains while it finds full batches). Zero: no
+	// outbox workers. Suggested: 200ms.
+	Interval time.Duration
+	// Batch bounds one publish, consume or send batch. Default 100.
+	Batch int
+	// Duplicate delivers every outbox event twice (a fault the chaos
+	// harness and tests use to prove that consumers deduplicate).
+	Duplicate bool
+	// EffectGuard, when set, makes the ledger and receipt-email consumers
+	// claim each effect in a database every region sees before producing
+	// it (outbox.WithEffectGuard), so that a payment recorded again in its
+	// new home after a failover emits nothing twice.
+	EffectGuard *outbox.EffectGuard
+}
+
+// Operation is the reference operation, create_payment, as one of a node's
 // operations: POST /payments and GET /payments/{id}, its engine operation
-// (recovery asks the provider before it charges again) and its recovery
-// outcomes. It is registered like any other operation, and POST /payments
-// is the payments handler behind the idempotency middleware (package
-// idemhttp), as a user's operation would be.
-func Payments(pay *payments.Service) Operation {
+// (recovery asks the provider before it charges again), its recovery
+// outcomes, its metrics and its outbox's workers. POST /payments is the
+// payments handler behind the idempotency middleware, as a user's operation
+// would be.
+func Operation(pay *payments.Service, ob Outbox) region.Operation {
 	op := pay.EngineOperation()
 	keyConflicts := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "idempotency_provider_key_conflicts_total", Help: "Payments ended CONFLICT because the provider held another charge under their provider key (an operator must look).",
 	})
-	return Operation{
+	w := newOutboxWorkers(pay, ob)
+	return region.Operation{
 		Name: payments.Operation,
-		Routes: func(s *Server) []Route {
-			return []Route{
-				{"POST /payments", s.createPaymentHandler(pay, keyConflicts)},
-				{"GET /payments/{id}", func(w http.ResponseWriter, r *http.Request, tenant string) { s.handleGetPayment(pay, w, r, tenant) }},
+		Routes: func(s *region.Server) []region.Route {
+			return []region.Route{
+				{Pattern: "POST /payments", Handler: createPaymentHandler(s, pay, keyConflicts)},
+				{Pattern: "GET /payments/{id}", Handler: func(w http.ResponseWriter, r *http.Request, tenant string) { getPayment(s, pay, w, r, tenant) }},
 			}
 		},
 		Engine:           &op,
 		Errors:           payments.Errors,
 		RecoveryOutcomes: payments.RecoveryOutcomes,
-		Collectors:       []prometheus.Collector{keyConflicts},
-		Workers:          func(ctx context.Context, s *Server, cfg WorkerConfig) { s.startOutbox(ctx, cfg) },
+		Collectors:       append([]prometheus.Collector{keyConflicts}, w.collectors()...),
+		Workers:          func(ctx context.Context, s *region.Server, _ region.WorkerConfig) { w.start(ctx, s) },
+		WorkerNames:      outboxWorkerNames,
 		Recovered: func(out map[string]int) {
 			keyConflicts.Add(float64(out[payments.RecoveryConflict]))
 		},
@@ -67,7 +95,7 @@ func paymentRequestOf(ctx context.Context) *paymentRequest {
 // its claim that writes the payment in the claim's transaction), waits,
 // replays and refuses as for any operation, and answers with the node's
 // errors and metrics.
-func (s *Server) createPaymentHandler(pay *payments.Service, keyConflicts prometheus.Counter) TenantHandler {
+func createPaymentHandler(s *region.Server, pay *payments.Service, keyConflicts prometheus.Counter) region.TenantHandler {
 	mw, err := idemhttp.Middleware(pay.Engine(), idemhttp.Options{
 		// The service registered create_payment (its own claim, replay
 		// and recovery) in its engine; the middleware uses it.
@@ -76,12 +104,12 @@ func (s *Server) createPaymentHandler(pay *payments.Service, keyConflicts promet
 			if pr := paymentRequestOf(r.Context()); pr != nil && pr.tenant != "" {
 				return pr.tenant, nil
 			}
-			return "", errors.New("region: no authenticated tenant")
+			return "", errors.New("payments: no authenticated tenant")
 		},
-		MaxRequestBody: s.cfg.MaxBodyBytes,
+		MaxRequestBody: s.MaxBodyBytes(),
 		MaxWait:        engine.DefaultMaxWait,
-		Logger:         s.logger,
-		Errors:         s.errors,
+		Logger:         s.Logger(),
+		Errors:         s.Errors(),
 		Hooks: &idemhttp.Hooks{
 			Command: func(r *http.Request, body []byte) (idemhttp.Command, error) {
 				if ct := r.Header.Get("Content-Type"); ct != "" {
@@ -89,7 +117,7 @@ func (s *Server) createPaymentHandler(pay *payments.Service, keyConflicts promet
 						return idemhttp.Command{}, idem.Errorf(idem.ECodeUnsupportedMediaType, "The body must be application/json.")
 					}
 				}
-				call, err := pay.Prepare(payments.Request{Body: body, APIVersion: r.Header.Get("Api-Version"), Uncertain: routeOf(r.Context()).Uncertain})
+				call, err := pay.Prepare(payments.Request{Body: body, APIVersion: r.Header.Get("Api-Version"), Uncertain: region.UncertainRoute(r.Context())})
 				if err != nil {
 					return idemhttp.Command{}, err
 				}
@@ -107,15 +135,15 @@ func (s *Server) createPaymentHandler(pay *payments.Service, keyConflicts promet
 						keyConflicts.Inc()
 					}
 				}
-				s.observe(payments.Operation, observation{outcome: ans.Outcome, replayed: ans.Replayed, expiredRetry: ans.ExpiredRetry,
-					unknown: unknown}, err, d)
+				s.Observe(payments.Operation, region.Observation{Outcome: ans.Outcome, Replayed: ans.Replayed, ExpiredRetry: ans.ExpiredRetry,
+					Unknown: unknown}, err, d)
 			},
 		},
 	})
 	if err != nil {
 		// Only a service without its engine operation gets here.
 		return func(w http.ResponseWriter, r *http.Request, _ string) {
-			s.writeError(w, r, &idem.Error{Code: idem.ECodeInternal, Message: "Internal error.", Err: err})
+			s.WriteError(w, r, &idem.Error{Code: idem.ECodeInternal, Message: "Internal error.", Err: err})
 		}
 	}
 	h := mw(http.HandlerFunc(handleCreatePayment))
@@ -130,7 +158,7 @@ func handleCreatePayment(w http.ResponseWriter, r *http.Request) {
 	call, _ := idemhttp.ValueFrom(r.Context()).(*payments.Call)
 	a := idemhttp.AttemptFrom(r.Context())
 	if call == nil || a == nil {
-		idemhttp.Fail(w, &idem.Error{Code: idem.ECodeInternal, Message: "Internal error.", Err: errors.New("region: payment handler outside the middleware")})
+		idemhttp.Fail(w, &idem.Error{Code: idem.ECodeInternal, Message: "Internal error.", Err: errors.New("payments: payment handler outside the middleware")})
 		return
 	}
 	res, err := call.Execute(r.Context(), a)
@@ -146,17 +174,18 @@ func handleCreatePayment(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(res.Response.Body)
 }
 
-func (s *Server) handleGetPayment(pay *payments.Service, w http.ResponseWriter, r *http.Request, tenant string) {
+// getPayment is GET /payments/{id}: the tenant's payment as it is now.
+func getPayment(s *region.Server, pay *payments.Service, w http.ResponseWriter, r *http.Request, tenant string) {
 	id := r.PathValue("id")
 	if !validPaymentID(id) {
 		// No payment has such an id; PostgreSQL would refuse it (NUL,
 		// invalid UTF-8) with an error that is not the client's to see.
-		s.writeError(w, r, idem.Errorf(payments.ECodePaymentNotFound, "No such payment."))
+		s.WriteError(w, r, idem.Errorf(payments.ECodePaymentNotFound, "No such payment."))
 		return
 	}
 	body, err := pay.Get(r.Context(), tenant, id)
 	if err != nil {
-		s.writeError(w, r, err)
+		s.WriteError(w, r, err)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -169,5 +198,13 @@ const maxPaymentIDLen = 128
 // validPaymentID reports whether id could name a payment: 1 to
 // maxPaymentIDLen visible ASCII characters (ids are "pay_" and hex digits).
 func validPaymentID(id string) bool {
-	return id != "" && len(id) <= maxPaymentIDLen && visibleASCII(id)
+	if id == "" || len(id) > maxPaymentIDLen {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x21 || id[i] > 0x7e {
+			return false
+		}
+	}
+	return true
 }
