@@ -1,3 +1,5 @@
+//go:build !operator
+
 package main
 
 import (
