@@ -66,13 +66,19 @@
 // store's transactions may be retried, and a retried transaction must have no
 // effect outside the database, so the mailer is never called inside one.
 //
-// Sending is at-least-once: if a sender crashes (or its store becomes
-// unreachable, or a send outlives the lease) after the mailer accepted an
-// email and before sent_at is committed, the email is sent again once the
-// lease expires. [SinkMailer] records every send as its own row in
-// sent_emails, without a unique constraint, so such a re-send shows as two
-// rows. An email provider that accepts an idempotency key (pass
-// [Email.DedupeKey]) closes that window.
+// A mailer's answer can be lost: a sender crashes (or its store becomes
+// unreachable, or a send outlives the lease, or the connection drops after
+// the mail system took the email) after the mailer accepted an email and
+// before sent_at is committed. The email is then claimed again (at once
+// after a failed send, after the lease otherwise). A mailer that implements
+// [SentLookup] is asked first whether an email on its second or later
+// attempt went out, and one that did is only recorded as sent, as the
+// payments flow asks its provider before it charges again; with any other
+// mailer sending is at-least-once. [SinkMailer] records every send as its
+// own row in sent_emails, without a unique constraint, so a re-send would
+// show as two rows, and implements SentLookup. An email provider that
+// accepts an idempotency key (pass [Email.DedupeKey]) closes that window
+// too.
 //
 // Processed queue_messages and consumer_inbox rows are kept; pruning them is
 // left to retention jobs (an inbox row must outlive any redelivery of its

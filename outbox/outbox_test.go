@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -659,5 +660,56 @@ func TestBatchesRunAtReadCommitted(t *testing.T) {
 	}
 	if isolation != "read committed" {
 		t.Errorf("the batch ran at %q, want read committed", isolation)
+	}
+}
+
+// lostAnswerMailer sends through the sink, then reports a failure, as a
+// mail system whose connection dropped after it took the email.
+type lostAnswerMailer struct{ *outbox.SinkMailer }
+
+func (m lostAnswerMailer) Send(ctx context.Context, e outbox.Email) error {
+	if err := m.SinkMailer.Send(ctx, e); err != nil {
+		return err
+	}
+	return io.ErrUnexpectedEOF
+}
+
+// sendOnly hides a mailer's SentLookup.
+type sendOnly struct{ outbox.Mailer }
+
+// TestSenderLooksUpALostSend: an email whose send went out but whose answer
+// was lost is released and claimed again; on that attempt a mailer that can
+// say whether it sent it (SentLookup) is asked first, and the email is
+// recorded as sent without a second send. A mailer that cannot be asked
+// sends it twice (at-least-once), which is what the lookup prevents.
+func TestSenderLooksUpALostSend(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		retry func(*outbox.SinkMailer) outbox.Mailer
+		sends int
+	}{
+		{"with lookup", func(m *outbox.SinkMailer) outbox.Mailer { return m }, 1},
+		{"without lookup", func(m *outbox.SinkMailer) outbox.Mailer { return sendOnly{m} }, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st, _ := storetest.New(t)
+			ctx := context.Background()
+			addPayment(t, st, "pay_lost", "CONFIRMED")
+			publishAll(t, outbox.NewPublisher(st, outbox.PublisherConfig{}))
+			consumeAll(t, outbox.NewConsumers(st), outbox.ConsumerReceiptEmail)
+			sink := outbox.NewSinkMailer(st)
+			if n, err := outbox.NewSender(st, lostAnswerMailer{sink}).SendBatch(ctx, 10); n != 0 || !errors.Is(err, io.ErrUnexpectedEOF) {
+				t.Fatalf("first SendBatch = %d, %v; want 0 and the lost answer", n, err)
+			}
+			if n, err := outbox.NewSender(st, tc.retry(sink)).SendBatch(ctx, 10); n != 1 || err != nil {
+				t.Fatalf("second SendBatch = %d, %v; want 1 recorded as sent", n, err)
+			}
+			if n := count(t, st, `SELECT count(*) FROM sent_emails WHERE dedupe_key = 'receipt_payment_pay_lost'`); n != tc.sends {
+				t.Errorf("the receipt went out %d times, want %d", n, tc.sends)
+			}
+			if n := count(t, st, `SELECT count(*) FROM email_notifications WHERE sent_at IS NULL OR attempts <> 2`); n != 0 {
+				t.Errorf("%d notifications unsent or not at attempt 2", n)
+			}
+		})
 	}
 }

@@ -35,6 +35,9 @@ type Email struct {
 	// Subject and Body are the email's text.
 	Subject string
 	Body    string
+	// Attempt is which claim of the email this is: 1 the first; above 1,
+	// an earlier attempt may have gone out.
+	Attempt int
 }
 
 // Mailer sends an email: an external side effect that no transaction can
@@ -43,12 +46,33 @@ type Mailer interface {
 	Send(ctx context.Context, e Email) error
 }
 
+// SentLookup is what a Mailer implements when its mail system can say
+// whether an email it was handed has gone out, by the email's DedupeKey. A
+// send whose answer was lost (the connection dropped after the mail system
+// took the email) is then not sent again: before it sends an email a
+// previous attempt may have sent (Email.Attempt above 1), the Sender asks,
+// and records an email the mail system has as sent, as the payments flow
+// asks its provider before it charges again. Without it, sending is
+// at-least-once.
+type SentLookup interface {
+	Sent(ctx context.Context, dedupeKey string) (bool, error)
+}
+
 // SinkMailer is a Mailer that stands for an external mail system: each Send
 // writes one row into sent_emails, in its own statement outside any
 // transaction of the caller's. sent_emails has no unique constraint, so an
 // email sent twice shows as two rows.
 type SinkMailer struct {
 	st *store.Store
+}
+
+// Sent implements SentLookup: whether sent_emails has a row of dedupeKey.
+func (m *SinkMailer) Sent(ctx context.Context, dedupeKey string) (bool, error) {
+	var sent bool
+	if err := m.st.Pool().QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM sent_emails WHERE dedupe_key = $1)`, dedupeKey).Scan(&sent); err != nil {
+		return false, fmt.Errorf("outbox: sink mailer: look up %s: %w", dedupeKey, err)
+	}
+	return sent, nil
 }
 
 // NewSinkMailer returns a SinkMailer writing into st's sent_emails.
@@ -91,10 +115,14 @@ func NewSender(st *store.Store, m Mailer) *Sender {
 //
 // The mailer is never called inside a transaction because the store retries
 // transactions after serialization failures, which would send again. The
-// claim keeps concurrent senders from sending the same email. Sending is
-// at-least-once: a crash or a store outage between a send and step 3, or a
-// send that outlives SendLease, sends that email again later (see the
-// package documentation). When ctx ends during step 2, the send under way
+// claim keeps concurrent senders from sending the same email. A mailer's
+// answer can be lost (a crash or a store outage between a send and step 3,
+// a send that outlives SendLease, a connection that drops after the mail
+// system took the email), and the email is then claimed again later: with a
+// mailer that implements SentLookup (SinkMailer does), an email on its
+// second or later attempt is looked up first, and one the mail system has
+// is only recorded as sent, so each email goes out once; with any other
+// mailer, sending is at-least-once (see the package documentation). When ctx ends during step 2, the send under way
 // finishes (cut short, it may have gone out anyway, and would be released
 // and sent again), the others are released unattempted, and step 3 runs.
 // A non-nil error with a positive count means some emails were sent and
@@ -125,7 +153,7 @@ func (s *Sender) SendBatch(ctx context.Context, limit int) (int, error) {
 		// and its release below would let another sender send it again
 		// at once. Only its own bound ends it.
 		sendCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), SendLease/2)
-		err := s.mailer.Send(sendCtx, e)
+		err := s.send(sendCtx, e)
 		cancel()
 		if err != nil {
 			released, reasons = append(released, e.DedupeKey), append(reasons, err.Error())
@@ -163,12 +191,24 @@ func (s *Sender) SendBatch(ctx context.Context, limit int) (int, error) {
 	return len(sent), errors.Join(failures...)
 }
 
+// send hands e to the mailer, unless an earlier attempt may have sent it
+// and the mailer's SentLookup says it did.
+func (s *Sender) send(ctx context.Context, e Email) error {
+	if lookup, ok := s.mailer.(SentLookup); ok && e.Attempt > 1 {
+		sent, err := lookup.Sent(ctx, e.DedupeKey)
+		if err != nil || sent {
+			return err
+		}
+	}
+	return s.mailer.Send(ctx, e)
+}
+
 // claim takes up to limit unsent emails whose claim is free or expired.
 func (s *Sender) claim(ctx context.Context, limit int) ([]Email, error) {
 	var claimed []Email
 	err := s.st.ExecTxReadCommitted(ctx, func(tx pgx.Tx) error {
 		claimed = nil
-		rows, err := tx.Query(ctx, `SELECT dedupe_key, tenant_id, payment_id, account_id, amount, currency
+		rows, err := tx.Query(ctx, `SELECT dedupe_key, tenant_id, payment_id, account_id, amount, currency, attempts + 1
 			FROM email_notifications
 			WHERE sent_at IS NULL AND (claimed_until IS NULL OR claimed_until <= now())
 			ORDER BY created_at
@@ -180,7 +220,7 @@ func (s *Sender) claim(ctx context.Context, limit int) ([]Email, error) {
 		emails, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Email, error) {
 			var e Email
 			var paymentID, amount, currency string
-			if err := row.Scan(&e.DedupeKey, &e.Tenant, &paymentID, &e.To, &amount, &currency); err != nil {
+			if err := row.Scan(&e.DedupeKey, &e.Tenant, &paymentID, &e.To, &amount, &currency, &e.Attempt); err != nil {
 				return e, err
 			}
 			e.Subject = "Receipt for payment " + paymentID
