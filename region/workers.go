@@ -27,8 +27,8 @@ type WorkerConfig struct {
 	Cleanup store.CleanupConfig
 }
 
-// workerNames label idempotency_worker_errors_total.
-// (an operation's own workers add theirs: Operation.WorkerNames).
+// workerNames label idempotency_worker_errors_total; an operation's own
+// workers add theirs (Operation.WorkerNames).
 var workerNames = []string{"recovery", "cleanup"}
 
 type workerMetrics struct {
