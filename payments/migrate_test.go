@@ -72,11 +72,13 @@ func TestMigrateRecognisesEarlierDatabases(t *testing.T) {
 	ctx := context.Background()
 	st := openEmpty(t)
 	storetest.Exec(t, st, `CREATE TABLE schema_migrations (version INT NOT NULL PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())`)
+	total := 0 // migrations of both sets
 	for _, set := range []store.Migrations{store.EngineMigrations(), payments.Migrations()} {
 		files, err := fs.Glob(set.FS, "*.sql")
 		if err != nil {
 			t.Fatal(err)
 		}
+		total += len(files)
 		for i, f := range files {
 			if set.Name == "engine" && i > 0 {
 				break // the earlier code had only 0001 of the engine's
@@ -89,7 +91,7 @@ func TestMigrateRecognisesEarlierDatabases(t *testing.T) {
 			storetest.Exec(t, st, `INSERT INTO schema_migrations (version, name) VALUES ($1, $2)`, int(f[3]-'0'), f)
 		}
 	}
-	// Only what came later is missing (4 to 8); applying 1 to 3 again would
+	// Only the engine's later migrations are missing; applying 1 to 3 again would
 	// fail on their CREATE statements' names.
 	if err := payments.CheckMigrated(ctx, st); err == nil || !strings.Contains(err.Error(), "0006_cleanup_indexes.sql") ||
 		strings.Contains(err.Error(), "0001") || strings.Contains(err.Error(), "0002") || strings.Contains(err.Error(), "0003") {
@@ -101,8 +103,8 @@ func TestMigrateRecognisesEarlierDatabases(t *testing.T) {
 	if err := payments.CheckMigrated(ctx, st); err != nil {
 		t.Fatalf("CheckMigrated after migrating an earlier database: %v", err)
 	}
-	if n := storetest.Count(t, st, `SELECT count(*) FROM schema_migrations`); n != 8 {
-		t.Errorf("schema_migrations has %d rows, want 8", n)
+	if n := storetest.Count(t, st, `SELECT count(*) FROM schema_migrations`); n != total || total < 9 {
+		t.Errorf("schema_migrations has %d rows, want one per migration (%d)", n, total)
 	}
 }
 

@@ -196,6 +196,7 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	fs.DurationVar(&m.Workers.CleanupInterval, "cleanup-interval", time.Minute, "how often cleanup runs (0 disables)")
 	fs.DurationVar(&m.Workers.RecoveryInterval, "recovery-interval", 5*time.Second, "how often stale and unknown payments are reconciled (0 disables)")
 	fs.DurationVar(&m.Outbox.Interval, "outbox-interval", 200*time.Millisecond, "how often the outbox is published and consumed (0 disables)")
+	fs.DurationVar(&m.Outbox.Retention, "outbox-retention", 7*24*time.Hour, "delete published outbox events, processed deliveries and inbox rows, and sent receipts this long after (0 keeps them)")
 	fs.StringVar(&m.TLSCert, "tls-cert", "", "certificate (PEM) to serve HTTPS with; reloaded when the file changes (needs --tls-key)")
 	fs.StringVar(&m.TLSKey, "tls-key", "", "private key (PEM) of --tls-cert")
 	fs.StringVar(&m.TLSClientCA, "tls-client-ca", "", "cluster CA (PEM): verifies the client certificates of nodes forwarding requests here and the certificates of nodes this node forwards to; reloaded when it changes")
@@ -265,6 +266,9 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 		m.NodeID = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
 	m.Workers.Cleanup.BodyRetention = *bodyRetention
+	if m.Outbox.Retention < 0 {
+		return fmt.Errorf("--outbox-retention %v is negative", m.Outbox.Retention)
+	}
 	if m.Workers.Cleanup.BodyRetention == 0 {
 		m.Workers.Cleanup.BodyRetention = m.Window
 	}

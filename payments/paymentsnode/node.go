@@ -39,6 +39,10 @@ type Outbox struct {
 	// it (outbox.WithEffectGuard), so that a payment recorded again in its
 	// new home after a failover emits nothing twice.
 	EffectGuard *outbox.EffectGuard
+	// Retention is how long published events, processed deliveries and
+	// inbox rows, and sent receipts are kept before the outbox-prune
+	// worker deletes them (outbox.Prune). Zero keeps them for good.
+	Retention time.Duration
 }
 
 // Operation is the reference operation, create_payment, as one of a node's

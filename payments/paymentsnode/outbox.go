@@ -19,9 +19,16 @@ const (
 	workerOutboxLedger  = "outbox-ledger"
 	workerOutboxReceipt = "outbox-receipt-email"
 	workerOutboxSend    = "outbox-send"
+	workerOutboxPrune   = "outbox-prune"
 )
 
-var outboxWorkerNames = []string{workerOutboxPublish, workerOutboxLedger, workerOutboxReceipt, workerOutboxSend}
+var outboxWorkerNames = []string{workerOutboxPublish, workerOutboxLedger, workerOutboxReceipt, workerOutboxSend, workerOutboxPrune}
+
+// pruneEvery is how often the outbox-prune worker runs for a retention:
+// a quarter of it, between a second and a minute.
+func pruneEvery(retention time.Duration) time.Duration {
+	return min(max(retention/4, time.Second), time.Minute)
+}
 
 // drainBatches bounds the batches of one outbox pass.
 const drainBatches = 50
@@ -31,12 +38,14 @@ const drainBatches = 50
 // metrics.
 type outboxWorkers struct {
 	cfg       Outbox
+	pay       *payments.Service
 	pub       *outbox.Publisher
 	consumers *outbox.Consumers
 	sender    *outbox.Sender
 	published prometheus.Counter
 	consumed  *prometheus.CounterVec
 	sent      prometheus.Counter
+	pruned    *prometheus.CounterVec
 	lag       prometheus.GaugeFunc
 }
 
@@ -47,6 +56,7 @@ func newOutboxWorkers(pay *payments.Service, cfg Outbox) *outboxWorkers {
 	st := pay.Store()
 	w := &outboxWorkers{
 		cfg:       cfg,
+		pay:       pay,
 		pub:       outbox.NewPublisher(st, outbox.PublisherConfig{Duplicate: cfg.Duplicate}),
 		consumers: outbox.NewConsumers(st, outbox.WithEffectGuard(cfg.EffectGuard)),
 		sender:    outbox.NewSender(st, nil),
@@ -57,6 +67,12 @@ func newOutboxWorkers(pay *payments.Service, cfg Outbox) *outboxWorkers {
 			Name: "outbox_consumed_total", Help: "Queue deliveries handled, by consumer and result (processed, duplicate, rejected, failed).",
 		}, []string{"consumer", "result"}),
 		sent: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_emails_sent_total", Help: "Receipt emails handed to the mailer."}),
+		pruned: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_pruned_total", Help: "Outbox rows deleted past the retention, by table.",
+		}, []string{"table"}),
+	}
+	for _, table := range []string{"outbox_events", "queue_messages", "consumer_inbox", "email_notifications"} {
+		w.pruned.WithLabelValues(table)
 	}
 	w.lag = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "outbox_lag_seconds", Help: "Age of the oldest unpublished outbox event, by the store's clock.",
@@ -78,10 +94,11 @@ func newOutboxWorkers(pay *payments.Service, cfg Outbox) *outboxWorkers {
 }
 
 func (w *outboxWorkers) collectors() []prometheus.Collector {
-	return []prometheus.Collector{w.published, w.consumed, w.sent, w.lag}
+	return []prometheus.Collector{w.published, w.consumed, w.sent, w.pruned, w.lag}
 }
 
-// start starts the four workers on s, each every cfg.Interval; while a
+// start starts the publisher, the consumers and the sender on s, each
+// every cfg.Interval, and with a retention the pruner (pruneEvery); while a
 // worker finds full batches it drains.
 func (w *outboxWorkers) start(ctx context.Context, s *region.Server) {
 	if w.cfg.Interval <= 0 {
@@ -114,6 +131,22 @@ func (w *outboxWorkers) start(ctx context.Context, s *region.Server) {
 			return n, err
 		})
 	})
+	if w.cfg.Retention > 0 {
+		st := w.pay.Store()
+		s.EveryUntraced(ctx, workerOutboxPrune, pruneEvery(w.cfg.Retention), func(ctx context.Context) error {
+			for range drainBatches {
+				p, err := outbox.Prune(ctx, st, w.cfg.Retention, limit)
+				w.pruned.WithLabelValues("outbox_events").Add(float64(p.Events))
+				w.pruned.WithLabelValues("queue_messages").Add(float64(p.Deliveries))
+				w.pruned.WithLabelValues("consumer_inbox").Add(float64(p.Inbox))
+				w.pruned.WithLabelValues("email_notifications").Add(float64(p.Emails))
+				if err != nil || !p.Full(limit) || ctx.Err() != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
 }
 
 // drain runs batch again while it does a full batch of limit (a backlog is
