@@ -29,6 +29,11 @@ const (
 	// DefaultSoakWarmup is how much of each process's life (and of the run,
 	// for throughput) the growth checks leave out: pools fill, caches warm.
 	DefaultSoakWarmup = 3 * time.Minute
+	// soakOutboxRetention is the nodes' --outbox-retention (before the
+	// soak's own node arguments, which may override it): short, so that
+	// the outbox tables reach within the hour the size they keep for good
+	// (idemd's default, a week, would take a week to).
+	soakOutboxRetention = 5 * time.Minute
 )
 
 // SoakOptions configures RunSoak.
@@ -193,7 +198,7 @@ func runSoak(ctx context.Context, opts SoakOptions, rep *SoakReport) error {
 	cfg := cluster.Config{
 		StateDir: opts.StateDir, Regions: opts.Regions, NodesPerRegion: opts.NodesPerRegion, IdemdPath: opts.Idemd,
 		EtcdMembers: 3, EtcdPath: opts.Etcd, Provider: true, IdemctlPath: opts.Idemctl, Tenants: tenants,
-		ExtraNodeArgs: opts.NodeArgs, Logger: opts.Logger,
+		ExtraNodeArgs: append([]string{"--outbox-retention", soakOutboxRetention.String()}, opts.NodeArgs...), Logger: opts.Logger,
 	}
 	var up *sidecarUpstream
 	if !opts.NoSidecar {

@@ -46,6 +46,7 @@ type SoakSample struct {
 	Provider *ProviderSample `json:"provider,omitempty"`
 	Errs     []string        `json:"sampleErrors,omitempty"` // what could not be sampled
 	Load     string          `json:"load,omitempty"`         // /proc/loadavg
+	Machine  *MachineSample  `json:"machine,omitempty"`
 }
 
 // NodeSample is one node's own metrics (its /metrics).
@@ -79,10 +80,27 @@ type StoreSample struct {
 	// Commits and Rollbacks count the database's transactions so far
 	// (pg_stat_database); a rollback is mostly a serialization failure
 	// the node retried.
-	Commits   int64         `json:"commits"`
-	Rollbacks int64         `json:"rollbacks"`
-	Tables    []TableSample `json:"tables"`
-	Indexes   []IndexSample `json:"indexes"`
+	Commits   int64 `json:"commits"`
+	Rollbacks int64 `json:"rollbacks"`
+	// BlocksRead counts the blocks the database read from outside its
+	// shared buffers (the OS page cache or the disk), BlocksHit those
+	// found in them (pg_stat_database blks_read, blks_hit).
+	BlocksRead int64         `json:"blocksRead"`
+	BlocksHit  int64         `json:"blocksHit"`
+	Tables     []TableSample `json:"tables"`
+	Indexes    []IndexSample `json:"indexes"`
+}
+
+// MachineSample is the machine's memory and disk traffic (/proc/meminfo,
+// /proc/vmstat): what every process on it shares.
+type MachineSample struct {
+	MemFreeBytes int64 `json:"memFreeBytes"`
+	CachedBytes  int64 `json:"cachedBytes"`
+	// PagesIn and PagesOut are KiB read from and written to disk so far;
+	// MajorFaults page faults that needed a read.
+	PagesIn     int64 `json:"pagesInKiB"`
+	PagesOut    int64 `json:"pagesOutKiB"`
+	MajorFaults int64 `json:"majorFaults"`
 }
 
 // TableSample is one table's size and upkeep (pg_stat_user_tables).
@@ -203,6 +221,43 @@ func (s *soakSampler) sample(ctx context.Context, out *SoakSample) {
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
 		out.Load = strings.Join(strings.Fields(string(b))[:3], " ")
 	}
+	out.Machine = machineSample()
+}
+
+// machineSample reads /proc/meminfo and /proc/vmstat; nil when neither
+// can be read.
+func machineSample() *MachineSample {
+	mem, errMem := procFields("/proc/meminfo")
+	vm, errVM := procFields("/proc/vmstat")
+	if errMem != nil && errVM != nil {
+		return nil
+	}
+	return &MachineSample{
+		MemFreeBytes: mem["MemFree:"] * 1024,
+		CachedBytes:  mem["Cached:"] * 1024,
+		PagesIn:      vm["pgpgin"],
+		PagesOut:     vm["pgpgout"],
+		MajorFaults:  vm["pgmajfault"],
+	}
+}
+
+// procFields reads a /proc file of "name value [unit]" lines.
+func procFields(path string) (map[string]int64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		if v, err := strconv.ParseInt(f[1], 10, 64); err == nil {
+			out[f[0]] = v
+		}
+	}
+	return out, nil
 }
 
 // node scrapes one node's /metrics.
@@ -394,8 +449,11 @@ func (s *soakSampler) store(ctx context.Context, region, url string) (StoreSampl
 				(SELECT count(*) FROM email_notifications WHERE sent_at IS NULL),
 				pg_database_size(current_database()),
 				(SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()),
-				(SELECT xact_rollback FROM pg_stat_database WHERE datname = current_database())`).
-			Scan(&st.OutboxBacklog, &st.QueuePending, &st.EmailsUnsent, &st.DatabaseBytes, &st.Commits, &st.Rollbacks)
+				(SELECT xact_rollback FROM pg_stat_database WHERE datname = current_database()),
+				(SELECT blks_read FROM pg_stat_database WHERE datname = current_database()),
+				(SELECT blks_hit FROM pg_stat_database WHERE datname = current_database())`).
+			Scan(&st.OutboxBacklog, &st.QueuePending, &st.EmailsUnsent, &st.DatabaseBytes, &st.Commits, &st.Rollbacks,
+				&st.BlocksRead, &st.BlocksHit)
 	}()
 	if err != nil {
 		s.drop(region)

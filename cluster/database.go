@@ -24,6 +24,14 @@ const (
 	codeInsufficientPrivilege = "42501"
 )
 
+// storeSettings returns the cluster's PostgreSQL settings beyond pgserver's.
+// shared_buffers: PostgreSQL's default of 128 MB keeps little of the
+// indexes of random keys (records, payments) that every write visits, so
+// the rest is read from the kernel's page cache, which the kernel may
+// reclaim (docs/chaos.md, "One hour"). Pages are allocated as they are
+// used, so a small cluster does not take the whole gigabyte.
+func storeSettings() map[string]string { return map[string]string{"shared_buffers": "1GB"} }
+
 // startStore starts PostgreSQL (unless cfg.DatabaseURL names a server),
 // creates the databases and returns region -> database URL.
 func (c *Cluster) startStore(ctx context.Context, cfg *Config) (map[string]string, error) {
@@ -42,7 +50,7 @@ func (c *Cluster) startStore(ctx context.Context, cfg *Config) (map[string]strin
 				return nil, err
 			}
 		}
-		pg, err := pgserver.Start(ctx, pgserver.Options{Dir: pgDir, Logger: c.log, TLS: cfg.TLS})
+		pg, err := pgserver.Start(ctx, pgserver.Options{Dir: pgDir, Logger: c.log, TLS: cfg.TLS, Settings: storeSettings()})
 		if err != nil {
 			return nil, fmt.Errorf("cluster: start PostgreSQL: %w", err)
 		}
