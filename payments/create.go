@@ -3,7 +3,6 @@ package payments
 import (
 	"context"
 	"errors"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -124,23 +123,36 @@ func owned(d idem.Decision) bool {
 	return false
 }
 
+// settled is the claim of a request a settled record decided (a replay or
+// a conflict), as read with the payment p a referencing record renders its
+// answer from (nil when it references none), or err.
+func (s *Service) settled(ctx context.Context, d idem.Decision, p *Payment, err error) (engine.Claim, error) {
+	if err != nil || p == nil || d.Outcome != idem.OutcomeReplay {
+		return engine.Claim{Decision: d}, err
+	}
+	resp, err := s.replay(ctx, d.Record, p)
+	if err != nil {
+		return engine.Claim{}, err
+	}
+	d.Record.Response = &resp
+	return engine.Claim{Decision: d}, nil
+}
+
 // claim is the request's engine.ClaimFunc.
 func (c *createCall) claim(ctx context.Context, begin idem.BeginRequest) (engine.Claim, error) {
 	s := c.s
-	// A settled record answers from one read (with the payment a
-	// referencing record renders from); anything else claims below.
-	if d, p, ok, err := readSettled(ctx, s.store, begin); err != nil || ok {
-		if err != nil || p == nil || d.Outcome != idem.OutcomeReplay {
-			return engine.Claim{Decision: d}, err
+	// While retries are most of what a node sees, a settled record
+	// answers from one read (with the payment a referencing record renders
+	// from), before any insert is attempted; otherwise the claim below
+	// reads it when it finds the key taken (retryShare).
+	if s.readFirst() {
+		d, p, ok, err := readSettled(ctx, s.store, begin)
+		if err != nil || ok {
+			if err == nil {
+				s.retries.observe(true)
+			}
+			return s.settled(ctx, d, p, err)
 		}
-		// A referencing record (the read joined its payment): its
-		// answer, rendered from that payment.
-		resp, err := s.replay(ctx, d.Record, p)
-		if err != nil {
-			return engine.Claim{}, err
-		}
-		d.Record.Response = &resp
-		return engine.Claim{Decision: d}, nil
 	}
 	if c.uncertain && s.cfg.Provider == nil {
 		// Nothing to ask whether the old region executed a key unknown
@@ -205,16 +217,29 @@ func (c *createCall) claimOne(ctx context.Context, begin idem.BeginRequest) (cl 
 		}
 	}
 	var (
-		inserted bool
-		at       time.Time
+		out     store.ClaimOrRead
+		settled *Payment
 	)
 	err = s.store.ExecOne(ctx, func(q store.Querier) (err error) {
-		inserted, at, err = ClaimWithPayment(ctx, q, begin, idem.StatusCompleted, idem.CheckpointCompleted, &completion, p, c.event)
+		if !s.store.ReplayRead() {
+			out = store.ClaimOrRead{}
+			out.Inserted, out.At, err = ClaimWithPayment(ctx, q, begin, idem.StatusCompleted, idem.CheckpointCompleted, &completion, p, c.event)
+			return err
+		}
+		out, settled, err = claimOrReplay(ctx, q, begin, idem.StatusCompleted, idem.CheckpointCompleted, &completion, p, c.event)
 		return err
 	})
-	if err != nil || !inserted {
+	if err == nil {
+		s.retries.observe(out.Settled)
+	}
+	if err == nil && out.Settled {
+		cl, err = s.settled(ctx, out.Decision, settled, nil)
+		return cl, err == nil, false, err
+	}
+	if err != nil || !out.Inserted {
 		return engine.Claim{}, false, err == nil, err
 	}
+	at := out.At
 	resp := completion.Response
 	if resp.ByReference {
 		p.CreatedAt = at

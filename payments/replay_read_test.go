@@ -3,6 +3,7 @@ package payments_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -12,14 +13,14 @@ import (
 	"github.com/idemcoord/idem/payments"
 )
 
-// TestCreateReplaysFromOneRead: on the one-statement path (no provider), a
-// retry of a completed payment and a different command under its key are
-// answered before any insert attempt; an in-progress or expired record still
-// goes through the insert-first claim.
+// TestCreateReplaysFromOneRead: on the one-statement path (no provider),
+// reading first, a retry of a completed payment and a different command
+// under its key are answered before any insert attempt; an in-progress or
+// expired record still goes through the insert-first claim.
 func TestCreateReplaysFromOneRead(t *testing.T) {
 	ctx := context.Background()
 	st, _ := storetest.New(t)
-	svc := payments.NewService(st, payments.Config{})
+	svc := payments.NewService(st, payments.Config{ClaimOrder: payments.ReadFirst})
 	create := func(key, body string) (payments.Result, error) {
 		return svc.Create(ctx, payments.Request{Tenant: "tenant-a", Key: key, Body: []byte(body)})
 	}
@@ -71,6 +72,112 @@ func TestCreateReplaysFromOneRead(t *testing.T) {
 	}
 	if n := attempts() - before; n < 1 {
 		t.Errorf("expired key: %d insert attempts, want the claim", n)
+	}
+}
+
+// TestCreateClaimsFirst: claiming first, a retry of a completed payment
+// and a different command under its key are answered from the claim's own
+// statement: one insert attempt that writes nothing (no record, payment or
+// event more), the same answer as the first; an in-progress record is
+// still decided in a transaction.
+func TestCreateClaimsFirst(t *testing.T) {
+	ctx := context.Background()
+	st, _ := storetest.New(t)
+	svc := payments.NewService(st, payments.Config{ClaimOrder: payments.ClaimFirst})
+	create := func(key, body string) (payments.Result, error) {
+		return svc.Create(ctx, payments.Request{Tenant: "tenant-a", Key: key, Body: []byte(body)})
+	}
+	first, err := create("k1", article)
+	if err != nil || first.Response.Status != 201 {
+		t.Fatalf("first = %+v, %v", first, err)
+	}
+	attempts := storetest.CountClaimAttempts(t, st)
+	rows := func() [3]int {
+		return [3]int{storetest.Count(t, st, `SELECT count(*) FROM idempotency_records`),
+			storetest.Count(t, st, `SELECT count(*) FROM payments`), storetest.Count(t, st, `SELECT count(*) FROM outbox_events`)}
+	}
+	before := rows()
+	again, err := create("k1", article)
+	if err != nil || !again.Replayed || again.Outcome != idem.OutcomeReplay || !bytes.Equal(again.Response.Body, first.Response.Body) ||
+		again.Response.Status != first.Response.Status {
+		t.Fatalf("retry = %+v, %v; want the first answer replayed", again, err)
+	}
+	other := `{"accountId":"acc_1","amount":"11.00","currency":"EUR","merchantReference":"invoice-7781"}`
+	if _, err := create("k1", other); idem.ErrorCode(err) != idem.ECodeKeyReused {
+		t.Errorf("different command = %v, want %s", err, idem.ECodeKeyReused)
+	}
+	if n := attempts(); n != 2 {
+		t.Errorf("%d insert attempts for a retry and a reuse; want one each (the claim)", n)
+	}
+	if after := rows(); after != before {
+		t.Errorf("records, payments, events %v after a retry and a reuse; want %v (nothing written)", after, before)
+	}
+
+	cmd, err := payments.ParseCommand([]byte(article), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hashes, err := cmd.Fingerprint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Begin(ctx, idem.BeginRequest{Scope: idem.Scope{Tenant: "tenant-a", Operation: payments.Operation, Key: "k2"},
+		RequestHashes: hashes, HashVersion: fingerprint.Version, Owner: "elsewhere", LockFor: time.Minute, Window: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := create("k2", article); idem.ErrorCode(err) != idem.ECodeInProgress {
+		t.Errorf("retry of an in-progress key = %v, want %s", err, idem.ECodeInProgress)
+	}
+}
+
+// TestClaimOrderFollowsRetries: the default order claims first while
+// fresh keys are most of the traffic; a run of retries makes it read
+// first (a replay then attempts no insert), and a run of fresh keys makes
+// it claim first again (a replay attempts the insert).
+func TestClaimOrderFollowsRetries(t *testing.T) {
+	ctx := context.Background()
+	st, _ := storetest.New(t)
+	svc := payments.NewService(st, payments.Config{})
+	create := func(key, ref string) payments.Result {
+		t.Helper()
+		body := `{"accountId":"acc_1","amount":"10.00","currency":"EUR","merchantReference":"` + ref + `"}`
+		res, err := svc.Create(ctx, payments.Request{Tenant: "tenant-a", Key: key, Body: []byte(body)})
+		if err != nil || res.Response.Status != 201 {
+			t.Fatalf("create %s = %+v, %v", key, res, err)
+		}
+		return res
+	}
+	create("k0", "r0")
+	attempts := storetest.CountClaimAttempts(t, st)
+	if s := svc.RetryShare(); s != 0 {
+		t.Fatalf("retry share %v after one fresh key; want 0", s)
+	}
+	before := attempts()
+	create("k0", "r0")
+	if n := attempts() - before; n != 1 {
+		t.Errorf("first retry: %d insert attempts; want 1 (claim first)", n)
+	}
+	for range 150 {
+		create("k0", "r0")
+	}
+	if s := svc.RetryShare(); s <= 0.5 {
+		t.Fatalf("retry share %v after 150 retries; want above 0.5", s)
+	}
+	before = attempts()
+	create("k0", "r0")
+	if n := attempts() - before; n != 0 {
+		t.Errorf("retry among retries: %d insert attempts; want 0 (read first)", n)
+	}
+	for i := range 150 {
+		create(fmt.Sprintf("f%d", i), fmt.Sprintf("rf%d", i))
+	}
+	if s := svc.RetryShare(); s >= 0.5 {
+		t.Fatalf("retry share %v after 150 fresh keys; want below 0.5", s)
+	}
+	before = attempts()
+	create("k0", "r0")
+	if n := attempts() - before; n != 1 {
+		t.Errorf("retry among fresh keys: %d insert attempts; want 1 (claim first)", n)
 	}
 }
 

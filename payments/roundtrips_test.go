@@ -14,11 +14,15 @@ import (
 )
 
 // TestCreateRoundTrips pins the statements a local payment sends (the
-// store gives each statement a span named by its verb): a fresh key is the
-// fast path's read and the one claim statement as an implicit transaction
-// (the record, payment and event; no BEGIN or COMMIT), in either schema; a
-// replay is the read alone, the payment joined; with stored bodies, v3
-// needs the creation time before the insert and takes a transaction.
+// store gives each statement a span named by its verb). Reading first, a
+// fresh key is the fast path's read and the one claim statement as an
+// implicit transaction (the record, payment and event; no BEGIN or
+// COMMIT), in either schema; a replay is the read alone, the payment
+// joined; with stored bodies, v3 needs the creation time before the insert
+// and takes a transaction. Claiming first (and by default, on a service
+// that has seen no retries), a fresh key and a replay are each the claim
+// statement alone, which reads the record and its payment when the key is
+// taken.
 func TestCreateRoundTrips(t *testing.T) {
 	st, _ := storetest.New(t)
 	for i, tc := range []struct {
@@ -26,12 +30,18 @@ func TestCreateRoundTrips(t *testing.T) {
 		cfg  payments.Config
 		want []string
 	}{
-		{"fresh key, v2", payments.Config{}, []string{"SELECT", "WITH"}},
-		{"replay, v2", payments.Config{}, []string{"SELECT"}},
-		{"fresh key, v3", payments.Config{ResponseSchema: "v3"}, []string{"SELECT", "WITH"}},
-		{"replay, v3", payments.Config{ResponseSchema: "v3"}, []string{"SELECT"}},
-		{"fresh key, v2, stored bodies", payments.Config{StoreBodies: true}, []string{"SELECT", "WITH"}},
-		{"fresh key, v3, stored bodies", payments.Config{ResponseSchema: "v3", StoreBodies: true}, []string{"SELECT", "BEGIN", "SELECT", "WITH", "COMMIT"}},
+		{"fresh key, v2", payments.Config{ClaimOrder: payments.ReadFirst}, []string{"SELECT", "WITH"}},
+		{"replay, v2", payments.Config{ClaimOrder: payments.ReadFirst}, []string{"SELECT"}},
+		{"fresh key, v3", payments.Config{ResponseSchema: "v3", ClaimOrder: payments.ReadFirst}, []string{"SELECT", "WITH"}},
+		{"replay, v3", payments.Config{ResponseSchema: "v3", ClaimOrder: payments.ReadFirst}, []string{"SELECT"}},
+		{"fresh key, v2, stored bodies", payments.Config{StoreBodies: true, ClaimOrder: payments.ReadFirst}, []string{"SELECT", "WITH"}},
+		{"fresh key, v3, stored bodies", payments.Config{ResponseSchema: "v3", StoreBodies: true, ClaimOrder: payments.ReadFirst}, []string{"SELECT", "BEGIN", "SELECT", "WITH", "COMMIT"}},
+		{"fresh key, v2, claim first", payments.Config{ClaimOrder: payments.ClaimFirst}, []string{"WITH"}},
+		{"replay, v2, claim first", payments.Config{ClaimOrder: payments.ClaimFirst}, []string{"WITH"}},
+		{"fresh key, v3, claim first", payments.Config{ResponseSchema: "v3", ClaimOrder: payments.ClaimFirst}, []string{"WITH"}},
+		{"replay, v3, claim first", payments.Config{ResponseSchema: "v3", ClaimOrder: payments.ClaimFirst}, []string{"WITH"}},
+		{"fresh key, v2, stored bodies, claim first", payments.Config{StoreBodies: true, ClaimOrder: payments.ClaimFirst}, []string{"WITH"}},
+		{"fresh key, v2, adaptive", payments.Config{}, []string{"WITH"}},
 	} {
 		// A replay retries the fresh key of the case before it.
 		name := strings.Replace(tc.name, "replay", "fresh key", 1)

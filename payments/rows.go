@@ -59,18 +59,33 @@ var paymentColumns = []string{"tenant_id", "payment_id", "account_id", "amount_m
 
 const paymentColumnList = `tenant_id, payment_id, account_id, amount_minor, currency, merchant_reference, channel, status, provider_key, created_at`
 
-// claimWithPayment is the single-statement fast path of create_payment:
-// the record, and only if it was inserted, the payment row and its outbox
-// event, in one round trip.
-var claimWithPayment = store.NewClaimWith(`, pay AS (
+// paymentWrites are the writes of create_payment's claim statements
+// after the record: the payment row, only if the claim inserted the
+// record.
+const paymentWrites = `, pay AS (
 		INSERT INTO payments (tenant_id, payment_id, account_id, amount_minor, currency, merchant_reference,
 			channel, status, provider_key, created_at, updated_at)
 		SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, now(), now() FROM claim
 		RETURNING payment_id
-	)
-	INSERT INTO outbox_events (event_id, tenant_id, aggregate_id, event_type, payload, created_at)
+	)`
+
+// eventWrite is the payment's outbox event, only if the payment was
+// written.
+const eventWrite = `INSERT INTO outbox_events (event_id, tenant_id, aggregate_id, event_type, payload, created_at)
 	SELECT $10, $1, payment_id, $11, $12, now() FROM pay
-	RETURNING now()`, 12)
+	RETURNING now()`
+
+// claimWithPayment is the single-statement fast path of create_payment:
+// the record, and only if it was inserted, the payment row and its outbox
+// event, in one round trip.
+var claimWithPayment = store.NewClaimWith(paymentWrites+"\n\t"+eventWrite, 12)
+
+// claimOrReplayPayment is claimWithPayment that, when the key is taken,
+// reads the record that holds it and the payment it references in the same
+// round trip (store.ClaimOrReadWith).
+var claimOrReplayPayment = store.NewClaimOrReadWith(paymentWrites+`,
+	written AS (`+eventWrite+` AS at)`, 12, ResourceType,
+	`SELECT * FROM payments WHERE tenant_id = $1 AND payment_id = r.resource_id`, paymentColumns...)
 
 // ClaimWithPayment claims req's key and writes payment p and its event ev
 // in one statement (store.ClaimWith): the record in state status at
@@ -95,25 +110,54 @@ func ClaimWithPayment(ctx context.Context, q store.Querier, req idem.BeginReques
 var settledWithPayment = store.NewReferenceRead(ResourceType,
 	`SELECT * FROM payments WHERE tenant_id = $1 AND payment_id = r.resource_id`, paymentColumns...)
 
+// referencedPayment receives the payment columns a read of a referencing
+// record joins (nil pointers when it references none).
+type referencedPayment struct {
+	tenant, id, account, currency, ref, ch, status, providerKey *string
+	amount                                                      *int64
+	created                                                     *time.Time
+}
+
+// dest are the scan destinations, in paymentColumns' order.
+func (r *referencedPayment) dest() []any {
+	return []any{&r.tenant, &r.id, &r.account, &r.amount, &r.currency, &r.ref, &r.ch, &r.status, &r.providerKey, &r.created}
+}
+
+// payment is the row read, or nil.
+func (r *referencedPayment) payment(tenant string) *Payment {
+	if r.id == nil {
+		return nil
+	}
+	return &Payment{Tenant: tenant, ID: *r.id, AccountID: *r.account, AmountMinor: *r.amount, Currency: *r.currency,
+		MerchantReference: *r.ref, Channel: *r.ch, Status: *r.status, ProviderKey: *r.providerKey, CreatedAt: *r.created}
+}
+
 // readSettled is store.ReadSettled for create_payment, with the payment a
 // referencing record (idem.Response.ByReference) renders its answer from,
 // read in the same round trip. The payment is nil when the record
 // references none (or the row is gone).
 func readSettled(ctx context.Context, st *store.Store, req idem.BeginRequest) (idem.Decision, *Payment, bool, error) {
-	var (
-		id, account, currency, ref, ch *string
-		status, providerKey            *string
-		tenant                         *string
-		amount                         *int64
-		created                        *time.Time
-	)
-	d, ok, err := st.ReadSettledWith(ctx, req, settledWithPayment,
-		&tenant, &id, &account, &amount, &currency, &ref, &ch, &status, &providerKey, &created)
-	if err != nil || !ok || id == nil {
+	var ref referencedPayment
+	d, ok, err := st.ReadSettledWith(ctx, req, settledWithPayment, ref.dest()...)
+	if err != nil || !ok {
 		return d, nil, ok, err
 	}
-	return d, &Payment{Tenant: req.Tenant, ID: *id, AccountID: *account, AmountMinor: *amount, Currency: *currency,
-		MerchantReference: *ref, Channel: *ch, Status: *status, ProviderKey: *providerKey, CreatedAt: *created}, true, nil
+	return d, ref.payment(req.Tenant), true, nil
+}
+
+// claimOrReplay is ClaimWithPayment through claimOrReplayPayment: when the
+// key is taken by a settled record, its decision and the payment it
+// references (settled; p may be nil) instead of nothing.
+func claimOrReplay(ctx context.Context, q store.Querier, req idem.BeginRequest, status idem.Status, cp idem.Checkpoint,
+	completion *idem.Completion, p Payment, ev Event) (store.ClaimOrRead, *Payment, error) {
+	var ref referencedPayment
+	out, err := claimOrReplayPayment.Exec(ctx, q, req, status, cp, completion, ResourceType, p.ID, []any{
+		req.Tenant, p.ID, p.AccountID, p.AmountMinor, p.Currency, p.MerchantReference, p.Channel, p.Status, p.ProviderKey,
+		ev.ID, ev.Type, []byte(ev.Payload)}, ref.dest()...)
+	if err != nil {
+		return store.ClaimOrRead{}, nil, classify(err)
+	}
+	return out, ref.payment(req.Tenant), nil
 }
 
 // InsertPayment writes a payment row and its outbox event for an owner that

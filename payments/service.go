@@ -62,6 +62,12 @@ type Config struct {
 	// version before referencing records share the store: they replay a
 	// referencing record with an empty body.
 	StoreBodies bool
+	// ClaimOrder says how the claim of a payment without a provider
+	// starts: ClaimAdaptive (the default) reads a settled record first
+	// while retries are most of this service's recent claims and claims
+	// first otherwise; ReadFirst and ClaimFirst always do the one (see
+	// retryShare). With a Provider, a claim always reads first.
+	ClaimOrder ClaimOrder
 	// Locker, when set, fences recovery through an external lock service
 	// (etcd): a takeover first locks the scope, and the lock's token is what
 	// the record and the provider see. Nil uses the store's own counter.
@@ -74,6 +80,22 @@ type Config struct {
 	Faults
 }
 
+// ClaimOrder is Config.ClaimOrder.
+type ClaimOrder int
+
+// Claim orders.
+const (
+	// ClaimAdaptive chooses by the share of retries (retryShare).
+	ClaimAdaptive ClaimOrder = iota
+	// ReadFirst reads a settled record before any insert is attempted: a
+	// retry costs one read, a fresh key a read and its claim.
+	ReadFirst
+	// ClaimFirst attempts the claim first, which reads the record that
+	// holds the key in the same statement: a fresh key costs its claim
+	// alone, a retry one statement that inserts nothing.
+	ClaimFirst
+)
+
 // Service executes create_payment commands.
 type Service struct {
 	store  *store.Store
@@ -81,6 +103,29 @@ type Service struct {
 	logger *slog.Logger
 	// engine runs Create's requests; its operation is EngineOperation.
 	engine *engine.Engine
+	// retries chooses whether a claim reads a settled record first.
+	retries retryShare
+}
+
+// RetryShare is the share of this service's recent claims whose key was
+// settled already (retries, and keys reused for another command), between
+// 0 and 1: what ClaimAdaptive chooses by.
+func (s *Service) RetryShare() float64 { return s.retries.share() }
+
+// readFirst reports whether the next claim reads a settled record first.
+// A payment charged through a provider always does: its claim is a
+// transaction, which a retry should not cost.
+func (s *Service) readFirst() bool {
+	if s.cfg.Provider != nil {
+		return true
+	}
+	switch s.cfg.ClaimOrder {
+	case ReadFirst:
+		return true
+	case ClaimFirst:
+		return false
+	}
+	return s.retries.readFirst()
 }
 
 // NewService returns a Service over st.

@@ -126,11 +126,15 @@ func TestForwardedRequestIsOneTrace(t *testing.T) {
 			euServer.Parent.SpanID(), euServer.Parent.IsRemote(), forward.SpanContext.SpanID())
 	}
 	// A fresh key's claim is one statement, sent as an implicit
-	// transaction (store.exec), after the fast path's read.
-	for _, name := range []string{"idem.claim", "store.exec", "db SELECT", "db WITH"} {
+	// transaction (store.exec); a node that has seen no retries claims
+	// first, with no read before it (payments.ClaimAdaptive).
+	for _, name := range []string{"idem.claim", "store.exec", "db WITH"} {
 		if spanNamed(euSpansNow, name) == nil {
 			t.Errorf("the home node has no %q span", name)
 		}
+	}
+	if spanNamed(euSpansNow, "db SELECT") != nil {
+		t.Error(`the home node read before its claim ("db SELECT"); a node with no retries claims first`)
 	}
 
 	want := map[string]string{"tenant": "tenant-a", "operation": "create_payment",

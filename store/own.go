@@ -164,3 +164,110 @@ func qualified(prefix, columns string) string {
 func quoteLiteral(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
 }
+
+// ClaimOrReadWith is a ClaimWith whose statement, when the key is taken,
+// also reads the record that holds it, joined with the row a referencing
+// record renders its answer from (as ReferenceRead does), in the same
+// round trip: a fresh key costs the claim and the operation's writes
+// alone, and a settled key is answered from that one round trip with
+// nothing written. Make one with NewClaimOrReadWith, once.
+type ClaimOrReadWith struct {
+	sql   string
+	nArgs int
+}
+
+// NewClaimOrReadWith prepares a claim with an operation's own writes that
+// reads the key's record when the claim finds it taken. own follows
+// "WITH claim AS (...)" as in NewClaimWith, but holds common table
+// expressions only, the last of which is named written and returns one
+// row of one column, at (RETURNING now() AS at), when it wrote. Its
+// placeholders are $1 to $nArgs, and $1 must be the request's tenant:
+// row, the query of the operation's table as NewReferenceRead takes it,
+// is keyed on it. columns are row's columns Exec scans, in order.
+func NewClaimOrReadWith(own string, nArgs int, resourceType, row string, columns ...string) ClaimOrReadWith {
+	claim := NewClaimWith(own, nArgs).sql
+	// The claim returns the record it inserted, not just a row.
+	claim = strings.Replace(claim, "RETURNING 1 AS n", "RETURNING "+recordColumns, 1)
+	p := func(i int) string { return fmt.Sprintf("$%d", nArgs+i) }
+	nulls := make([]string, len(columns))
+	joined := make([]string, len(columns))
+	for i, c := range columns {
+		nulls[i] = "NULL"
+		joined[i] = "x." + c
+	}
+	// The record a statement's own claim inserted is not visible to the
+	// rest of it (one snapshot), so the second branch finds only a record
+	// committed before it began; the first, the one it inserted.
+	sql := claim + `
+	SELECT ` + qualified("c.", recordColumns) + `, now(), true, (SELECT at FROM written), ` + strings.Join(nulls, ", ") + `
+		FROM claim c
+	UNION ALL
+	SELECT ` + qualified("r.", recordColumns) + `, now(), false, NULL, ` + strings.Join(joined, ", ") + `
+		FROM idempotency_records r LEFT JOIN LATERAL (` + row + `
+			AND r.response_by_reference AND r.resource_type = ` + quoteLiteral(resourceType) + `
+			LIMIT 1) x ON true
+		WHERE r.tenant_id = ` + p(1) + ` AND r.operation_name = ` + p(2) + ` AND r.idempotency_key = ` + p(3) + `
+		AND NOT EXISTS (SELECT 1 FROM claim)`
+	return ClaimOrReadWith{sql: sql, nArgs: nArgs}
+}
+
+// ClaimOrRead is what one ClaimOrReadWith.Exec found.
+type ClaimOrRead struct {
+	// Inserted reports that the statement claimed the key (and the
+	// operation's writes ran); At is then the statement's time.
+	Inserted bool
+	At       time.Time
+	// Settled reports, when the key was taken, that the record holding it
+	// decided the request: Decision is a replay (dest then holds the
+	// referenced row's columns, nil when it references none) or a
+	// conflict. When neither is set, the record is open, retryable,
+	// expired or not yet visible, and the caller decides in a transaction
+	// (DecideExisting).
+	Settled  bool
+	Decision idem.Decision
+}
+
+// Exec is ClaimWith.Exec, and when the key is taken, the read of its
+// record: see ClaimOrRead. dest are pointers to pointers, one per column
+// of the row, as ReadSettledWith takes them.
+func (c ClaimOrReadWith) Exec(ctx context.Context, q Querier, req idem.BeginRequest, status idem.Status, cp idem.Checkpoint,
+	completion *idem.Completion, resourceType, resourceID string, args []any, dest ...any) (ClaimOrRead, error) {
+	if len(args) != c.nArgs {
+		return ClaimOrRead{}, fmt.Errorf("store: claim or read with own writes: %d arguments, the statement takes %d", len(args), c.nArgs)
+	}
+	if err := req.Validate(); err != nil {
+		return ClaimOrRead{}, err
+	}
+	ctx, span := telemetry.Start(ctx, "idem.claim", trace.SpanKindInternal)
+	defer span.End()
+	var resp *idem.Response
+	if completion != nil {
+		resp = &completion.Response
+	}
+	r, err := responseColumns(resp)
+	if err != nil {
+		return ClaimOrRead{}, err
+	}
+	all := append(args[:len(args):len(args)],
+		req.Tenant, req.Operation, req.Key, req.RequestHashes[0], req.HashVersion, string(status), string(cp),
+		req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds(),
+		r.status, r.headers, r.body, r.schema, r.byReference, resourceType, resourceID)
+	var (
+		out ClaimOrRead
+		now time.Time
+		at  *time.Time
+	)
+	rec, err := scanRecord(q.QueryRow(ctx, c.sql, all...), append([]any{&now, &out.Inserted, &at}, dest...)...)
+	switch {
+	case err == nil && out.Inserted:
+		if at == nil {
+			return ClaimOrRead{}, errors.New("store: claim or read with own writes: the claim was inserted and the operation's writes were not")
+		}
+		out.At = *at
+		return out, nil
+	case err != nil && !errors.Is(err, pgx.ErrNoRows):
+		return ClaimOrRead{}, err
+	}
+	out.Decision, out.Settled, err = settledDecision(rec, err, req, now)
+	return out, err
+}

@@ -115,6 +115,11 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 // Close closes every connection of the pool.
 func (s *Store) Close() { s.pool.Close() }
 
+// ReplayRead reports whether the replay fast path is on (not
+// Options.NoReplayRead): whether ReadSettled and the claims read a settled
+// record instead of deciding only in a transaction.
+func (s *Store) ReplayRead() bool { return s.replayRead }
+
 // Pool returns the underlying pool, for callers that own tables of their own.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 

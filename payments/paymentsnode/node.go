@@ -56,6 +56,10 @@ func Operation(pay *payments.Service, ob Outbox) region.Operation {
 	keyConflicts := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "idempotency_provider_key_conflicts_total", Help: "Payments ended CONFLICT because the provider held another charge under their provider key (an operator must look).",
 	})
+	retryShare := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "idempotency_payment_retry_share",
+		Help: "Share of recent create_payment claims whose key was settled already (retries and reused keys); above 0.5 a claim reads first.",
+	}, pay.RetryShare)
 	w := newOutboxWorkers(pay, ob)
 	return region.Operation{
 		Name: payments.Operation,
@@ -68,7 +72,7 @@ func Operation(pay *payments.Service, ob Outbox) region.Operation {
 		Engine:           &op,
 		Errors:           payments.Errors,
 		RecoveryOutcomes: payments.RecoveryOutcomes,
-		Collectors:       append([]prometheus.Collector{keyConflicts}, w.collectors()...),
+		Collectors:       append([]prometheus.Collector{keyConflicts, retryShare}, w.collectors()...),
 		Workers:          func(ctx context.Context, s *region.Server, _ region.WorkerConfig) { w.start(ctx, s) },
 		WorkerNames:      outboxWorkerNames,
 		Recovered: func(out map[string]int) {

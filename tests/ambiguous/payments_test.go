@@ -15,8 +15,14 @@ import (
 // TestCreateResolvesAnAmbiguousCommit loses the answer to the commit of the
 // one statement (an implicit transaction) that stores a payment and its
 // record (no provider), while the store commits it: Create must answer the stored payment, not a
-// failure, and one payment exists.
+// failure, and one payment exists; in either claim order.
 func TestCreateResolvesAnAmbiguousCommit(t *testing.T) {
+	for name, order := range map[string]payments.ClaimOrder{"claim first": payments.ClaimFirst, "read first": payments.ReadFirst} {
+		t.Run(name, func(t *testing.T) { testCreateResolvesAnAmbiguousCommit(t, order) })
+	}
+}
+
+func testCreateResolvesAnAmbiguousCommit(t *testing.T, order payments.ClaimOrder) {
 	ctx := context.Background()
 	direct, dbURL := storetest.New(t)
 	cut := commitcut.New(t, dbURL)
@@ -25,7 +31,7 @@ func TestCreateResolvesAnAmbiguousCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(st.Close)
-	svc := payments.NewService(st, payments.Config{})
+	svc := payments.NewService(st, payments.Config{ClaimOrder: order})
 
 	cut.Arm(1)
 	res, err := svc.Create(ctx, payments.Request{Tenant: "tenant-a", Key: "k1", Body: []byte(article)})

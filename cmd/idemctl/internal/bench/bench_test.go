@@ -59,14 +59,16 @@ func TestRunCountsWhatItWrote(t *testing.T) {
 		wantPay, wantRecs int
 	}{
 		{suite: bench.SuiteStore,
-			wantPay:  ops(rep.Suite(bench.SuiteStore), bench.OpBaseline, bench.OpIdempotent, bench.OpIdempotentStoredBody, bench.OpIdempotentClaimFirst),
-			wantRecs: ops(rep.Suite(bench.SuiteStore), bench.OpIdempotent, bench.OpIdempotentStoredBody, bench.OpIdempotentClaimFirst)},
+			wantPay: ops(rep.Suite(bench.SuiteStore), bench.OpBaseline, bench.OpIdempotent, bench.OpIdempotentStoredBody,
+				bench.OpIdempotentClaimFirst, bench.OpIdempotentReadFirst),
+			wantRecs: ops(rep.Suite(bench.SuiteStore), bench.OpIdempotent, bench.OpIdempotentStoredBody,
+				bench.OpIdempotentClaimFirst, bench.OpIdempotentReadFirst)},
 		{suite: bench.SuiteReplay,
 			wantPay:  rep.Suite(bench.SuiteReplay).Seeded + ops(rep.Suite(bench.SuiteReplay), bench.OpWrite),
 			wantRecs: rep.Suite(bench.SuiteReplay).Seeded + ops(rep.Suite(bench.SuiteReplay), bench.OpWrite)},
 		{suite: bench.SuiteHTTP,
-			wantPay:  ops(rep.Suite(bench.SuiteHTTP), bench.OpHTTPBaseline, bench.OpHTTPIdempotent),
-			wantRecs: ops(rep.Suite(bench.SuiteHTTP), bench.OpHTTPIdempotent)},
+			wantPay:  rep.Suite(bench.SuiteHTTP).Seeded + ops(rep.Suite(bench.SuiteHTTP), bench.OpHTTPBaseline, bench.OpHTTPIdempotent),
+			wantRecs: rep.Suite(bench.SuiteHTTP).Seeded + ops(rep.Suite(bench.SuiteHTTP), bench.OpHTTPIdempotent)},
 		{suite: bench.SuiteForward,
 			wantPay:  ops(rep.Suite(bench.SuiteForward), bench.OpServedAtHome, bench.OpForwarded),
 			wantRecs: ops(rep.Suite(bench.SuiteForward), bench.OpServedAtHome, bench.OpForwarded)},
@@ -82,14 +84,17 @@ func TestRunCountsWhatItWrote(t *testing.T) {
 				tc.suite, s.Payments, s.Records, tc.wantPay, tc.wantRecs)
 		}
 	}
-	if r := rep.Suite(bench.SuiteReplay); r.Result(bench.OpReplay).Ops == 0 || r.Result(bench.OpReplayClaimFirst).Ops == 0 {
+	if r := rep.Suite(bench.SuiteReplay); r.Result(bench.OpReplay).Ops == 0 || r.Result(bench.OpReplayClaimFirst).Ops == 0 || r.Result(bench.OpReplayInClaim).Ops == 0 {
 		t.Errorf("replay suite without replays: %+v", r)
+	}
+	if h := rep.Suite(bench.SuiteHTTP); h.Result(bench.OpHTTPReplay).Ops == 0 || h.Result(bench.OpHTTPGet).Ops == 0 || h.Seeded == 0 {
+		t.Errorf("http suite without replays or reads: %+v", h)
 	}
 	if sc := rep.Suite(bench.SuiteScale); len(sc.Sizes) != 3 || sc.Sizes[0].Rows < 1000 || sc.Sizes[1].Rows < 5000 || sc.Pruned == 0 {
 		t.Errorf("scale: sizes %+v, %d pruned, %d deleted; want the table at 1000, 5000 and 9000 loaded rows and some expired records pruned", sc.Sizes, sc.Pruned, sc.Deleted)
 	}
 	md := rep.Markdown()
-	for _, want := range []string{"ratio idempotent/baseline", "ratio replay/write", "ratio http idempotent/http baseline", "ratio through the sidecar/upstream direct", "connections opened across the link"} {
+	for _, want := range []string{"ratio idempotent/baseline", "ratio replay/write", "ratio http idempotent/http baseline", "ratio http replay/http get", "ratio through the sidecar/upstream direct", "connections opened across the link"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)
 		}

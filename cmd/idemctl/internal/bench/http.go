@@ -23,6 +23,8 @@ import (
 const (
 	OpHTTPBaseline   = "http baseline"
 	OpHTTPIdempotent = "http idempotent"
+	OpHTTPReplay     = "http replay"
+	OpHTTPGet        = "http get"
 )
 
 const benchToken = "bench-token"
@@ -148,15 +150,100 @@ func runHTTP(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, err
 	tr := benchTransport(cfg)
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr}
+	// Completed payments that replays retry and reads get, in turn.
+	seeded, err := seedHTTP(ctx, client, node.URL(), w, "r", cfg.ReplayKeys)
+	if err != nil {
+		return SuiteReport{}, err
+	}
 	results, err := alternate(ctx, cfg, SuiteHTTP, []op{
 		{OpHTTPBaseline, poster(client, baseURL, w, "b")},
 		{OpHTTPIdempotent, poster(client, node.URL(), w, "i")},
+		{OpHTTPReplay, httpReplayer(client, node.URL(), w, "r", seeded)},
+		{OpHTTPGet, httpGetter(client, node.URL(), seeded)},
 	})
 	if err != nil {
 		return SuiteReport{}, err
 	}
-	rep := SuiteReport{Suite: SuiteHTTP, Concurrency: cfg.Concurrency, Results: results,
-		Ratios: []Ratio{ratio(results, OpHTTPIdempotent, OpHTTPBaseline)}}
+	rep := SuiteReport{Suite: SuiteHTTP, Concurrency: cfg.Concurrency, Results: results, Seeded: len(seeded),
+		Ratios: []Ratio{ratio(results, OpHTTPIdempotent, OpHTTPBaseline), ratio(results, OpHTTPReplay, OpHTTPGet)}}
 	rep.Payments, rep.Records, err = countRows(ctx, st, w.tenant)
 	return rep, err
+}
+
+// seedHTTP creates n payments through the node at base, keys
+// w.key(prefix, 0..n-1), and returns their ids.
+func seedHTTP(ctx context.Context, client *http.Client, base string, w *writer, prefix string, n int) ([]string, error) {
+	ids := make([]string, n)
+	for i := range n {
+		resp, err := sendPayment(ctx, client, base, w, prefix, int64(i))
+		if err != nil {
+			return nil, fmt.Errorf("seed payments: %w", err)
+		}
+		_, err = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusCreated {
+			return nil, fmt.Errorf("seed payments: %w: %d", errUnexpected, resp.StatusCode)
+		}
+		id, ok := strings.CutPrefix(resp.Header.Get("Location"), "/payments/")
+		if !ok || id == "" {
+			return nil, fmt.Errorf("seed payments: %w: no Location", errUnexpected)
+		}
+		ids[i] = id
+	}
+	return ids, nil
+}
+
+// sendPayment POSTs the payment of key w.key(prefix, i) and its body.
+func sendPayment(ctx context.Context, client *http.Client, base string, w *writer, prefix string, i int64) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/payments", bytes.NewReader(body(w.run+prefix, i)))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+benchToken)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", w.key(prefix, i))
+	return client.Do(req)
+}
+
+// httpReplayer retries the seeded payments in turn and wants each
+// replayed: 201 with Idempotent-Replayed.
+func httpReplayer(client *http.Client, base string, w *writer, prefix string, seeded []string) func(context.Context) error {
+	var seq atomic.Int64
+	return func(ctx context.Context) error {
+		i := seq.Add(1) % int64(len(seeded))
+		resp, err := sendPayment(ctx, client, base, w, prefix, i)
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		if err == nil && (resp.StatusCode != http.StatusCreated || resp.Header.Get("Idempotent-Replayed") != "true") {
+			err = fmt.Errorf("%w: replay of %s-%d: %d", errUnexpected, prefix, i, resp.StatusCode)
+		}
+		return err
+	}
+}
+
+// httpGetter reads the seeded payments in turn (GET /payments/{id}) and
+// wants 200: the read a replay is compared with, through the same node.
+func httpGetter(client *http.Client, base string, seeded []string) func(context.Context) error {
+	var seq atomic.Int64
+	return func(ctx context.Context) error {
+		id := seeded[seq.Add(1)%int64(len(seeded))]
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/payments/"+id, nil)
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Authorization", "Bearer "+benchToken)
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		if err == nil && resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("%w: GET /payments/%s: %d", errUnexpected, id, resp.StatusCode)
+		}
+		return err
+	}
 }

@@ -1,0 +1,54 @@
+package payments
+
+import "sync/atomic"
+
+// retryShare estimates which share of a node's recent create_payment
+// claims found their key settled (a retry of a request that was answered,
+// or a key reused for another command), and chooses from it how the next
+// claim starts.
+//
+// Both ways answer alike; they differ in cost. Reading first costs a fresh
+// key a round trip before its claim, and answers a retry from one read
+// with no insert attempted. Claiming first costs a fresh key nothing more,
+// and answers a retry from the claim's own round trip (claimOrReplayPayment:
+// an insert that finds the key taken, and the read). At normal times fresh
+// keys are most of the traffic; during an incident retries are, and then
+// the read is the cheaper of the two (docs/benchmarks.md, "Claim or
+// replay").
+//
+// The estimate is an exponentially weighted moving average over about the
+// last retryShareSpan claims, in units of 1/retryShareOne. The zero value
+// starts from no retries.
+type retryShare struct {
+	v atomic.Int64
+}
+
+const (
+	retryShareOne  = 1 << 16
+	retryShareSpan = 64 // the weight of one observation is 1/retryShareSpan
+	// readFirstAbove is the share of retries above which a claim reads
+	// first: measured where a replay through the claim costs about twice
+	// the read (docs/benchmarks.md, "Claim or replay").
+	readFirstAbove = retryShareOne / 2
+)
+
+// observe records one claim's outcome: settled says its key had a settled
+// record.
+func (r *retryShare) observe(settled bool) {
+	x := int64(0)
+	if settled {
+		x = retryShareOne
+	}
+	for {
+		old := r.v.Load()
+		if r.v.CompareAndSwap(old, old+(x-old)/retryShareSpan) {
+			return
+		}
+	}
+}
+
+// readFirst reports whether the next claim should read first.
+func (r *retryShare) readFirst() bool { return r.v.Load() > readFirstAbove }
+
+// share is the estimate, between 0 and 1.
+func (r *retryShare) share() float64 { return float64(r.v.Load()) / retryShareOne }
