@@ -80,7 +80,9 @@
 // accepts an idempotency key (pass [Email.DedupeKey]) closes that window
 // too.
 //
-// Processed queue_messages and consumer_inbox rows are kept; pruning them is
-// left to retention jobs (an inbox row must outlive any redelivery of its
-// message).
+// [Prune] deletes what the outbox no longer needs once it is older than a
+// retention: published events, processed deliveries, sent receipts, and
+// inbox rows no pending delivery may still ask for (an inbox row must
+// outlive every redelivery of its message). Nodes run it as the
+// outbox-prune worker (idemd --outbox-retention, a week by default).
 package outbox

@@ -69,26 +69,12 @@ func NewClaimWith(own string, nArgs int) ClaimWith {
 // as it is, for the operation to classify; nothing was written then.
 func (c ClaimWith) Exec(ctx context.Context, q Querier, req idem.BeginRequest, status idem.Status, cp idem.Checkpoint,
 	completion *idem.Completion, resourceType, resourceID string, args ...any) (inserted bool, at time.Time, err error) {
-	if len(args) != c.nArgs {
-		return false, time.Time{}, fmt.Errorf("store: claim with own writes: %d arguments, the statement takes %d", len(args), c.nArgs)
-	}
-	if err := req.Validate(); err != nil {
+	all, err := claimArgs(c.nArgs, req, status, cp, completion, resourceType, resourceID, args)
+	if err != nil {
 		return false, time.Time{}, err
 	}
 	ctx, span := telemetry.Start(ctx, "idem.claim", trace.SpanKindInternal)
 	defer span.End()
-	var resp *idem.Response
-	if completion != nil {
-		resp = &completion.Response
-	}
-	r, err := responseColumns(resp)
-	if err != nil {
-		return false, time.Time{}, err
-	}
-	all := append(args[:len(args):len(args)],
-		req.Tenant, req.Operation, req.Key, req.RequestHashes[0], req.HashVersion, string(status), string(cp),
-		req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds(),
-		r.status, r.headers, r.body, r.schema, r.byReference, resourceType, resourceID)
 	err = q.QueryRow(ctx, c.sql, all...).Scan(&at)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -99,6 +85,30 @@ func (c ClaimWith) Exec(ctx context.Context, q Querier, req idem.BeginRequest, s
 		return false, time.Time{}, err
 	}
 	return true, at, nil
+}
+
+// claimArgs are the arguments of a claim statement with an operation's own
+// writes: the operation's (nArgs of them), then the record's.
+func claimArgs(nArgs int, req idem.BeginRequest, status idem.Status, cp idem.Checkpoint,
+	completion *idem.Completion, resourceType, resourceID string, args []any) ([]any, error) {
+	if len(args) != nArgs {
+		return nil, fmt.Errorf("store: claim with own writes: %d arguments, the statement takes %d", len(args), nArgs)
+	}
+	if err := req.Validate(); err != nil {
+		return nil, err
+	}
+	var resp *idem.Response
+	if completion != nil {
+		resp = &completion.Response
+	}
+	r, err := responseColumns(resp)
+	if err != nil {
+		return nil, err
+	}
+	return append(args[:len(args):len(args)],
+		req.Tenant, req.Operation, req.Key, req.RequestHashes[0], req.HashVersion, string(status), string(cp),
+		req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds(),
+		r.status, r.headers, r.body, r.schema, r.byReference, resourceType, resourceID), nil
 }
 
 // ReferenceRead is the replay fast path's read (ReadSettled) joined with
@@ -232,26 +242,12 @@ type ClaimOrRead struct {
 // of the row, as ReadSettledWith takes them.
 func (c ClaimOrReadWith) Exec(ctx context.Context, q Querier, req idem.BeginRequest, status idem.Status, cp idem.Checkpoint,
 	completion *idem.Completion, resourceType, resourceID string, args []any, dest ...any) (ClaimOrRead, error) {
-	if len(args) != c.nArgs {
-		return ClaimOrRead{}, fmt.Errorf("store: claim or read with own writes: %d arguments, the statement takes %d", len(args), c.nArgs)
-	}
-	if err := req.Validate(); err != nil {
+	all, err := claimArgs(c.nArgs, req, status, cp, completion, resourceType, resourceID, args)
+	if err != nil {
 		return ClaimOrRead{}, err
 	}
 	ctx, span := telemetry.Start(ctx, "idem.claim", trace.SpanKindInternal)
 	defer span.End()
-	var resp *idem.Response
-	if completion != nil {
-		resp = &completion.Response
-	}
-	r, err := responseColumns(resp)
-	if err != nil {
-		return ClaimOrRead{}, err
-	}
-	all := append(args[:len(args):len(args)],
-		req.Tenant, req.Operation, req.Key, req.RequestHashes[0], req.HashVersion, string(status), string(cp),
-		req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds(),
-		r.status, r.headers, r.body, r.schema, r.byReference, resourceType, resourceID)
 	var (
 		out ClaimOrRead
 		now time.Time
