@@ -148,7 +148,7 @@ func (c *createCall) claim(ctx context.Context, begin idem.BeginRequest) (engine
 	if s.readFirst() {
 		d, p, ok, err := readSettled(ctx, s.store, begin)
 		if err != nil || ok {
-			if err == nil {
+			if err == nil && s.cfg.Provider == nil {
 				s.retries.observe(true)
 			}
 			return s.settled(ctx, d, p, err)

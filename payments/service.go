@@ -109,7 +109,8 @@ type Service struct {
 
 // RetryShare is the share of this service's recent claims whose key was
 // settled already (retries, and keys reused for another command), between
-// 0 and 1: what ClaimAdaptive chooses by.
+// 0 and 1: what ClaimAdaptive chooses by. It stays 0 with a Provider,
+// whose claims always read first.
 func (s *Service) RetryShare() float64 { return s.retries.share() }
 
 // readFirst reports whether the next claim reads a settled record first.
