@@ -160,8 +160,8 @@ func TestClaimOrderFollowsRetries(t *testing.T) {
 	for range 150 {
 		create("k0", "r0")
 	}
-	if s := svc.RetryShare(); s <= 0.5 {
-		t.Fatalf("retry share %v after 150 retries; want above 0.5", s)
+	if s := svc.RetryShare(); s <= 0.6 {
+		t.Fatalf("retry share %v after 150 retries; want above 0.6", s)
 	}
 	before = attempts()
 	create("k0", "r0")
@@ -171,8 +171,8 @@ func TestClaimOrderFollowsRetries(t *testing.T) {
 	for i := range 150 {
 		create(fmt.Sprintf("f%d", i), fmt.Sprintf("rf%d", i))
 	}
-	if s := svc.RetryShare(); s >= 0.5 {
-		t.Fatalf("retry share %v after 150 fresh keys; want below 0.5", s)
+	if s := svc.RetryShare(); s >= 0.6 {
+		t.Fatalf("retry share %v after 150 fresh keys; want below 0.6", s)
 	}
 	before = attempts()
 	create("k0", "r0")

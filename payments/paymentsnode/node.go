@@ -58,7 +58,7 @@ func Operation(pay *payments.Service, ob Outbox) region.Operation {
 	})
 	retryShare := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "idempotency_payment_retry_share",
-		Help: "Share of recent create_payment claims whose key was settled already (retries and reused keys); above 0.5 a claim reads first.",
+		Help: "Share of recent create_payment claims whose key was settled already (retries and reused keys); above 0.6 a claim reads first.",
 	}, pay.RetryShare)
 	w := newOutboxWorkers(pay, ob)
 	return region.Operation{
