@@ -11,7 +11,25 @@ import (
 	"github.com/idemcoord/idem/fingerprint"
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/store"
 )
+
+// completedKey returns a store, a create function of a service with
+// claim order order, and the answer to the payment it created under key
+// "k1" (article).
+func completedKey(t *testing.T, order payments.ClaimOrder) (*store.Store, func(key, body string) (payments.Result, error), payments.Result) {
+	t.Helper()
+	st, _ := storetest.New(t)
+	svc := payments.NewService(st, payments.Config{ClaimOrder: order})
+	create := func(key, body string) (payments.Result, error) {
+		return svc.Create(context.Background(), payments.Request{Tenant: "tenant-a", Key: key, Body: []byte(body)})
+	}
+	first, err := create("k1", article)
+	if err != nil || first.Response.Status != 201 {
+		t.Fatalf("first = %+v, %v", first, err)
+	}
+	return st, create, first
+}
 
 // TestCreateReplaysFromOneRead: on the one-statement path (no provider),
 // reading first, a retry of a completed payment and a different command
@@ -19,15 +37,7 @@ import (
 // expired record still goes through the insert-first claim.
 func TestCreateReplaysFromOneRead(t *testing.T) {
 	ctx := context.Background()
-	st, _ := storetest.New(t)
-	svc := payments.NewService(st, payments.Config{ClaimOrder: payments.ReadFirst})
-	create := func(key, body string) (payments.Result, error) {
-		return svc.Create(ctx, payments.Request{Tenant: "tenant-a", Key: key, Body: []byte(body)})
-	}
-	first, err := create("k1", article)
-	if err != nil || first.Response.Status != 201 {
-		t.Fatalf("first = %+v, %v", first, err)
-	}
+	st, create, first := completedKey(t, payments.ReadFirst)
 	attempts := storetest.CountClaimAttempts(t, st)
 
 	again, err := create("k1", article)
@@ -82,15 +92,7 @@ func TestCreateReplaysFromOneRead(t *testing.T) {
 // still decided in a transaction.
 func TestCreateClaimsFirst(t *testing.T) {
 	ctx := context.Background()
-	st, _ := storetest.New(t)
-	svc := payments.NewService(st, payments.Config{ClaimOrder: payments.ClaimFirst})
-	create := func(key, body string) (payments.Result, error) {
-		return svc.Create(ctx, payments.Request{Tenant: "tenant-a", Key: key, Body: []byte(body)})
-	}
-	first, err := create("k1", article)
-	if err != nil || first.Response.Status != 201 {
-		t.Fatalf("first = %+v, %v", first, err)
-	}
+	st, create, first := completedKey(t, payments.ClaimFirst)
 	attempts := storetest.CountClaimAttempts(t, st)
 	rows := func() [3]int {
 		return [3]int{storetest.Count(t, st, `SELECT count(*) FROM idempotency_records`),
