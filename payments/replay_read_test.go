@@ -31,12 +31,29 @@ func completedKey(t *testing.T, order payments.ClaimOrder) (*store.Store, func(k
 	return st, create, first
 }
 
+// claimElsewhere claims key for article's command as another owner
+// would, leaving its record in progress.
+func claimElsewhere(t *testing.T, st *store.Store, key string) {
+	t.Helper()
+	cmd, err := payments.ParseCommand([]byte(article), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hashes, err := cmd.Fingerprint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Begin(context.Background(), idem.BeginRequest{Scope: idem.Scope{Tenant: "tenant-a", Operation: payments.Operation, Key: key},
+		RequestHashes: hashes, HashVersion: fingerprint.Version, Owner: "elsewhere", LockFor: time.Minute, Window: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestCreateReplaysFromOneRead: on the one-statement path (no provider),
 // reading first, a retry of a completed payment and a different command
 // under its key are answered before any insert attempt; an in-progress or
 // expired record still goes through the insert-first claim.
 func TestCreateReplaysFromOneRead(t *testing.T) {
-	ctx := context.Background()
 	st, create, first := completedKey(t, payments.ReadFirst)
 	attempts := storetest.CountClaimAttempts(t, st)
 
@@ -53,18 +70,7 @@ func TestCreateReplaysFromOneRead(t *testing.T) {
 	}
 
 	// In progress: falls through to the claim, which answers in progress.
-	cmd, err := payments.ParseCommand([]byte(article), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hashes, err := cmd.Fingerprint()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := st.Begin(ctx, idem.BeginRequest{Scope: idem.Scope{Tenant: "tenant-a", Operation: payments.Operation, Key: "k2"},
-		RequestHashes: hashes, HashVersion: fingerprint.Version, Owner: "elsewhere", LockFor: time.Minute, Window: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
+	claimElsewhere(t, st, "k2")
 	before := attempts()
 	if _, err := create("k2", article); idem.ErrorCode(err) != idem.ECodeInProgress {
 		t.Errorf("retry of an in-progress key = %v, want %s", err, idem.ECodeInProgress)
@@ -91,7 +97,6 @@ func TestCreateReplaysFromOneRead(t *testing.T) {
 // event more), the same answer as the first; an in-progress record is
 // still decided in a transaction.
 func TestCreateClaimsFirst(t *testing.T) {
-	ctx := context.Background()
 	st, create, first := completedKey(t, payments.ClaimFirst)
 	attempts := storetest.CountClaimAttempts(t, st)
 	rows := func() [3]int {
@@ -115,18 +120,7 @@ func TestCreateClaimsFirst(t *testing.T) {
 		t.Errorf("records, payments, events %v after a retry and a reuse; want %v (nothing written)", after, before)
 	}
 
-	cmd, err := payments.ParseCommand([]byte(article), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hashes, err := cmd.Fingerprint()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := st.Begin(ctx, idem.BeginRequest{Scope: idem.Scope{Tenant: "tenant-a", Operation: payments.Operation, Key: "k2"},
-		RequestHashes: hashes, HashVersion: fingerprint.Version, Owner: "elsewhere", LockFor: time.Minute, Window: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
+	claimElsewhere(t, st, "k2")
 	if _, err := create("k2", article); idem.ErrorCode(err) != idem.ECodeInProgress {
 		t.Errorf("retry of an in-progress key = %v, want %s", err, idem.ECodeInProgress)
 	}
