@@ -239,10 +239,9 @@ func (c *createCall) claimOne(ctx context.Context, begin idem.BeginRequest) (cl 
 	if err != nil || !out.Inserted {
 		return engine.Claim{}, false, err == nil, err
 	}
-	at := out.At
 	resp := completion.Response
 	if resp.ByReference {
-		p.CreatedAt = at
+		p.CreatedAt = out.At
 		if resp, err = created(s.cfg.ResponseSchema, p); err != nil {
 			return engine.Claim{}, false, false, err
 		}

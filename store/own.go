@@ -39,8 +39,15 @@ type ClaimWith struct {
 // (RETURNING now()), when it wrote. Its placeholders are $1 to $nArgs, the
 // arguments Exec is given.
 func NewClaimWith(own string, nArgs int) ClaimWith {
+	return ClaimWith{sql: claimCTE(nArgs, "1 AS n") + "\n" + own, nArgs: nArgs}
+}
+
+// claimCTE is the common table expression claim: the record's insert
+// (ON CONFLICT DO NOTHING) with its placeholders after the operation's
+// nArgs, returning returning.
+func claimCTE(nArgs int, returning string) string {
 	p := func(i int) string { return fmt.Sprintf("$%d", nArgs+i) }
-	claim := `WITH claim AS (
+	return `WITH claim AS (
 		INSERT INTO idempotency_records
 			(tenant_id, operation_name, idempotency_key, request_hash, hash_version, status, checkpoint,
 			 owner, fencing_token, locked_until, home_region, created_at, updated_at, expires_at,
@@ -51,9 +58,8 @@ func NewClaimWith(own string, nArgs int) ClaimWith {
 			` + p(10) + `, now(), now(), now() + ` + p(11) + `::INT8 * INTERVAL '1 millisecond',
 			` + strings.Join([]string{p(12), p(13), p(14), p(15), p(16), p(17), p(18)}, ", ") + `)
 		ON CONFLICT DO NOTHING
-		RETURNING 1 AS n
+		RETURNING ` + returning + `
 	)`
-	return ClaimWith{sql: claim + "\n" + own, nArgs: nArgs}
 }
 
 // Exec claims req's key in state status at checkpoint cp (with completion's
@@ -136,9 +142,7 @@ func NewReferenceRead(resourceType, row string, columns ...string) ReferenceRead
 		joined[i] = "x." + c
 	}
 	return ReferenceRead{sql: `SELECT ` + qualified("r.", recordColumns) + `, now(), ` + strings.Join(joined, ", ") + `
-	FROM idempotency_records r LEFT JOIN LATERAL (` + row + `
-		AND r.response_by_reference AND r.resource_type = ` + quoteLiteral(resourceType) + `
-		LIMIT 1) x ON true
+	FROM idempotency_records r ` + referenceJoin(resourceType, row) + `
 	WHERE r.tenant_id = $1 AND r.operation_name = $2 AND r.idempotency_key = $3
 	AND r.status IN ` + settledStatuses + ` AND r.expires_at > now()`}
 }
@@ -159,6 +163,15 @@ func (s *Store) ReadSettledWith(ctx context.Context, req idem.BeginRequest, rr R
 		return idem.Decision{}, false, settledReadError(err)
 	}
 	return d, ok, nil
+}
+
+// referenceJoin joins a record r with the row x of the operation's table
+// it references (row, keyed on r.resource_id), when it references one of
+// resourceType.
+func referenceJoin(resourceType, row string) string {
+	return `LEFT JOIN LATERAL (` + row + `
+		AND r.response_by_reference AND r.resource_type = ` + quoteLiteral(resourceType) + `
+		LIMIT 1) x ON true`
 }
 
 // qualified prefixes each column of a comma-separated list.
@@ -195,9 +208,8 @@ type ClaimOrReadWith struct {
 // row, the query of the operation's table as NewReferenceRead takes it,
 // is keyed on it. columns are row's columns Exec scans, in order.
 func NewClaimOrReadWith(own string, nArgs int, resourceType, row string, columns ...string) ClaimOrReadWith {
-	claim := NewClaimWith(own, nArgs).sql
 	// The claim returns the record it inserted, not just a row.
-	claim = strings.Replace(claim, "RETURNING 1 AS n", "RETURNING "+recordColumns, 1)
+	claim := claimCTE(nArgs, recordColumns) + "\n" + own
 	p := func(i int) string { return fmt.Sprintf("$%d", nArgs+i) }
 	nulls := make([]string, len(columns))
 	joined := make([]string, len(columns))
@@ -213,9 +225,7 @@ func NewClaimOrReadWith(own string, nArgs int, resourceType, row string, columns
 		FROM claim c
 	UNION ALL
 	SELECT ` + qualified("r.", recordColumns) + `, now(), false, NULL, ` + strings.Join(joined, ", ") + `
-		FROM idempotency_records r LEFT JOIN LATERAL (` + row + `
-			AND r.response_by_reference AND r.resource_type = ` + quoteLiteral(resourceType) + `
-			LIMIT 1) x ON true
+		FROM idempotency_records r ` + referenceJoin(resourceType, row) + `
 		WHERE r.tenant_id = ` + p(1) + ` AND r.operation_name = ` + p(2) + ` AND r.idempotency_key = ` + p(3) + `
 		AND NOT EXISTS (SELECT 1 FROM claim)`
 	return ClaimOrReadWith{sql: sql, nArgs: nArgs}
