@@ -58,8 +58,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/fingerprint"
@@ -149,9 +147,9 @@ type Options struct {
 	Errors *Errors
 	// Logger receives internal errors. Default: discard.
 	Logger *slog.Logger
-	// Registerer, when set, receives the counter
-	// idemhttp_requests_total{operation,outcome}.
-	Registerer prometheus.Registerer
+	// Metrics, when set, counts the requests by outcome (idemprom.New
+	// makes it the counter idemhttp_requests_total{operation,outcome}).
+	Metrics Metrics
 	// Hooks, optional, are for an operation that owns more of its path.
 	Hooks *Hooks
 }
@@ -206,14 +204,11 @@ type Command struct {
 	Value any
 }
 
-// Outcome labels of idemhttp_requests_total.
-var outcomeLabels = []string{"execute", "replay", "conflict", "in_progress", "recover", "expired", "rejected", "error"}
-
 type middleware struct {
 	eng      *engine.Engine
 	opts     Options
 	window   string
-	requests *prometheus.CounterVec
+	requests func(outcome string)
 	// unknownCode is the operation's engine.Operation.UnknownCode.
 	unknownCode string
 }
@@ -267,24 +262,8 @@ func Middleware(e *engine.Engine, opts Options) (func(http.Handler) http.Handler
 	if m.opts.Errors == nil {
 		m.opts.Errors = DefaultErrors()
 	}
-	if opts.Registerer != nil {
-		m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "idemhttp_requests_total", Help: "Requests through the idempotency middleware, by operation and outcome.",
-		}, []string{"operation", "outcome"})
-		if err := opts.Registerer.Register(m.requests); err != nil {
-			var are prometheus.AlreadyRegisteredError
-			if !errors.As(err, &are) {
-				return nil, fmt.Errorf("idemhttp: register metrics: %w", err)
-			}
-			cv, ok := are.ExistingCollector.(*prometheus.CounterVec)
-			if !ok {
-				return nil, fmt.Errorf("idemhttp: register metrics: %w", err)
-			}
-			m.requests = cv
-		}
-		for _, o := range outcomeLabels {
-			m.requests.WithLabelValues(opts.Operation, o)
-		}
+	if opts.Metrics != nil {
+		m.requests = opts.Metrics.Requests(opts.Operation)
 	}
 	return func(h http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, h) })
@@ -293,7 +272,7 @@ func Middleware(e *engine.Engine, opts Options) (func(http.Handler) http.Handler
 
 func (m *middleware) count(outcome string) {
 	if m.requests != nil {
-		m.requests.WithLabelValues(m.opts.Operation, outcome).Inc()
+		m.requests(outcome)
 	}
 }
 

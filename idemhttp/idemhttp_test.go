@@ -22,6 +22,7 @@ import (
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/idemhttp"
+	"github.com/idemcoord/idem/idemprom"
 	"github.com/idemcoord/idem/internal/fakeclock"
 	"github.com/idemcoord/idem/internal/pgtest"
 	"github.com/idemcoord/idem/internal/storetest"
@@ -58,7 +59,11 @@ func newFixture(t *testing.T, h http.HandlerFunc, eopts engine.Options, opts ide
 	if opts.Window == 0 {
 		opts.Window = time.Hour
 	}
-	opts.Registerer = f.reg
+	metrics, err := idemprom.New(f.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Metrics = metrics
 	mw, err := idemhttp.Middleware(e, opts)
 	if err != nil {
 		t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/idemcoord/idem/idemprom"
 	"github.com/idemcoord/idem/sidecar"
 )
 
@@ -46,7 +47,11 @@ func (s *Server) registerSidecar(mux *routeMux) error {
 			return fmt.Errorf("region: proxied route %s %s: operation %q is the node's own or the coordination API's", rt.Method, rt.Prefix, rt.Operation)
 		}
 	}
-	p, err := sidecar.New(s.engine, sidecar.Options{Routes: cfg.Routes, MaxRequestBody: s.cfg.MaxBodyBytes, Errors: s.errors, Logger: s.logger, Registerer: s.cfg.Registry})
+	metrics, err := idemprom.New(s.cfg.Registry)
+	if err != nil {
+		return fmt.Errorf("region: %w", err)
+	}
+	p, err := sidecar.New(s.engine, sidecar.Options{Routes: cfg.Routes, MaxRequestBody: s.cfg.MaxBodyBytes, Errors: s.errors, Logger: s.logger, Metrics: metrics})
 	if err != nil {
 		return fmt.Errorf("region: %w", err)
 	}

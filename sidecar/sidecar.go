@@ -20,8 +20,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/idemhttp"
@@ -84,26 +82,49 @@ type Options struct {
 	Errors *idemhttp.Errors
 	// Logger receives upstream failures. Default: discard.
 	Logger *slog.Logger
-	// Registerer, when set, receives idem_sidecar_upstream_calls_total and
-	// idemhttp_requests_total.
-	Registerer prometheus.Registerer
+	// Metrics, when set, counts the upstream calls and the requests
+	// (idemprom.New makes them idem_sidecar_upstream_calls_total and
+	// idemhttp_requests_total).
+	Metrics Metrics
+}
+
+// Metrics counts what a Proxy does: the requests, as idemhttp.Metrics
+// does, and the calls of its upstreams.
+type Metrics interface {
+	idemhttp.Metrics
+	// UpstreamCalls is called once per route with its operation and
+	// returns what counts that operation's upstream calls by kind (one of
+	// CallKinds()) and result (one of CallResults()), concurrently; result
+	// "unknown" is an outcome an operator may have to settle. It may
+	// create every series then.
+	UpstreamCalls(operation string) func(call, result string)
 }
 
 // DefaultReplayHeaders are the upstream answer's headers stored and
 // replayed for every route (Route.ReplayHeaders adds to them).
 var DefaultReplayHeaders = []string{"Content-Type", "Content-Encoding", "Location"}
 
-// Call kinds and results of idem_sidecar_upstream_calls_total.
+// Call kinds and results Metrics counts upstream calls by.
 var (
 	callKinds   = []string{"execute", "lookup", "resend"}
 	callResults = []string{"completed", "failed_replayable", "failed_retryable", "not_sent", "unknown"}
 )
 
+// CallKinds returns the kinds of upstream call Metrics counts: execute
+// (the request itself), lookup (Route.Lookup, asking what became of an
+// attempt) and resend (an idempotent upstream sent the attempt again).
+func CallKinds() []string { return slices.Clone(callKinds) }
+
+// CallResults returns the results Metrics counts upstream calls by.
+func CallResults() []string { return slices.Clone(callResults) }
+
 // Proxy serves the routes of a sidecar. Create it with New.
 type Proxy struct {
 	opts   Options
 	routes []*route
-	calls  *prometheus.CounterVec
+	// calls counts a route's upstream calls, by operation; nil without
+	// Options.Metrics.
+	calls map[string]func(call, result string)
 }
 
 type route struct {
@@ -161,20 +182,14 @@ func New(e *engine.Engine, opts Options) (*Proxy, error) {
 		opts.Errors = idemhttp.DefaultErrors()
 	}
 	p := &Proxy{opts: opts}
-	p.calls = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "idem_sidecar_upstream_calls_total",
-		Help: "Calls of sidecar upstreams, by operation, kind (execute, lookup, resend) and result; result=\"unknown\" is an outcome an operator may have to settle.",
-	}, []string{"operation", "call", "result"})
-	if opts.Registerer != nil {
-		if err := opts.Registerer.Register(p.calls); err != nil {
-			return nil, fmt.Errorf("sidecar: register metrics: %w", err)
-		}
+	var requests idemhttp.Metrics // an untyped nil without opts.Metrics
+	if opts.Metrics != nil {
+		p.calls = make(map[string]func(call, result string), len(opts.Routes))
+		requests = opts.Metrics
 	}
 	for _, rt := range opts.Routes {
-		for _, k := range callKinds {
-			for _, res := range callResults {
-				p.calls.WithLabelValues(rt.Operation, k, res)
-			}
+		if opts.Metrics != nil {
+			p.calls[rt.Operation] = opts.Metrics.UpstreamCalls(rt.Operation)
 		}
 		r := &route{Route: rt, replayHeaders: append(slices.Clone(DefaultReplayHeaders), rt.ReplayHeaders...), maxResponse: rt.MaxResponse}
 		r.errors = opts.Errors
@@ -202,7 +217,7 @@ func New(e *engine.Engine, opts Options) (*Proxy, error) {
 			Errors:          r.errors,
 			Recover:         recover,
 			Logger:          opts.Logger,
-			Registerer:      opts.Registerer,
+			Metrics:         requests,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("sidecar: route %s %s: %w", rt.Method, rt.Prefix, err)
@@ -448,7 +463,9 @@ func (p *Proxy) lookup(ctx context.Context, rt *route, a *engine.Attempt) (engin
 }
 
 func (p *Proxy) count(rt *route, call, result string) {
-	p.calls.WithLabelValues(rt.Operation, call, result).Inc()
+	if count := p.calls[rt.Operation]; count != nil {
+		count(call, result)
+	}
 }
 
 // hopByHop are the headers of one connection (RFC 9110 7.6.1).

@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/engine"
+	"github.com/idemcoord/idem/idemprom"
 	"github.com/idemcoord/idem/internal/pgtest"
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/sidecar"
@@ -50,10 +51,14 @@ func newFixtureTo(t *testing.T, up *upstream, upstreamURL, options string) *fixt
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
+	metrics, err := idemprom.New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	eng := engine.New(st, engine.Options{})
 	p, err := sidecar.New(eng, sidecar.Options{
-		Routes:     routes,
-		Registerer: reg,
+		Routes:  routes,
+		Metrics: metrics,
 		Tenant: func(r *http.Request) (string, error) {
 			token, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 			if tenant := tokens[token]; tenant != "" {

@@ -26,6 +26,7 @@ var libraries = []string{
 	module + "/fencing",
 	module + "/fingerprint",
 	module + "/idemhttp",
+	module + "/idemprom",
 	module + "/memcoord",
 	module + "/sidecar",
 	module + "/store",
@@ -70,8 +71,9 @@ var forbidden = []string{
 // pull it.
 var registersVia = map[string]string{
 	// client_golang's prometheus package imports expvar (for its
-	// ExpvarCollector), whose init registers GET /debug/vars. idemhttp and
-	// sidecar take a prometheus.Registerer, so they link it.
+	// ExpvarCollector), whose init registers GET /debug/vars. Only
+	// idemprom, which a program imports to count with Prometheus, links
+	// it (see only).
 	"expvar": "github.com/prometheus/client_golang/prometheus",
 	// gRPC imports golang.org/x/net/trace, whose init registers
 	// /debug/requests and /debug/events, unless built with
@@ -81,8 +83,10 @@ var registersVia = map[string]string{
 
 // only are dependencies that a single library package may have: the
 // storage driver is store's alone, the etcd client (and gRPC under it)
-// fencing's alone.
+// fencing's alone, client_golang idemprom's alone (idemhttp and sidecar
+// count through their Metrics interfaces).
 var only = map[string]string{
+	"github.com/prometheus":  module + "/idemprom",
 	"github.com/jackc":       module + "/store",
 	"go.etcd.io":             module + "/fencing",
 	"google.golang.org/grpc": module + "/fencing",

@@ -5,19 +5,22 @@ import (
 	"testing"
 
 	// The library packages whose dependencies register nothing. fencing
-	// (gRPC: /debug/requests, /debug/events) and idemhttp and sidecar
-	// (client_golang: expvar's /debug/vars) are left out: see registersVia
-	// in deps_test.go.
+	// (gRPC: /debug/requests, /debug/events) and idemprom (client_golang:
+	// expvar's /debug/vars) are left out: see registersVia in
+	// deps_test.go.
 	_ "github.com/idemcoord/idem"
 	_ "github.com/idemcoord/idem/coordclient"
 	_ "github.com/idemcoord/idem/engine"
 	_ "github.com/idemcoord/idem/fingerprint"
+	_ "github.com/idemcoord/idem/idemhttp"
 	_ "github.com/idemcoord/idem/memcoord"
+	_ "github.com/idemcoord/idem/sidecar"
 	_ "github.com/idemcoord/idem/store"
 )
 
-// TestNothingOnDefaultServeMux: a program importing the engine (and store,
-// coordclient, fingerprint, memcoord, the root package) serves nothing on
+// TestNothingOnDefaultServeMux: a program importing the engine and the HTTP
+// middleware and sidecar (and store, coordclient, fingerprint, memcoord, the
+// root package) serves nothing on
 // http.DefaultServeMux: no pprof, no expvar, no catch-all. This test
 // binary links nothing else that could register: keep this package's
 // imports to the standard library and the packages above.
