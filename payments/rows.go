@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/store"
@@ -111,11 +112,13 @@ var settledWithPayment = store.NewReferenceRead(ResourceType,
 	`SELECT * FROM payments WHERE tenant_id = $1 AND payment_id = r.resource_id`, paymentColumns...)
 
 // referencedPayment receives the payment columns a read of a referencing
-// record joins (nil pointers when it references none).
+// record joins (all NULL when it references none). Value types, not
+// pointers: pgx scans a NULL into a **T through a reflect-built plan and a
+// new value per column and row, which a replay paid ten times over.
 type referencedPayment struct {
-	tenant, id, account, currency, ref, ch, status, providerKey *string
-	amount                                                      *int64
-	created                                                     *time.Time
+	tenant, id, account, currency, ref, ch, status, providerKey pgtype.Text
+	amount                                                      pgtype.Int8
+	created                                                     pgtype.Timestamptz
 }
 
 // dest are the scan destinations, in paymentColumns' order.
@@ -125,11 +128,11 @@ func (r *referencedPayment) dest() []any {
 
 // payment is the row read, or nil.
 func (r *referencedPayment) payment(tenant string) *Payment {
-	if r.id == nil {
+	if !r.id.Valid {
 		return nil
 	}
-	return &Payment{Tenant: tenant, ID: *r.id, AccountID: *r.account, AmountMinor: *r.amount, Currency: *r.currency,
-		MerchantReference: *r.ref, Channel: *r.ch, Status: *r.status, ProviderKey: *r.providerKey, CreatedAt: *r.created}
+	return &Payment{Tenant: tenant, ID: r.id.String, AccountID: r.account.String, AmountMinor: r.amount.Int64, Currency: r.currency.String,
+		MerchantReference: r.ref.String, Channel: r.ch.String, Status: r.status.String, ProviderKey: r.providerKey.String, CreatedAt: r.created.Time}
 }
 
 // readSettled is store.ReadSettled for create_payment, with the payment a

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemcoord/idem"
@@ -36,15 +37,17 @@ type rowScanner interface{ Scan(dest ...any) error }
 
 // scanRecord scans recordColumns (and any extra destinations after them).
 func scanRecord(row rowScanner, extra ...any) (*idem.Record, error) {
+	// Nullable columns scan into value types: pgx scans a NULL into a
+	// **T through a reflect-built plan and a new value per column and row.
 	var (
 		r                       idem.Record
 		status, checkpoint      string
-		respStatus              *int32
+		respStatus              pgtype.Int4
 		respHeaders             []byte
 		respBody                []byte
-		schema, resType, resID  *string
-		errCode                 *string
-		lockedUntil             *time.Time
+		schema, resType, resID  pgtype.Text
+		errCode                 pgtype.Text
+		lockedUntil             pgtype.Timestamptz
 		attempts, generation, v int32
 		byReference             bool
 	)
@@ -56,10 +59,13 @@ func scanRecord(row rowScanner, extra ...any) (*idem.Record, error) {
 		return nil, err
 	}
 	r.HashVersion, r.Attempts, r.Generation = int(v), int(attempts), int(generation)
-	r.Status, r.Checkpoint, r.LockedUntil = idem.Status(status), idem.Checkpoint(checkpoint), lockedUntil
-	r.ResourceType, r.ResourceID, r.ErrorCode = deref(resType), deref(resID), deref(errCode)
-	if respStatus != nil {
-		r.Response = &idem.Response{Status: int(*respStatus), Body: respBody, SchemaVersion: deref(schema), ByReference: byReference}
+	r.Status, r.Checkpoint = idem.Status(status), idem.Checkpoint(checkpoint)
+	if lockedUntil.Valid {
+		r.LockedUntil = &lockedUntil.Time
+	}
+	r.ResourceType, r.ResourceID, r.ErrorCode = resType.String, resID.String, errCode.String
+	if respStatus.Valid {
+		r.Response = &idem.Response{Status: int(respStatus.Int32), Body: respBody, SchemaVersion: schema.String, ByReference: byReference}
 		if len(respHeaders) > 0 {
 			if err := json.Unmarshal(respHeaders, &r.Response.Headers); err != nil {
 				return nil, fmt.Errorf("store: decode response headers: %w", err)
@@ -67,13 +73,6 @@ func scanRecord(row rowScanner, extra ...any) (*idem.Record, error) {
 		}
 	}
 	return &r, nil
-}
-
-func deref(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
 }
 
 // Begin implements idem.Coordinator: it claims the scoped key with one atomic
