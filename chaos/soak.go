@@ -31,9 +31,11 @@ const (
 	DefaultSoakWarmup = 3 * time.Minute
 	// soakOutboxRetention is the nodes' --outbox-retention (before the
 	// soak's own node arguments, which may override it): short, so that
-	// the outbox tables reach within the hour the size they keep for good
-	// (idemd's default, a week, would take a week to).
-	soakOutboxRetention = 5 * time.Minute
+	// the outbox tables reach the size they keep for good, and the
+	// pruning its steady pace, before DefaultSoakWarmup ends (idemd's
+	// default, a week, would take a week to). The first and the last
+	// windows the report compares then both run with the pruning.
+	soakOutboxRetention = time.Minute
 )
 
 // SoakOptions configures RunSoak.
