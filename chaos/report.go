@@ -32,16 +32,18 @@ type Report struct {
 
 // ScenarioReport is the outcome of one scenario.
 type ScenarioReport struct {
-	Name           string    `json:"name"`
-	Description    string    `json:"description"`
-	Seed           uint64    `json:"seed"`
-	Break          string    `json:"break,omitempty"`
-	Regions        []string  `json:"regions,omitempty"`
-	NodesPerRegion int       `json:"nodesPerRegion,omitempty"`
-	StoreMode      string    `json:"storeMode,omitempty"`
-	NodeArgs       []string  `json:"nodeArgs,omitempty"`
-	Clients        int       `json:"clients,omitempty"`
-	Started        time.Time `json:"started"`
+	Name           string   `json:"name"`
+	Description    string   `json:"description"`
+	Seed           uint64   `json:"seed"`
+	Break          string   `json:"break,omitempty"`
+	Regions        []string `json:"regions,omitempty"`
+	NodesPerRegion int      `json:"nodesPerRegion,omitempty"`
+	StoreMode      string   `json:"storeMode,omitempty"`
+	// Direct: the cluster ran without proxies (Scenario.Direct).
+	Direct   bool      `json:"direct,omitempty"`
+	NodeArgs []string  `json:"nodeArgs,omitempty"`
+	Clients  int       `json:"clients,omitempty"`
+	Started  time.Time `json:"started"`
 	// Elapsed is the scenario's whole time, cluster start to stop;
 	// TrafficSeconds how long clients sent requests (drain included).
 	Elapsed        string  `json:"elapsed,omitempty"`

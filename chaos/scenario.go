@@ -30,6 +30,15 @@ type Scenario struct {
 	// Workload shapes the traffic (Clients and ReplayWindow are filled in
 	// by the run).
 	Workload WorkloadConfig
+	// Direct runs the scenario's cluster without proxies: its faults cut
+	// and slow no link (a node or a region killed, the provider faulted,
+	// the replicated store's primary lost), so its processes connect to
+	// each other directly, as in production. The proxies are toxiproxy in
+	// the harness's process, which copies every byte of every link: on two
+	// cores that was a sixth of the machine in retry-after-expiry, taken
+	// from the traffic. A fault that needs a proxied link is not available
+	// on such a cluster, and the faults check fails on it.
+	Direct bool
 	// ExtraClients are added to the run's --clients for this scenario: a
 	// store that commits each write on a synchronous standby in another
 	// region answers every call later, clients that wait for a window to
@@ -141,6 +150,7 @@ func Catalogue() []Scenario {
 			StoreHA:      true,
 			Workload:     WorkloadConfig{Mix: map[Role]int{RoleRacer: 1, RoleNormal: 2}, RaceWidth: 2, Replays: 0.3},
 			ExtraClients: 8,
+			Direct:       true,
 			Faults: func(env *Env, r []string) []Step {
 				return []Step{{StorePrimaryLoss(), 2 * time.Second}}
 			},
@@ -176,6 +186,7 @@ func Catalogue() []Scenario {
 			Description: "the provider charges but its answer is lost (lose-answer), or answers after the node's provider timeout (slow): " +
 				"clients get 202 PAYMENT_OUTCOME_UNKNOWN; retries and the recovery worker ask the provider and answer the real outcome, charged once",
 			Workload: WorkloadConfig{Mix: map[Role]int{RoleNormal: 1}, Replays: 0.2},
+			Direct:   true,
 			Faults: func(env *Env, r []string) []Step {
 				return []Step{
 					{ProviderFault(env, provider.Fault{Mode: provider.FaultLoseAnswer}), 3 * time.Second},
@@ -218,6 +229,7 @@ func Catalogue() []Scenario {
 			ReplayWindow: 6 * time.Second,
 			Workload:     WorkloadConfig{Mix: map[Role]int{RoleExpiry: 2, RoleNormal: 1}},
 			ExtraClients: 6,
+			Direct:       true,
 			Faults: func(env *Env, r []string) []Step {
 				return []Step{{KillNode(r[0], 0), 2 * time.Second}}
 			},
@@ -302,6 +314,7 @@ func Catalogue() []Scenario {
 			StoreHA:      true,
 			Workload:     WorkloadConfig{Mix: map[Role]int{RoleNormal: 2, RoleNoKey: 1}, Replays: 0.3},
 			ExtraClients: 8,
+			Direct:       true,
 			Faults: func(env *Env, r []string) []Step {
 				return []Step{{RegionLostWithStore(env), 2 * time.Second}}
 			},
