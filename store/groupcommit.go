@@ -2,98 +2,92 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/idemcoord/idem"
 )
 
-// maxGroup bounds how many completions one statement carries.
+// maxGroup bounds how many writes one statement carries.
 const maxGroup = 32
 
-// completions is the group commit of Complete: the completions of
-// concurrent requests that queue while one batch is in flight go to the
-// store together, in one fenced UPDATE that is one implicit transaction,
-// so that N owners pay one statement and one commit instead of N. There
-// is no added wait: a batch is what queued while the previous one was in
-// flight, and a completion with nothing in flight goes at once, alone.
-// The caller whose completion heads the queue runs the next batch (no
-// goroutine of its own), and hands the queue on when its batch is done.
-type completions struct {
+// group is a group commit: the writes of one kind (claims, completions)
+// of concurrent requests that queue while one batch is in flight go to the
+// store together, in one statement that is one implicit transaction, so
+// that N requests pay one statement and one commit instead of N. There is
+// no added wait: a batch is what queued while the previous one was in
+// flight, and a write with nothing in flight goes at once, alone. The
+// caller whose write heads the queue runs the next batch (no goroutine of
+// its own), and hands the queue on when its batch is done. A batch never
+// holds two writes of one scope.
+type group[In, Out any] struct {
 	mu    sync.Mutex
-	queue []*pendingCompletion
+	queue []*groupItem[In, Out]
 	busy  bool
+	// scope is the scope an input writes.
+	scope func(In) idem.Scope
+	// write writes a batch and sets each item's out and err.
+	write func(ctx context.Context, batch []*groupItem[In, Out])
 }
 
-type pendingCompletion struct {
-	lease idem.Lease
-	cols  storedResponse
-	c     idem.Completion
-	// done receives the completion's outcome: nil, idem.ErrFenced or the
-	// batch's error. lead is closed when this caller is to run the next
-	// batch.
-	done chan error
+// groupItem is one caller's write in a group's queue.
+type groupItem[In, Out any] struct {
+	in  In
+	out Out
+	err error
+	// done is closed when out and err are set; lead when this caller is
+	// to run the next batch.
+	done chan struct{}
 	lead chan struct{}
 }
 
-// complete writes c under lease as part of a batch and returns its
-// outcome: nil (written), idem.ErrFenced (lease no longer owns an open
-// record), or the batch's error, which may be ErrCommitUnknown (the caller
-// resolves that record by record, see fencedWrite).
-func (g *completions) complete(ctx context.Context, s *Store, lease idem.Lease, c idem.Completion) error {
-	cols, err := responseColumns(&c.Response)
-	if err != nil {
-		return err
-	}
-	p := &pendingCompletion{lease: lease, cols: cols, c: c, done: make(chan error, 1), lead: make(chan struct{})}
+// do queues in, runs batches while it heads the queue, and returns its
+// outcome.
+func (g *group[In, Out]) do(ctx context.Context, in In) (Out, error) {
+	it := &groupItem[In, Out]{in: in, done: make(chan struct{}), lead: make(chan struct{})}
 	g.mu.Lock()
-	g.queue = append(g.queue, p)
+	g.queue = append(g.queue, it)
 	if !g.busy {
 		g.busy = true
-		close(p.lead)
+		close(it.lead)
 	}
 	g.mu.Unlock()
 	for {
 		select {
-		case err := <-p.done:
-			return err
-		case <-p.lead:
-			g.runBatch(ctx, s)
-			p.lead = nil // led once; the batch held p, whose outcome is in done
+		case <-it.done:
+			return it.out, it.err
+		case <-it.lead:
+			g.runBatch(ctx)
+			it.lead = nil // led once; the batch held it, whose outcome is set
 		}
 	}
 }
 
-// runBatch takes the head of the queue (at most maxGroup completions, no
-// two of one scope), writes it, delivers each outcome, and hands the queue
-// to the next waiting caller, or marks the group idle.
-func (g *completions) runBatch(ctx context.Context, s *Store) {
+// runBatch takes the head of the queue (at most maxGroup writes, no two of
+// one scope), writes it, delivers each outcome, and hands the queue to the
+// next waiting caller, or marks the group idle.
+func (g *group[In, Out]) runBatch(ctx context.Context) {
 	g.mu.Lock()
-	var batch, rest []*pendingCompletion
+	var batch, rest []*groupItem[In, Out]
 	seen := map[idem.Scope]bool{}
-	for _, p := range g.queue {
-		if len(batch) < maxGroup && !seen[p.lease.Scope] {
-			seen[p.lease.Scope] = true
-			batch = append(batch, p)
+	for _, it := range g.queue {
+		if sc := g.scope(it.in); len(batch) < maxGroup && !seen[sc] {
+			seen[sc] = true
+			batch = append(batch, it)
 			continue
 		}
-		rest = append(rest, p)
+		rest = append(rest, it)
 	}
 	g.queue = rest
 	g.mu.Unlock()
 
-	written, err := s.completeBatch(ctx, batch)
-	for _, p := range batch {
-		switch {
-		case err != nil:
-			p.done <- err
-		case written[p.lease.Scope]:
-			p.done <- nil
-		default:
-			p.done <- idem.ErrFenced
-		}
+	g.write(ctx, batch)
+	for _, it := range batch {
+		close(it.done)
 	}
 
 	g.mu.Lock()
@@ -105,11 +99,76 @@ func (g *completions) runBatch(ctx context.Context, s *Store) {
 	g.mu.Unlock()
 }
 
+// queued reports how many writes wait (for tests).
+func (g *group[In, Out]) queued() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.queue)
+}
+
+// hold makes the group queue as if a batch were in flight, until release
+// runs the queued writes as one batch (for tests).
+func (g *group[In, Out]) hold() (release func()) {
+	g.mu.Lock()
+	g.busy = true
+	g.mu.Unlock()
+	return func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if len(g.queue) > 0 {
+			close(g.queue[0].lead)
+		} else {
+			g.busy = false
+		}
+	}
+}
+
+// --- completions ---
+
+// completionIn is one completion of a batch.
+type completionIn struct {
+	lease idem.Lease
+	cols  storedResponse
+	c     idem.Completion
+}
+
+// newCompletions is the group commit of Complete. Each completion's
+// outcome is nil (written), idem.ErrFenced (its lease no longer owns an
+// open record), or the batch's error, which may be ErrCommitUnknown (the
+// caller resolves that record by record, see fencedWrite).
+func (s *Store) newCompletions() *group[completionIn, struct{}] {
+	return &group[completionIn, struct{}]{
+		scope: func(in completionIn) idem.Scope { return in.lease.Scope },
+		write: func(ctx context.Context, batch []*groupItem[completionIn, struct{}]) {
+			written, err := s.completeBatch(ctx, batch)
+			for _, it := range batch {
+				switch {
+				case err != nil:
+					it.err = err
+				case !written[it.in.lease.Scope]:
+					it.err = idem.ErrFenced
+				}
+			}
+		},
+	}
+}
+
+// complete writes c under lease as part of a batch.
+func (s *Store) completeInGroup(ctx context.Context, lease idem.Lease, c idem.Completion) error {
+	cols, err := responseColumns(&c.Response)
+	if err != nil {
+		return err
+	}
+	_, err = s.completions.do(ctx, completionIn{lease: lease, cols: cols, c: c})
+	return err
+}
+
 // completeBatch writes batch in one statement and reports which scopes it
 // wrote (the others' leases no longer own an open record).
-func (s *Store) completeBatch(ctx context.Context, batch []*pendingCompletion) (map[idem.Scope]bool, error) {
+func (s *Store) completeBatch(ctx context.Context, batch []*groupItem[completionIn, struct{}]) (map[idem.Scope]bool, error) {
 	args := make([]any, 0, len(batch)*completionColumns)
-	for _, p := range batch {
+	for _, it := range batch {
+		p := it.in
 		args = append(args, p.lease.Tenant, p.lease.Operation, p.lease.Key, p.lease.Token,
 			p.cols.status, p.cols.headers, p.cols.body, p.cols.schema, p.cols.byReference,
 			nullable(p.c.ResourceType), nullable(p.c.ResourceID))
@@ -141,29 +200,180 @@ func (s *Store) completeBatch(ctx context.Context, batch []*pendingCompletion) (
 // takes.
 const completionColumns = 11
 
-var batchSQL sync.Map // int -> string
+// batchSQL caches a batch statement's text by kind and size.
+var batchSQL sync.Map // batchKey -> string
+
+type batchKey struct {
+	kind string
+	n    int
+}
+
+// valuesList is n rows of VALUES, each the casts types of its parameters
+// in turn.
+func valuesList(n int, types ...string) string {
+	var b strings.Builder
+	for i := range n {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteByte('(')
+		for j, typ := range types {
+			if j > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString("$" + strconv.Itoa(i*len(types)+j+1) + "::" + typ)
+		}
+		b.WriteByte(')')
+	}
+	return b.String()
+}
+
+// cachedBatchSQL returns the statement of kind for n rows, built once.
+func cachedBatchSQL(kind string, n int, build func(n int) string) string {
+	k := batchKey{kind, n}
+	if q, ok := batchSQL.Load(k); ok {
+		return q.(string)
+	}
+	q := build(n)
+	batchSQL.Store(k, q)
+	return q
+}
 
 // completeBatchSQL is CompleteTx's fenced update for n records at once.
 func completeBatchSQL(n int) string {
-	if q, ok := batchSQL.Load(n); ok {
-		return q.(string)
-	}
-	var values strings.Builder
-	for i := range n {
-		if i > 0 {
-			values.WriteString(", ")
-		}
-		p := func(j int) string { return "$" + strconv.Itoa(i*completionColumns+j) }
-		fmt.Fprintf(&values, "(%s::TEXT, %s::TEXT, %s::TEXT, %s::INT8, %s::INT4, %s::JSONB, %s::BYTEA, %s::TEXT, %s::BOOL, %s::TEXT, %s::TEXT)",
-			p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8), p(9), p(10), p(11))
-	}
-	q := `UPDATE idempotency_records AS r SET updated_at = now(), status = 'COMPLETED', checkpoint = 'COMPLETED', locked_until = NULL,
+	return cachedBatchSQL("complete", n, func(n int) string {
+		return `UPDATE idempotency_records AS r SET updated_at = now(), status = 'COMPLETED', checkpoint = 'COMPLETED', locked_until = NULL,
 		response_status = v.rs, response_headers = v.rh, response_body = v.rb, response_schema_version = v.sv,
 		response_by_reference = v.br, resource_type = v.rt, resource_id = v.ri, error_code = NULL
-	FROM (VALUES ` + values.String() + `) AS v(t, o, k, tok, rs, rh, rb, sv, br, rt, ri)
+	FROM (VALUES ` + valuesList(n, "TEXT", "TEXT", "TEXT", "INT8", "INT4", "JSONB", "BYTEA", "TEXT", "BOOL", "TEXT", "TEXT") + `) AS v(t, o, k, tok, rs, rh, rb, sv, br, rt, ri)
 	WHERE r.tenant_id = v.t AND r.operation_name = v.o AND r.idempotency_key = v.k AND r.fencing_token = v.tok
 		AND (r.status IN ('IN_PROGRESS', 'UNKNOWN_REQUIRES_RECOVERY')) IS TRUE
 	RETURNING r.tenant_id, r.operation_name, r.idempotency_key`
-	batchSQL.Store(n, q)
-	return q
+	})
+}
+
+// --- claims ---
+
+// claimIn is one claim of a batch: the request and its claim id.
+type claimIn struct {
+	req   idem.BeginRequest
+	claim string
+}
+
+// claimOut is a claim's outcome, as claimOrRead's: the decision, and
+// whether it is final (done false: the caller decides in a transaction).
+type claimOut struct {
+	d    idem.Decision
+	done bool
+}
+
+// errClaimAlone is a batch's outcome for a claim that is to be sent in a
+// statement of its own: the batch failed with an error that is not an
+// unknown commit (a value one request sent that the store refused, say),
+// and no request is to fail for another's.
+var errClaimAlone = errors.New("store: claim to be sent alone")
+
+// newClaims is the group commit of the claims of Begin: the claims of
+// concurrent requests go in one statement (claimBatchSQL) that inserts
+// the free keys and reads the records that hold the others, each
+// decided as claimOrRead decides it alone. A claim with nothing in
+// flight is claimOrRead's own statement.
+func (s *Store) newClaims() *group[claimIn, claimOut] {
+	return &group[claimIn, claimOut]{
+		scope: func(in claimIn) idem.Scope { return in.req.Scope },
+		write: func(ctx context.Context, batch []*groupItem[claimIn, claimOut]) {
+			if len(batch) == 1 {
+				// The leader's own claim, alone, under its own context.
+				it := batch[0]
+				it.err = s.ExecOne(ctx, func(q Querier) (err error) {
+					it.out.d, it.out.done, err = s.claimOrRead(ctx, q, it.in.req, it.in.claim)
+					return err
+				})
+				return
+			}
+			err := s.claimBatch(ctx, batch)
+			for _, it := range batch {
+				switch {
+				case err == nil:
+				case errors.Is(err, ErrCommitUnknown):
+					// Each resolves its own claim by its claim id (Begin).
+					it.err = err
+				default:
+					it.err = errClaimAlone
+				}
+			}
+		},
+	}
+}
+
+// claimBatch sends batch's claims in one statement and sets each one's
+// outcome; a claim whose key is held by a record the statement cannot see
+// is left not done.
+func (s *Store) claimBatch(ctx context.Context, batch []*groupItem[claimIn, claimOut]) error {
+	args := make([]any, 0, len(batch)*claimColumns)
+	byScope := make(map[idem.Scope]*groupItem[claimIn, claimOut], len(batch))
+	for _, it := range batch {
+		r := it.in.req
+		byScope[r.Scope] = it
+		args = append(args, r.Tenant, r.Operation, r.Key, r.RequestHashes[0], r.HashVersion,
+			r.Owner, r.LockFor.Milliseconds(), r.HomeRegion, r.Window.Milliseconds(), nullable(it.in.claim), string(r.StartCheckpoint()))
+	}
+	return s.ExecOne(ctx, func(q Querier) error {
+		for _, it := range batch {
+			it.out = claimOut{}
+		}
+		rows, err := q.Query(ctx, claimBatchSQL(len(batch)), args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				now      time.Time
+				inserted bool
+			)
+			rec, err := scanRecord(rows, &now, &inserted)
+			if err != nil {
+				return err
+			}
+			it := byScope[rec.Scope]
+			if it == nil {
+				return fmt.Errorf("claim batch: a row for a scope not in the batch")
+			}
+			if inserted {
+				it.out = claimOut{d: idem.Decision{Outcome: idem.OutcomeExecute, Lease: leaseOf(rec), Record: rec}, done: true}
+				continue
+			}
+			it.out.d, it.out.done, _ = settledDecision(rec, nil, it.in.req, now)
+		}
+		return rows.Err()
+	})
+}
+
+// claimColumns is how many parameters one claim of a batch takes.
+const claimColumns = 11
+
+// claimBatchSQL is claimOrReadSQL for n keys at once: it inserts the free
+// keys and reads, as of the statement's snapshot, the
+// records that hold the others; the last column says which. It inserts
+// the keys sorted, so keys go in one order in every batch of every node,
+// and two batches that wait on each other's keys cannot wait in a cycle.
+func claimBatchSQL(n int) string {
+	return cachedBatchSQL("claim", n, func(n int) string {
+		return `WITH v AS (SELECT * FROM (VALUES ` + valuesList(n, "TEXT", "TEXT", "TEXT", "TEXT", "INT4", "TEXT", "INT8", "TEXT", "INT8", "TEXT", "TEXT") + `)
+		AS v(v_t, v_o, v_k, v_h, v_hv, v_ow, v_lf, v_hr, v_w, v_cl, v_cp)),
+	ins AS (INSERT INTO idempotency_records
+		(tenant_id, operation_name, idempotency_key, request_hash, hash_version, status, checkpoint,
+		 owner, fencing_token, locked_until, home_region, created_at, updated_at, expires_at, claim_id)
+		SELECT v_t, v_o, v_k, v_h, v_hv, 'IN_PROGRESS', v_cp, v_ow, 1,
+		 now() + v_lf * INTERVAL '1 millisecond', v_hr, now(), now(), now() + v_w * INTERVAL '1 millisecond', v_cl
+		FROM v ORDER BY v_t, v_o, v_k
+		ON CONFLICT DO NOTHING
+		RETURNING ` + recordColumns + `)
+	SELECT ` + recordColumns + `, now(), true FROM ins
+	UNION ALL
+	SELECT ` + recordColumns + `, now(), false FROM idempotency_records
+		JOIN v ON tenant_id = v_t AND operation_name = v_o AND idempotency_key = v_k
+		WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.tenant_id = v_t AND ins.operation_name = v_o AND ins.idempotency_key = v_k)`
+	})
 }

@@ -99,3 +99,94 @@ func TestGroupCommit(t *testing.T) {
 		t.Errorf("statements sent %v, want two UPDATEs for %d completions", sent, len(jobs))
 	}
 }
+
+// TestGroupClaims: claims that queue while a batch is in flight go to the
+// store as one statement, and each is decided as it would be alone: free
+// keys are claimed, a settled record with the same request is a replay and
+// with another a conflict (nothing written for either), an open record is
+// decided in a transaction (in progress), and a second claim of a key
+// claimed in the batch goes in the next batch and finds it taken.
+func TestGroupClaims(t *testing.T) {
+	st, _ := storetest.New(t)
+	ctx := context.Background()
+	for _, key := range []string{"gc-done", "gc-other", "gc-open"} {
+		d, err := st.Begin(ctx, beginReq(key, "v1:a"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if key != "gc-open" {
+			if err := st.Complete(ctx, d.Lease, completion(`{"k":"`+key+`"}`)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	type job struct {
+		key, hash string
+		want      idem.Outcome
+	}
+	jobs := []job{
+		{"gc-0", "v1:a", idem.OutcomeExecute},
+		{"gc-1", "v1:a", idem.OutcomeExecute},
+		{"gc-2", "v1:b", idem.OutcomeExecute},
+		{"gc-done", "v1:a", idem.OutcomeReplay},
+		{"gc-other", "v1:b", idem.OutcomeConflict},
+		{"gc-open", "v1:a", idem.OutcomeInProgress},
+		{"gc-0", "v1:a", idem.OutcomeInProgress}, // the batch's own claim of gc-0
+	}
+	queued, release := store.HoldClaims(st)
+	got := make([]idem.Decision, len(jobs))
+	errs := make([]error, len(jobs))
+	var (
+		wg     sync.WaitGroup
+		sentMu sync.Mutex
+		sent   []string
+	)
+	for i, j := range jobs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			verbs := statements(t, func(ctx context.Context) {
+				got[i], errs[i] = st.Begin(ctx, beginReq(j.key, j.hash))
+			})
+			sentMu.Lock()
+			sent = append(sent, verbs...)
+			sentMu.Unlock()
+		}()
+		// The repeated key queues after the first: the batch takes the first.
+		for deadline := time.Now().Add(30 * time.Second); queued() < i+1; {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of %d claims queued", queued(), i+1)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	release()
+	wg.Wait()
+
+	for i, j := range jobs {
+		if errs[i] != nil || got[i].Outcome != j.want {
+			t.Errorf("claim %d of %s (%s) = %v, %v; want %v", i, j.key, j.hash, got[i].Outcome, errs[i], j.want)
+		}
+	}
+	for i := range 3 {
+		if got[i].Lease.Token != 1 || got[i].Record == nil || got[i].Record.RequestHash != jobs[i].hash || got[i].Record.Status != idem.StatusInProgress {
+			t.Errorf("claim of %s = %+v; want its own IN_PROGRESS record with token 1", jobs[i].key, got[i])
+		}
+	}
+	if r := got[3].Record; r == nil || string(r.Response.Body) != `{"k":"gc-done"}` {
+		t.Errorf("replay of gc-done = %+v; want its stored answer", r)
+	}
+	if rec, err := st.Get(ctx, idem.Scope{Tenant: "t1", Operation: "op", Key: "gc-other"}); err != nil || rec.RequestHash != "v1:a" || rec.Status != idem.StatusCompleted {
+		t.Errorf("gc-other after a conflicting claim = %+v, %v; want it unchanged", rec, err)
+	}
+	// One statement for the batch, one for the repeated key's batch.
+	claims := 0
+	for _, v := range sent {
+		if v == "WITH" {
+			claims++
+		}
+	}
+	if claims != 2 {
+		t.Errorf("claim statements sent %d (%v), want 2 for %d claims", claims, sent, len(jobs))
+	}
+}

@@ -102,12 +102,26 @@ func (s *Store) Begin(ctx context.Context, req idem.BeginRequest) (idem.Decision
 	// the key otherwise: a settled one answers a replay (or a conflict)
 	// from that same round trip, with nothing written. Any other record is
 	// decided in a transaction that reads it first.
+	// The claims of concurrent requests share that statement (group
+	// commit, see newClaims).
 	settled := false
-	err = s.ExecOne(ctx, func(q Querier) error {
-		var err error
-		d, settled, err = s.claimOrRead(ctx, q, req, claim)
-		return err
-	})
+	alone := func() error {
+		return s.ExecOne(ctx, func(q Querier) error {
+			var err error
+			d, settled, err = s.claimOrRead(ctx, q, req, claim)
+			return err
+		})
+	}
+	if s.claims != nil && s.replayRead {
+		var out claimOut
+		out, err = s.claims.do(ctx, claimIn{req: req, claim: claim})
+		d, settled = out.d, out.done
+		if errors.Is(err, errClaimAlone) {
+			err = alone()
+		}
+	} else {
+		err = alone()
+	}
 	if err == nil && !settled {
 		err = s.ExecTx(ctx, run)
 	}
@@ -490,14 +504,14 @@ func (s *Store) Checkpoint(ctx context.Context, lease idem.Lease, cp idem.Checkp
 }
 
 // Complete implements idem.Coordinator. The completions of concurrent
-// requests are written together (group commit, see completions): one
+// requests are written together (group commit, see group): one
 // statement and one commit for all that queued while the previous batch
 // was in flight, each still fenced by its own lease.
 func (s *Store) Complete(ctx context.Context, lease idem.Lease, c idem.Completion) error {
 	write := func(q Querier) error { return CompleteTx(ctx, q, lease, c) }
 	first := func() error { return s.ExecOne(ctx, write) }
-	if _, unfenced := unfencedWhere(lease); s.group != nil && !unfenced {
-		first = func() error { return s.group.complete(ctx, s, lease, c) }
+	if _, unfenced := unfencedWhere(lease); s.completions != nil && !unfenced {
+		first = func() error { return s.completeInGroup(ctx, lease, c) }
 	}
 	return s.fencedWriteFirst(ctx, "complete", lease, first, write,
 		func(r *idem.Record) bool { return r.Status == idem.StatusCompleted })

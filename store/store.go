@@ -50,9 +50,10 @@ type Options struct {
 	// every request then goes straight to the insert-first claim. Benchmarks
 	// use it to measure the fast path against its absence.
 	NoReplayRead bool
-	// NoGroupCommit sends every completion in a statement of its own
-	// instead of batching the completions of concurrent requests (see
-	// [Store.Complete]). Benchmarks use it to measure group commit.
+	// NoGroupCommit sends every claim and completion in a statement of its
+	// own instead of batching those of concurrent requests (see
+	// [Store.Begin], [Store.Complete]). Benchmarks use it to measure group
+	// commit.
 	NoGroupCommit bool
 }
 
@@ -63,8 +64,10 @@ type Store struct {
 	logger     *slog.Logger
 	txAttempts int
 	replayRead bool
-	// group batches completions (nil: NoGroupCommit).
-	group *completions
+	// claims and completions batch the claims and completions of
+	// concurrent requests (nil: NoGroupCommit).
+	claims      *group[claimIn, claimOut]
+	completions *group[completionIn, struct{}]
 	// server is what the pool's connections talk to, learnt from the
 	// first connection: 0 not yet known, serverPostgres or
 	// serverCockroach.
@@ -101,7 +104,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	}
 	s := &Store{pool: pool, logger: opts.Logger, txAttempts: opts.TxAttempts, replayRead: !opts.NoReplayRead}
 	if !opts.NoGroupCommit {
-		s.group = &completions{}
+		s.claims, s.completions = s.newClaims(), s.newCompletions()
 	}
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)

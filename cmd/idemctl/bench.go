@@ -90,6 +90,12 @@ func runBench(ctx context.Context, args []string, env *Env) error {
 		return err
 	}
 	defer claimFirst.Close()
+	// And without group commit, for the sidecar suite.
+	noGroupCommit, err := store.Open(ctx, *url, store.Options{MaxConns: int32(*maxConns), NoGroupCommit: true})
+	if err != nil {
+		return err
+	}
+	defer noGroupCommit.Close()
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err != nil {
@@ -103,7 +109,7 @@ func runBench(ctx context.Context, args []string, env *Env) error {
 	}
 	fmt.Fprintf(env.Stderr, "GOMAXPROCS %d, CPUs %d\n", runtime.GOMAXPROCS(0), runtime.NumCPU())
 	rep, err := bench.Run(ctx, st, bench.Config{Concurrency: *concurrency, PhaseDuration: *duration, Rounds: *rounds,
-		ReplayKeys: *replayKeys, Keys: *keys, ScaleRows: rows, CleanupExpired: *cleanupExpired, ExpiredMetadata: *expiredMetadata, ClaimFirst: claimFirst, Progress: env.Stderr}, suites...)
+		ReplayKeys: *replayKeys, Keys: *keys, ScaleRows: rows, CleanupExpired: *cleanupExpired, ExpiredMetadata: *expiredMetadata, ClaimFirst: claimFirst, NoGroupCommit: noGroupCommit, Progress: env.Stderr}, suites...)
 	if err != nil {
 		return err
 	}

@@ -85,6 +85,11 @@ type Config struct {
 	// store.Options.NoReplayRead: the store and replay suites then also
 	// measure the layer without the replay fast path, side by side.
 	ClaimFirst *store.Store
+	// NoGroupCommit, if set, is a store on the same database opened with
+	// store.Options.NoGroupCommit: the sidecar suite then also measures a
+	// sidecar whose claims and completions each go in a statement of their
+	// own, side by side.
+	NoGroupCommit *store.Store
 	// Progress, if set, receives one line per finished phase.
 	Progress io.Writer
 

@@ -26,8 +26,13 @@ func TestRunCountsWhatItWrote(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer claimFirst.Close()
+	noGroupCommit, err := store.Open(ctx, url, store.Options{NoGroupCommit: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer noGroupCommit.Close()
 	rep, err := bench.Run(ctx, st, bench.Config{Concurrency: 2, PhaseDuration: 200 * time.Millisecond, Rounds: 1, ReplayKeys: 20,
-		ClaimFirst: claimFirst, ScaleRows: []int{1000, 5000}, CleanupExpired: 3000, ExpiredMetadata: 4000}, "all")
+		ClaimFirst: claimFirst, NoGroupCommit: noGroupCommit, ScaleRows: []int{1000, 5000}, CleanupExpired: 3000, ExpiredMetadata: 4000}, "all")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,8 +78,8 @@ func TestRunCountsWhatItWrote(t *testing.T) {
 			wantPay:  ops(rep.Suite(bench.SuiteForward), bench.OpServedAtHome, bench.OpForwarded),
 			wantRecs: ops(rep.Suite(bench.SuiteForward), bench.OpServedAtHome, bench.OpForwarded)},
 		{suite: bench.SuiteSidecar,
-			wantPay:  ops(rep.Suite(bench.SuiteSidecar), bench.OpUpstreamDirect, bench.OpSidecar),
-			wantRecs: ops(rep.Suite(bench.SuiteSidecar), bench.OpSidecar)},
+			wantPay:  ops(rep.Suite(bench.SuiteSidecar), bench.OpUpstreamDirect, bench.OpSidecar, bench.OpSidecarNoGroupCommit),
+			wantRecs: ops(rep.Suite(bench.SuiteSidecar), bench.OpSidecar, bench.OpSidecarNoGroupCommit)},
 		{suite: bench.SuiteScale, wantPay: 0,
 			wantRecs: rep.Suite(bench.SuiteScale).Seeded - rep.Suite(bench.SuiteScale).Deleted + allOps(rep.Suite(bench.SuiteScale))},
 	} {

@@ -19,6 +19,8 @@ import (
 const (
 	OpUpstreamDirect = "upstream direct"
 	OpSidecar        = "through the sidecar"
+	// OpSidecarNoGroupCommit is OpSidecar over Config.NoGroupCommit.
+	OpSidecarNoGroupCommit = "sidecar, no group commit"
 )
 
 // upstreamHandler is the service a sidecar fronts, written as a good
@@ -78,29 +80,50 @@ func runSidecar(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, 
 	if err != nil {
 		return SuiteReport{}, err
 	}
-	node, err := region.NewServer(region.Config{Addr: "127.0.0.1:0", Region: "bench", Tokens: map[string]string{benchToken: w.tenant},
-		Sidecar: region.SidecarConfig{Routes: routes}},
-		st, paymentsnode.Operation(payments.NewService(st, payments.Config{Region: "bench"}), paymentsnode.Outbox{}))
+	node, stopNode, err := sidecarNode(ctx, st, w, routes)
 	if err != nil {
 		return SuiteReport{}, err
 	}
-	if err := node.Open(); err != nil {
-		return SuiteReport{}, err
-	}
-	defer func() { _ = node.Close(context.WithoutCancel(ctx)) }()
-
+	defer stopNode()
 	tr := benchTransport(cfg)
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr}
-	results, err := alternate(ctx, cfg, SuiteSidecar, []op{
+	ops := []op{
 		{OpUpstreamDirect, post(client, upURL+"/transfers", "", w, "d")},
 		{OpSidecar, post(client, node.URL()+"/transfers", benchToken, w, "s")},
-	})
+	}
+	if cfg.NoGroupCommit != nil {
+		plain, stopPlain, err := sidecarNode(ctx, cfg.NoGroupCommit, w, routes)
+		if err != nil {
+			return SuiteReport{}, err
+		}
+		defer stopPlain()
+		ops = append(ops, op{OpSidecarNoGroupCommit, post(client, plain.URL()+"/transfers", benchToken, w, "n")})
+	}
+	results, err := alternate(ctx, cfg, SuiteSidecar, ops)
 	if err != nil {
 		return SuiteReport{}, err
 	}
 	rep := SuiteReport{Suite: SuiteSidecar, Concurrency: cfg.Concurrency, Results: results,
 		Ratios: []Ratio{ratio(results, OpSidecar, OpUpstreamDirect)}}
+	if cfg.NoGroupCommit != nil {
+		rep.Ratios = append(rep.Ratios, ratio(results, OpSidecar, OpSidecarNoGroupCommit))
+	}
 	rep.Payments, rep.Records, err = countRows(ctx, st, w.tenant)
 	return rep, err
+}
+
+// sidecarNode starts a node over st whose sidecar fronts routes, as idemd
+// --proxy-routes would; stop closes it.
+func sidecarNode(ctx context.Context, st *store.Store, w *writer, routes []sidecar.Route) (*region.Server, func(), error) {
+	node, err := region.NewServer(region.Config{Addr: "127.0.0.1:0", Region: "bench", Tokens: map[string]string{benchToken: w.tenant},
+		Sidecar: region.SidecarConfig{Routes: routes}},
+		st, paymentsnode.Operation(payments.NewService(st, payments.Config{Region: "bench"}), paymentsnode.Outbox{}))
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := node.Open(); err != nil {
+		return nil, nil, err
+	}
+	return node, func() { _ = node.Close(context.WithoutCancel(ctx)) }, nil
 }
