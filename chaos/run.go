@@ -283,7 +283,7 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 	cfg := cluster.Config{
 		Regions: regions, NodesPerRegion: perRegion, IdemdPath: nodes.wrapper,
 		EtcdMembers: 3, EtcdPath: opts.Etcd, Provider: true, IdemctlPath: opts.Idemctl, StoreMode: storeMode, StoreHA: s.StoreHA,
-		RegionLeaseTTL: chaosLeaseTTL, Proxied: !s.Direct, Tenants: tenants, ReplayWindow: s.ReplayWindow,
+		RegionLeaseTTL: chaosLeaseTTL, StoreHATTL: chaosStoreTTL, Proxied: !s.Direct, Tenants: tenants, ReplayWindow: s.ReplayWindow,
 		ExtraNodeArgs: args, Logger: opts.Logger, TLS: opts.TLS,
 	}
 	if opts.Env == EnvDocker {

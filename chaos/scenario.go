@@ -82,6 +82,11 @@ const (
 	// chaosLockTimeout is the nodes' --lock-timeout: a stale owner's record
 	// can be taken over this long after its last write.
 	chaosLockTimeout = 3 * time.Second
+	// chaosStoreTTL is the replicated store's leader key TTL
+	// (cluster.Config.StoreHATTL): a failover of the store takes at least
+	// this long, and Patroni's default of 10s left the scenarios whose
+	// store fails over serving nothing for about 16s of their 30.
+	chaosStoreTTL = 6 * time.Second
 )
 
 // baseNodeArgs are the flags every chaos node runs with: short locks and

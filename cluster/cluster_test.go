@@ -452,6 +452,8 @@ func TestConfigErrors(t *testing.T) {
 		"negative etcd":   {IdemdPath: idemdPath, EtcdMembers: -1},
 		"missing etcd":    {IdemdPath: idemdPath, EtcdMembers: 1, EtcdPath: "/nonexistent/etcd"},
 		"negative ttl":    {IdemdPath: idemdPath, RegionLeaseTTL: -time.Second},
+		"store ttl short": {IdemdPath: idemdPath, StoreHATTL: 2 * time.Second},
+		"store ttl part":  {IdemdPath: idemdPath, StoreHATTL: 5500 * time.Millisecond},
 		"missing idemctl": {IdemdPath: idemdPath, Provider: true, IdemctlPath: "/nonexistent/idemctl"},
 		"ha without etcd": {IdemdPath: idemdPath, StoreHA: true, StoreMode: cluster.StoreGlobal, Regions: []string{"a", "b"}},
 		"ha, one region":  {IdemdPath: idemdPath, StoreHA: true, StoreMode: cluster.StoreGlobal, EtcdMembers: 1, EtcdPath: etcdPath},

@@ -127,6 +127,12 @@ type Config struct {
 	// link of the store is TLS too (see pgha.Options.TLS).
 	// Default false: one PostgreSQL server.
 	StoreHA bool
+	// StoreHATTL is the replicated store's leader key TTL (pgha.Options.TTL,
+	// whole seconds, at least 3s): how long a primary cut off from etcd
+	// keeps its role, and so the least time a failover takes. The agents'
+	// retry timeout is shortened to fit it when needed. Default
+	// pgha.DefaultTTL.
+	StoreHATTL time.Duration
 
 	// RegionLeaseTTL is the nodes' --region-lease-ttl (with etcd).
 	// Default DefaultRegionLeaseTTL.
@@ -299,6 +305,9 @@ func (cfg *Config) setDefaults() error {
 		cfg.RegionLeaseTTL = DefaultRegionLeaseTTL
 	case cfg.RegionLeaseTTL < 0:
 		return fmt.Errorf("cluster: RegionLeaseTTL %v is negative", cfg.RegionLeaseTTL)
+	}
+	if cfg.StoreHATTL != 0 && (cfg.StoreHATTL < 3*time.Second || cfg.StoreHATTL%time.Second != 0) {
+		return fmt.Errorf("cluster: StoreHATTL %v: want whole seconds, at least 3s", cfg.StoreHATTL)
 	}
 	if cfg.EtcdMembers < 0 {
 		return fmt.Errorf("cluster: EtcdMembers %d is negative", cfg.EtcdMembers)

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/idemcoord/idem/internal/pgha"
 	"github.com/idemcoord/idem/internal/pgserver"
@@ -71,6 +72,11 @@ func (c *Cluster) startStoreHA(ctx context.Context, cfg *Config) (map[string]str
 	db := haDatabase(cfg)
 	c.haDatabase = db
 	opts := pgha.Options{Dir: dir, EtcdHosts: hosts, Database: db, Logger: c.log}
+	if ttl := cfg.StoreHATTL; ttl != 0 {
+		// Patroni wants loop_wait + 2*retry_timeout <= ttl.
+		opts.TTL, opts.LoopWait = ttl, pgha.DefaultLoopWait
+		opts.RetryTimeout = min(pgha.DefaultRetryTimeout, (ttl-pgha.DefaultLoopWait)/2/time.Second*time.Second)
+	}
 	if c.tls != nil {
 		// Each member's certificate, from the cluster's CA, serves its
 		// PostgreSQL and authenticates its agent to etcd.
