@@ -216,3 +216,29 @@ func TestCreateWritesOnce(t *testing.T) {
 		t.Errorf("provider payment: %d insert attempts and %d record updates in all, want 2 and 3", a, u)
 	}
 }
+
+// TestReplayWaitsForStandbys: a retry of a completed payment is not
+// answered while the primary's synchronous standby does not have what was
+// read (here a standby that never connects), whichever claim order reads
+// it; with no standbys it replays.
+func TestReplayWaitsForStandbys(t *testing.T) {
+	for _, order := range []payments.ClaimOrder{payments.ReadFirst, payments.ClaimFirst} {
+		st, _, _ := completedKey(t, order)
+		svc := payments.NewService(st, payments.Config{ClaimOrder: order})
+		retry := func(ctx context.Context) (payments.Result, error) {
+			return svc.Create(ctx, payments.Request{Tenant: "tenant-a", Key: "k1", Body: []byte(article)})
+		}
+		storetest.SetSyncStandbys(t, st, "ghost")
+		// The deadline is how long the retry waits, not a timing asserted.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		got, err := retry(ctx)
+		cancel()
+		if err == nil && got.Replayed {
+			t.Errorf("order %d: retry with a standby that never has the record replayed", order)
+		}
+		storetest.SetSyncStandbys(t, st, "")
+		if got, err := retry(context.Background()); err != nil || !got.Replayed {
+			t.Errorf("order %d: retry without standbys = %+v, %v; want a replay", order, got, err)
+		}
+	}
+}

@@ -346,7 +346,17 @@ func (s *Store) claimBatch(ctx context.Context, batch []*groupItem[claimIn, clai
 			}
 			it.out.d, it.out.done, _ = settledDecision(rec, nil, it.in.req, now)
 		}
-		return rows.Err()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		rows.Close()
+		for _, it := range batch {
+			if it.out.done && answered(it.out.d) {
+				// One for the batch: it covers every record it read.
+				return durable(ctx, q)
+			}
+		}
+		return nil
 	})
 }
 

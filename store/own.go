@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemcoord/idem"
@@ -156,9 +157,12 @@ func (s *Store) ReadSettledWith(ctx context.Context, req idem.BeginRequest, rr R
 	if !s.replayRead || len(req.RequestHashes) == 0 {
 		return idem.Decision{}, false, nil
 	}
-	var now time.Time
-	rec, err := scanRecord(s.pool.QueryRow(ctx, rr.sql, req.Tenant, req.Operation, req.Key), append([]any{&now}, dest...)...)
-	d, ok, err = settledDecision(rec, err, req, now)
+	err = s.pool.AcquireFunc(ctx, func(c *pgxpool.Conn) error {
+		var now time.Time
+		rec, err := scanRecord(c.QueryRow(ctx, rr.sql, req.Tenant, req.Operation, req.Key), append([]any{&now}, dest...)...)
+		d, ok, err = durableDecision(ctx, c)(settledDecision(rec, err, req, now))
+		return err
+	})
 	if err != nil {
 		return idem.Decision{}, false, settledReadError(err)
 	}
@@ -274,6 +278,6 @@ func (c ClaimOrReadWith) Exec(ctx context.Context, q Querier, req idem.BeginRequ
 	case err != nil && !errors.Is(err, pgx.ErrNoRows):
 		return ClaimOrRead{}, err
 	}
-	out.Decision, out.Settled, err = settledDecision(rec, err, req, now)
+	out.Decision, out.Settled, err = durableDecision(ctx, q)(settledDecision(rec, err, req, now))
 	return out, err
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemcoord/idem"
@@ -184,7 +185,12 @@ func (s *Store) ReadSettled(ctx context.Context, req idem.BeginRequest) (d idem.
 	if !s.replayRead {
 		return idem.Decision{}, false, nil
 	}
-	d, ok, err = ReadSettledTx(ctx, s.pool, req)
+	// On a connection of its own: a read that answers is made durable on
+	// the server it read (durable).
+	err = s.pool.AcquireFunc(ctx, func(c *pgxpool.Conn) (err error) {
+		d, ok, err = ReadSettledTx(ctx, c, req)
+		return err
+	})
 	if err != nil {
 		return idem.Decision{}, false, settledReadError(err)
 	}
@@ -222,7 +228,7 @@ func ReadSettledTx(ctx context.Context, q Querier, req idem.BeginRequest) (idem.
 	}
 	var now time.Time
 	rec, err := scanRecord(q.QueryRow(ctx, settledRecordSQL, req.Tenant, req.Operation, req.Key), &now)
-	return settledDecision(rec, err, req, now)
+	return durableDecision(ctx, q)(settledDecision(rec, err, req, now))
 }
 
 // settledRecordSQL is the fast path's read of a settled record, and the
@@ -320,7 +326,7 @@ func (s *Store) claimOrRead(ctx context.Context, q Querier, req idem.BeginReques
 	case err == nil && inserted:
 		return idem.Decision{Outcome: idem.OutcomeExecute, Lease: leaseOf(rec), Record: rec}, true, nil
 	case err == nil || errors.Is(err, pgx.ErrNoRows):
-		return settledDecision(rec, err, req, now)
+		return durableDecision(ctx, q)(settledDecision(rec, err, req, now))
 	}
 	return idem.Decision{}, false, fmt.Errorf("claim: %w", err)
 }
@@ -410,7 +416,13 @@ func decideExisting(ctx context.Context, tx Querier, req idem.BeginRequest, clai
 			req.Tenant, req.Operation, req.Key, rec.FencingToken, req.RequestHashes[0], req.HashVersion,
 			req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds(), nullable(claim)))
 	default:
-		return idem.Decision{Outcome: outcome, Record: rec}, nil
+		d := idem.Decision{Outcome: outcome, Record: rec}
+		if answered(d) {
+			if err := durable(ctx, tx); err != nil {
+				return idem.Decision{}, err
+			}
+		}
+		return d, nil
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		// Someone else took it between our read and our update. Under

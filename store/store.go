@@ -92,6 +92,10 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	}
 	cfg.ConnConfig.Tracer = queryTracer{}
 	cfg.ConnConfig.DialFunc = dial
+	cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+		_, err := checkStandbys(ctx, conn)
+		return err
+	}
 	// Single-statement writes run as implicit transactions (ExecOne): at
 	// SERIALIZABLE like every other, whatever the server's default.
 	if cfg.ConnConfig.RuntimeParams == nil {

@@ -92,3 +92,31 @@ func Age(tb testing.TB, st *store.Store, scope idem.Scope, d time.Duration) {
 		tb.Fatalf("age record %s by %v: no such record", scope.Key, d)
 	}
 }
+
+// SetSyncStandbys sets the server's synchronous_standby_names, waits until
+// sessions see it, and replaces the store's connections. It changes the
+// whole test server: tests that use it must not run in parallel.
+func SetSyncStandbys(t testing.TB, st *store.Store, names string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := st.Pool().Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = '`+names+`'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Pool().Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		var got string
+		err := st.Pool().QueryRow(ctx, `SELECT current_setting('synchronous_standby_names')`).Scan(&got)
+		if err == nil && got == names {
+			// Connections read the setting when they are made (and again
+			// after half a minute): start new ones.
+			st.Pool().Reset()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("synchronous_standby_names = %q, %v; want %q", got, err, names)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
