@@ -40,10 +40,13 @@ type ScenarioReport struct {
 	NodesPerRegion int      `json:"nodesPerRegion,omitempty"`
 	StoreMode      string   `json:"storeMode,omitempty"`
 	// Direct: the cluster ran without proxies (Scenario.Direct).
-	Direct   bool      `json:"direct,omitempty"`
-	NodeArgs []string  `json:"nodeArgs,omitempty"`
-	Clients  int       `json:"clients,omitempty"`
-	Started  time.Time `json:"started"`
+	Direct bool `json:"direct,omitempty"`
+	// StoreLinksOnly: only the replicated store's links were proxied
+	// (Scenario.StoreLinksOnly).
+	StoreLinksOnly bool      `json:"storeLinksOnly,omitempty"`
+	NodeArgs       []string  `json:"nodeArgs,omitempty"`
+	Clients        int       `json:"clients,omitempty"`
+	Started        time.Time `json:"started"`
 	// Elapsed is the scenario's whole time, cluster start to stop;
 	// TrafficSeconds how long clients sent requests (drain included).
 	Elapsed        string  `json:"elapsed,omitempty"`

@@ -39,6 +39,11 @@ type Scenario struct {
 	// from the traffic. A fault that needs a proxied link is not available
 	// on such a cluster, and the faults check fails on it.
 	Direct bool
+	// StoreLinksOnly proxies the replicated store's own links alone
+	// (cluster.Config.ProxiedStoreOnly): the member links a partition of
+	// the store cuts. The nodes, etcd and the provider connect directly, as
+	// with Direct, so that the harness copies no byte of the traffic.
+	StoreLinksOnly bool
 	// ExtraClients are added to the run's --clients for this scenario: a
 	// store that commits each write on a synchronous standby in another
 	// region answers every call later, clients that wait for a window to
@@ -165,11 +170,12 @@ func Catalogue() []Scenario {
 			Description: "global store replicated over three regions: the primary member is cut from its replicas and from etcd while the " +
 				"nodes still reach it; it acknowledges nothing it could lose (strict synchronous replication, then it demotes itself), " +
 				"a replica is promoted, and every write the isolated member acknowledged is on the new primary (no split brain)",
-			Regions:      3,
-			StoreMode:    "global",
-			StoreHA:      true,
-			Workload:     WorkloadConfig{Mix: map[Role]int{RoleRacer: 1, RoleNormal: 2}, RaceWidth: 2, Replays: 0.3},
-			ExtraClients: 12,
+			Regions:        3,
+			StoreMode:      "global",
+			StoreHA:        true,
+			Workload:       WorkloadConfig{Mix: map[Role]int{RoleRacer: 1, RoleNormal: 2}, RaceWidth: 2, Replays: 0.3},
+			ExtraClients:   12,
+			StoreLinksOnly: true,
 			Faults: func(env *Env, r []string) []Step {
 				return []Step{{StorePartition(), 2 * time.Second}}
 			},

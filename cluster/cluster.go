@@ -43,6 +43,7 @@ type Cluster struct {
 	effectsURL  string        // EffectsDatabase's URL; "" unless region-local with several regions
 	haDatabase  string        // the database of the replicated store (Config.StoreHA)
 	net         *network      // nil unless Config.Proxied
+	storeLinks  bool          // Config.ProxiedStoreOnly: net carries the replicated store's links alone
 	regions     []*regionState
 	tokens      map[string]string // tenant -> token
 	placements  map[string]string // tenant -> home region
@@ -118,6 +119,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		}
 	} else if cfg.Proxied {
 		c.net = newNetwork(c.log)
+		c.storeLinks = cfg.ProxiedStoreOnly
 	}
 
 	// The store, etcd and the provider do not depend on each other. The

@@ -147,6 +147,15 @@ type Config struct {
 	// URL. Default false: processes connect directly.
 	Proxied bool
 
+	// ProxiedStoreOnly narrows Proxied to the replicated store's own links
+	// (StoreHA): each member's links to the etcd members and the links into
+	// its PostgreSQL server and its REST API, which carry replication and
+	// the agents' health checks. The nodes, etcd's members and the provider
+	// then connect directly, as with Proxied false, and no copy of their
+	// traffic costs the machine CPU: a partition of the store's primary
+	// needs no other link. It needs Proxied and StoreHA.
+	ProxiedStoreOnly bool
+
 	// DatabaseURL, if set, names an existing PostgreSQL or CockroachDB
 	// server to use instead of starting one. Start creates (or reuses) the
 	// databases on it; when a single database is needed (one region, or
@@ -305,6 +314,9 @@ func (cfg *Config) setDefaults() error {
 		cfg.RegionLeaseTTL = DefaultRegionLeaseTTL
 	case cfg.RegionLeaseTTL < 0:
 		return fmt.Errorf("cluster: RegionLeaseTTL %v is negative", cfg.RegionLeaseTTL)
+	}
+	if cfg.ProxiedStoreOnly && (!cfg.Proxied || !cfg.StoreHA) {
+		return errors.New("cluster: ProxiedStoreOnly needs Proxied and StoreHA")
 	}
 	if cfg.StoreHATTL != 0 && (cfg.StoreHATTL < 3*time.Second || cfg.StoreHATTL%time.Second != 0) {
 		return fmt.Errorf("cluster: StoreHATTL %v: want whole seconds, at least 3s", cfg.StoreHATTL)

@@ -76,7 +76,7 @@ func (c *Cluster) startEtcd(ctx context.Context, cfg *Config) error {
 			}
 			m.advertise = fmt.Sprintf("%s:%d", wanAlias, dockerPeerPortBase+i)
 		}
-	} else if c.net != nil {
+	} else if c.proxiesAll() {
 		// One demultiplexer per member for its advertised peer URL; the
 		// links between members are made once their ports are known.
 		for _, m := range members {
@@ -166,7 +166,7 @@ func (c *Cluster) tryStartEtcd(ctx context.Context, cfg *Config, root string, me
 			m.demux.setDirect(m.peerAddr)
 		}
 	}
-	if c.net != nil {
+	if c.proxiesAll() {
 		for _, from := range members {
 			for _, to := range members {
 				if from != to {

@@ -387,6 +387,11 @@ func (c *Cluster) LinksOf(region string) []string {
 	return c.LinksTouching(nodes...)
 }
 
+// proxiesAll reports whether every link of the cluster goes through its
+// proxy: Config.Proxied without ProxiedStoreOnly. The replicated store's
+// links are proxied whenever net is set.
+func (c *Cluster) proxiesAll() bool { return c.net != nil && !c.storeLinks }
+
 // LinksTouching returns the names of every link from or to one of the
 // endpoints named: nodes ("eu-west-0"), etcd members ("etcd-m1"),
 // EndpointStore or EndpointProvider. LinksTouching("etcd-m1") is every peer

@@ -24,7 +24,7 @@ func (c *Cluster) newNode(cfg *Config, rs *regionState, i int, env []string) (*P
 	dbURL := rs.dbURL
 	// The replicated store's multi-host URL is used as it is: the nodes
 	// reach its members directly, and its own links are proxied instead.
-	if c.net != nil && !isMultiHost(dbURL) {
+	if c.proxiesAll() && !isMultiHost(dbURL) {
 		var err error
 		if dbURL, err = c.proxyDatabase(name, dbURL); err != nil {
 			return nil, err
@@ -34,7 +34,7 @@ func (c *Cluster) newNode(cfg *Config, rs *regionState, i int, env []string) (*P
 	env = append(slices.Clone(env), "IDEM_DATABASE_URL="+dbURL)
 	if c.effectsURL != "" {
 		effects := c.effectsURL
-		if c.net != nil && !isMultiHost(effects) {
+		if c.proxiesAll() && !isMultiHost(effects) {
 			var err error
 			if effects, err = c.proxyDatabaseAs(name, EndpointEffects, effects); err != nil {
 				return nil, err
@@ -72,7 +72,7 @@ func (c *Cluster) newNode(cfg *Config, rs *regionState, i int, env []string) (*P
 		var endpoints []string
 		for _, m := range etcd {
 			ep := m.URL()
-			if c.net != nil {
+			if c.proxiesAll() {
 				l, err := c.net.set(name, m.Name(), m.Addr())
 				if err != nil {
 					return nil, err
@@ -86,7 +86,7 @@ func (c *Cluster) newNode(cfg *Config, rs *regionState, i int, env []string) (*P
 	}
 	if c.provider != nil {
 		u := c.provider.URL()
-		if c.net != nil {
+		if c.proxiesAll() {
 			l, err := c.net.set(name, EndpointProvider, c.provider.Addr())
 			if err != nil {
 				return nil, err
@@ -118,7 +118,7 @@ func (c *Cluster) newNode(cfg *Config, rs *regionState, i int, env []string) (*P
 		p.addr = fmt.Sprintf("%s:%d", p.ctr.nets[0].ip, dockerNodePort)
 		advertise = viaWAN
 	}
-	if c.net != nil {
+	if c.proxiesAll() {
 		// Forwarded requests reach the node through its ingress link, made
 		// once the node's port is known.
 		ingress := "->" + name

@@ -326,3 +326,43 @@ func requirePatroni(t *testing.T) {
 		t.Skip(`patroni is not installed (Debian package "patroni")`)
 	}
 }
+
+// TestProxiedStoreOnly proxies the replicated store's links alone: every
+// link is a member's (to etcd, or into its PostgreSQL server or REST API),
+// none is a node's, and the nodes serve through their direct connections.
+func TestProxiedStoreOnly(t *testing.T) {
+	requirePatroni(t)
+	regions := []string{"eu-west", "us-east", "ap-south"}
+	c := startCluster(t, cluster.Config{
+		StateDir:         stateDir(t),
+		Regions:          regions,
+		NodesPerRegion:   1,
+		EtcdMembers:      1,
+		StoreMode:        cluster.StoreGlobal,
+		StoreHA:          true,
+		Proxied:          true,
+		ProxiedStoreOnly: true,
+	})
+	member := map[string]bool{}
+	for _, r := range regions {
+		member[cluster.StoreMemberName(r)] = true
+		member[cluster.StoreMemberName(r)+"-api"] = true
+	}
+	links := c.Links()
+	// Per member: its link to the one etcd member, and the links into its
+	// server and its API.
+	if len(links) != 3*len(regions) {
+		t.Errorf("%d links, want %d: %+v", len(links), 3*len(regions), links)
+	}
+	for _, l := range links {
+		if !member[l.From] && !member[l.To] {
+			t.Errorf("link %s is not the replicated store's", l.Name)
+		}
+	}
+	info := c.Info()
+	for _, r := range info.Regions {
+		if p := postPayment(t, r.URL, info.Tokens["tenant-a"], "direct-"+r.Name, "invoice-direct-"+r.Name); p.status != http.StatusCreated {
+			t.Errorf("region %s: %d %s", r.Name, p.status, p.body)
+		}
+	}
+}
