@@ -317,6 +317,13 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 		}
 		stopped = true
 		copyLogs(filepath.Join(c.StateDir(), "logs"), filepath.Join(dir, "logs"))
+		if st := c.Store(); st != nil {
+			// Each replicated store member's Patroni and PostgreSQL log,
+			// as <member>.log: what the store did during its failover.
+			for _, m := range st.Members() {
+				copyFile(m.LogPath(), filepath.Join(dir, "logs", m.Name+".log"))
+			}
+		}
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
 		if err := c.Stop(sctx); err != nil {
@@ -574,22 +581,27 @@ func copyLogs(src, dst string) {
 	if err != nil {
 		return
 	}
-	if err := os.MkdirAll(dst, 0o755); err != nil {
+	for _, e := range ents {
+		if !e.IsDir() {
+			copyFile(filepath.Join(src, e.Name()), filepath.Join(dst, e.Name()))
+		}
+	}
+}
+
+// copyFile copies the file src to dst, creating dst's directory; it does
+// nothing if src cannot be read (a log is evidence, not a result).
+func copyFile(src, dst string) {
+	in, err := os.Open(src)
+	if err != nil {
 		return
 	}
-	for _, e := range ents {
-		if e.IsDir() {
-			continue
-		}
-		in, err := os.Open(filepath.Join(src, e.Name()))
-		if err != nil {
-			continue
-		}
-		out, err := os.Create(filepath.Join(dst, e.Name()))
-		if err == nil {
-			_, _ = io.Copy(out, in)
-			_ = out.Close()
-		}
-		_ = in.Close()
+	defer in.Close()
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return
+	}
+	out, err := os.Create(dst)
+	if err == nil {
+		_, _ = io.Copy(out, in)
+		_ = out.Close()
 	}
 }
