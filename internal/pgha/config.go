@@ -17,6 +17,9 @@ type memberConfig struct {
 	Dir, BinDir                 string
 	Password, ReplPassword      string
 	TTL, LoopWait, RetryTimeout int
+	// SyncStandbys is synchronous_node_count: how many standbys every
+	// commit waits for (each of the others, see Start).
+	SyncStandbys int
 	// TLS, if set, is the member's copy of its files (see Options.TLS).
 	TLS *TLSFiles
 }
@@ -24,9 +27,12 @@ type memberConfig struct {
 // q quotes s as a YAML double-quoted scalar.
 func q(s string) string { return strconv.Quote(s) }
 
-// yaml returns the member's Patroni configuration. Commits wait for one
-// synchronous standby (strict synchronous mode); only that standby may be
-// promoted, and an old primary rejoins with pg_rewind. use_proxies keeps
+// yaml returns the member's Patroni configuration. Commits wait for
+// SyncStandbys synchronous standbys (strict synchronous mode); only those
+// may be promoted, and an old primary rejoins with pg_rewind. A standby
+// whose stream breaks asks again after a second
+// (wal_retrieve_retry_interval; PostgreSQL's default is 5s), which is how
+// soon a promoted primary has made its slot. use_proxies keeps
 // the agent on the etcd endpoints it is given (they may be proxies)
 // instead of the member list etcd advertises.
 func (m memberConfig) yaml() []byte {
@@ -72,7 +78,7 @@ bootstrap:
     maximum_lag_on_failover: 1048576
     synchronous_mode: true
     synchronous_mode_strict: true
-    synchronous_node_count: 1
+    synchronous_node_count: %d
     postgresql:
       use_pg_rewind: true
       use_slots: true
@@ -87,6 +93,7 @@ bootstrap:
         synchronous_commit: "on"
         fsync: "off"
         full_page_writes: "on"
+        wal_retrieve_retry_interval: 1s
   initdb:
     - encoding: UTF8
     - no-locale
@@ -123,7 +130,7 @@ tags:
 		q(m.Scope), q(m.Namespace), q(m.Name),
 		q("127.0.0.1:"+strconv.Itoa(m.APIPort)), q(m.APIAdvertise), apiTLS,
 		strings.Join(hosts, ", "), etcdTLS,
-		m.TTL, m.LoopWait, m.RetryTimeout,
+		m.TTL, m.LoopWait, m.RetryTimeout, max(m.SyncStandbys, 1),
 		q("127.0.0.1:"+strconv.Itoa(m.Port)), q(m.Advertise), q(data), q(m.BinDir), q(filepath.Join(m.Dir, "pgpass")),
 		hostType, replicator, hostType,
 		q(Superuser), q(m.Password), clientSSL, q(replicator), q(m.ReplPassword), clientSSL,

@@ -6,10 +6,19 @@
 // The store is configured so that an acknowledged commit survives the loss
 // of the primary and an isolated primary cannot acknowledge commits:
 //
-//   - synchronous_mode and synchronous_mode_strict: the primary names one
-//     synchronous standby (synchronous_node_count 1), every commit waits
-//     until that standby has flushed it, and with no synchronous standby
-//     left commits wait rather than go through;
+//   - synchronous_mode and synchronous_mode_strict: every other member is
+//     a synchronous standby (synchronous_node_count is the member count
+//     minus one), every commit waits until each standby the primary names
+//     has flushed it, and with no synchronous standby left commits wait
+//     rather than go through. With every standby synchronous, the one
+//     promoted is the one furthest ahead, so no other member has WAL the
+//     new primary lacks: the others follow its new timeline at once
+//     instead of stopping for pg_rewind, as a replica that had received
+//     more of the old primary's stream than the promoted one must (with
+//     one synchronous standby of two, that rewind held every commit of the
+//     new primary for about 11s of a partition's failover). A standby
+//     that is gone is dropped from the names, and commits wait for the
+//     others;
 //   - the leader key lives in etcd (Patroni's etcd3 support, through etcd's
 //     v3 gRPC gateway) with a TTL (Options.TTL): a primary that cannot renew
 //     it demotes itself, and only the synchronous standby, which has every

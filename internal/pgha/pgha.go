@@ -296,6 +296,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			APIPort: m.APIPort, Port: m.Port, Advertise: advertise, APIAdvertise: apiAdvertise, EtcdHosts: hosts,
 			Dir: m.dir, BinDir: binDir, Password: c.password, ReplPassword: replPassword,
 			TTL: seconds(opts.TTL), LoopWait: seconds(opts.LoopWait), RetryTimeout: seconds(opts.RetryTimeout),
+			SyncStandbys: len(opts.Members) - 1,
 		}
 		if err := writeConfig(m.configPath(), cfg.yaml(), cred); err != nil {
 			return nil, err
