@@ -98,6 +98,16 @@ const (
 // a busy recovery worker, so that a run settles in seconds.
 var baseNodeArgs = []string{"--lock-timeout", chaosLockTimeout.String(), "--recovery-interval", "1s", "--outbox-interval", "200ms"}
 
+// storeHANodeArgs are the extra flags of the nodes of the replicated
+// store's scenarios: six nodes share one store there, and their outbox
+// workers polling it every 200ms (baseNodeArgs) made many small batches;
+// polled every second, the same events go in fewer, fuller ones. On two
+// cores that took the store's CPU per answered call from about 3.4 to 2.6
+// ms and the calls answered per second from about 255 to 310
+// (store-partition, seed 76034, both ways); the outbox still settles
+// within a second of the traffic.
+var storeHANodeArgs = []string{"--outbox-interval", "1s"}
+
 // Catalogue returns every scenario, in the order "all" runs them.
 func Catalogue() []Scenario {
 	sidecarFaults := func(env *Env, r []string) []Step {
@@ -158,6 +168,7 @@ func Catalogue() []Scenario {
 			Regions:      3,
 			StoreMode:    "global",
 			StoreHA:      true,
+			NodeArgs:     storeHANodeArgs,
 			Workload:     WorkloadConfig{Mix: map[Role]int{RoleRacer: 1, RoleNormal: 2}, RaceWidth: 2, Replays: 0.3},
 			ExtraClients: 8,
 			Direct:       true,
@@ -173,6 +184,7 @@ func Catalogue() []Scenario {
 			Regions:        3,
 			StoreMode:      "global",
 			StoreHA:        true,
+			NodeArgs:       storeHANodeArgs,
 			Workload:       WorkloadConfig{Mix: map[Role]int{RoleRacer: 1, RoleNormal: 2}, RaceWidth: 2, Replays: 0.3},
 			ExtraClients:   12,
 			StoreLinksOnly: true,
@@ -323,6 +335,7 @@ func Catalogue() []Scenario {
 			Regions:      3,
 			StoreMode:    "global",
 			StoreHA:      true,
+			NodeArgs:     storeHANodeArgs,
 			Workload:     WorkloadConfig{Mix: map[Role]int{RoleNormal: 2, RoleNoKey: 1}, Replays: 0.3},
 			ExtraClients: 8,
 			Direct:       true,
