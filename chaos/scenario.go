@@ -90,8 +90,10 @@ const (
 	// chaosStoreTTL is the replicated store's leader key TTL
 	// (cluster.Config.StoreHATTL): a failover of the store takes at least
 	// this long, and Patroni's default of 10s left the scenarios whose
-	// store fails over serving nothing for about 16s of their 30.
-	chaosStoreTTL = 6 * time.Second
+	// store fails over serving nothing for about 16s of their 30. At 5s
+	// the agents keep their 2s retry timeout (loop_wait 1s + 2 * 2s), so a
+	// slow etcd demotes a primary no sooner than at 6s.
+	chaosStoreTTL = 5 * time.Second
 )
 
 // baseNodeArgs are the flags every chaos node runs with: short locks and
