@@ -33,7 +33,7 @@ func runBench(ctx context.Context, args []string, env *Env) error {
 	suite := fs.String("suite", bench.SuiteStore, "what to measure: "+strings.Join(bench.Suites, ", ")+" or all (comma-separated list allowed)")
 	replayKeys := fs.Int("replay-keys", 1000, "completed keys the replay suite retries in turn")
 	scaleRows := fs.String("scale-rows", "10000,1000000", "records table sizes the scale suite claims at, ascending, comma-separated (e.g. 10000,1000000,10000000)")
-	cleanupExpired := fs.Int("cleanup-expired", 20000, "records whose body cleanup drops, and as many whose metadata it deletes, loaded before each phase of the scale suite with cleanup running")
+	cleanupExpired := fs.Int("cleanup-expired", 20000, "records of each of four kinds loaded before each phase of the scale suite with cleanup running: past the window with a stored answer or a reference, past the metadata retention pruned or referencing")
 	expiredMetadata := fs.Int("expired-metadata", 1000000, "records of expired metadata (a week's, kept by default) in the table while the scale suite's cleanup runs; negative: none")
 	keys := fs.String("keys", bench.KeysRandom, "order of fresh requests' idempotency keys: random (as UUIDs) or sequential (numbered)")
 	out := fs.String("out", "", "also write the report as JSON to this file")

@@ -65,9 +65,10 @@ type Config struct {
 	// ScaleRows are the records table sizes the scale suite measures the
 	// claim at, ascending. Default 10^4 and 10^6.
 	ScaleRows []int
-	// CleanupExpired is how many records whose body cleanup drops, and as
-	// many whose metadata it deletes, the scale suite loads before each
-	// phase with cleanup running. Default 20,000.
+	// CleanupExpired is how many records of each kind cleanup handles
+	// (cleanupKinds: past the window with a stored answer or a reference,
+	// past the metadata retention pruned or referencing) the scale suite
+	// loads before each phase with cleanup running. Default 20,000.
 	CleanupExpired int
 	// ExpiredMetadata is how many records of expired metadata (the week
 	// idemd keeps by default) sit in the table while cleanup runs.

@@ -62,7 +62,20 @@ const (
 	// deletable: EXPIRED, its window ended eight days ago: cleanup deletes
 	// it.
 	deletable
+	// referenced: COMPLETED, an answer rendered from the resource it
+	// references (a payment's record: no body, no headers), its window
+	// ended an hour ago: cleanup has nothing to drop.
+	referenced
+	// referencedOld: referenced, its window ended eight days ago: cleanup
+	// deletes it.
+	referencedOld
 )
+
+// cleanupKinds are the records loaded before each cleanup phase,
+// cfg.CleanupExpired of each: what a week of a node's traffic leaves
+// behind for one cleanup pass, with records that keep their answer (the
+// sidecar's) and records that reference a payment.
+var cleanupKinds = []recordKind{prunable, deletable, referenced, referencedOld}
 
 // loadRecords bulk-loads records (COPY) of kind, of tenants prefix-t0..t999,
 // with keys scaleKey(run, from..to-1).
@@ -73,7 +86,8 @@ func loadRecords(ctx context.Context, st *store.Store, prefix, run string, from,
 		n := lo
 		_, err := st.Pool().CopyFrom(ctx, pgx.Identifier{"idempotency_records"},
 			[]string{"tenant_id", "operation_name", "idempotency_key", "request_hash", "hash_version", "status", "checkpoint",
-				"response_status", "response_headers", "response_body", "created_at", "updated_at", "expires_at"},
+				"response_status", "response_headers", "response_body", "response_by_reference", "resource_type", "resource_id",
+				"created_at", "updated_at", "expires_at"},
 			pgx.CopyFromFunc(func() ([]any, error) {
 				if n >= hi {
 					return nil, nil
@@ -81,6 +95,7 @@ func loadRecords(ctx context.Context, st *store.Store, prefix, run string, from,
 				key := scaleKey(run, n)
 				status, headers, body := string(idem.StatusCompleted), []byte(`{"Content-Type":["application/json"]}`), scaleBody
 				expires := now.Add(24 * time.Hour)
+				byRef, resType, resID := false, any(nil), any(nil)
 				switch kind {
 				case prunable:
 					expires = now.Add(-time.Hour)
@@ -90,10 +105,16 @@ func loadRecords(ctx context.Context, st *store.Store, prefix, run string, from,
 				case deletable:
 					status, headers, body = string(idem.StatusExpired), nil, nil
 					expires = now.Add(-8 * 24 * time.Hour)
+				case referenced, referencedOld:
+					headers, body, byRef, resType, resID = nil, nil, true, "payment", "pay_"+key[:20]
+					expires = now.Add(-time.Hour)
+					if kind == referencedOld {
+						expires = now.Add(-8 * 24 * time.Hour)
+					}
 				}
 				created := expires.Add(-24 * time.Hour)
 				row := []any{fmt.Sprintf("%s-t%d", prefix, n%scaleTenants), "create_payment", key, "v2:" + key, fingerprint.Version,
-					status, string(idem.CheckpointCompleted), 201, headers, body, created, created, expires}
+					status, string(idem.CheckpointCompleted), 201, headers, body, byRef, resType, resID, created, created, expires}
 				n++
 				return row, nil
 			}))
@@ -201,11 +222,10 @@ func runScale(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, er
 		plain.add(s)
 		progress(cfg.Progress, SuiteScale, round, OpClaimNoCleanup, s)
 		base := int64(round) * 1_000_000_000
-		if err := loadRecords(ctx, st, prefix+"-expired", w.run, base, base+int64(cfg.CleanupExpired), prunable); err != nil {
-			return rep, err
-		}
-		if err := loadRecords(ctx, st, prefix+"-old", w.run, base, base+int64(cfg.CleanupExpired), deletable); err != nil {
-			return rep, err
+		for _, kind := range cleanupKinds {
+			if err := loadRecords(ctx, st, fmt.Sprintf("%s-k%d", prefix, kind), w.run, base, base+int64(cfg.CleanupExpired), kind); err != nil {
+				return rep, err
+			}
 		}
 		// idemd's cleanup worker with its defaults: bodies dropped a window
 		// after creation, metadata kept a week, batches of 500, 50 ms
@@ -265,7 +285,7 @@ func runScale(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, er
 		rep.CleanedPerSecond = float64(rep.Pruned+rep.Deleted) / cleanTime.Seconds()
 	}
 	rep.Payments, rep.Records, err = countRows(ctx, st, prefix)
-	rep.Seeded = int(loaded) + cfg.ExpiredMetadata + 2*cfg.Rounds*cfg.CleanupExpired
+	rep.Seeded = int(loaded) + cfg.ExpiredMetadata + len(cleanupKinds)*cfg.Rounds*cfg.CleanupExpired
 	return rep, err
 }
 
