@@ -6,34 +6,55 @@ import (
 	"time"
 )
 
-// PruneBodies drops the stored response (body and headers) of up to limit
-// settled records that are past their window and older than bodyRetention,
-// and marks them EXPIRED. Their metadata (scope, request hash, resource,
-// timestamps) stays for diagnostics until DeleteExpired removes it. Records
-// still IN_PROGRESS or UNKNOWN_REQUIRES_RECOVERY are never touched. It
-// returns how many records it pruned.
-func PruneBodies(ctx context.Context, q Querier, bodyRetention time.Duration, limit int) (int, error) {
-	tag, err := q.Exec(ctx, `UPDATE idempotency_records SET response_body = NULL, response_headers = NULL,
+// The cleanup statements. Each reads the partial index of the records it
+// acts on, in window order (migrations/0010_cleanup_by_answer.sql): a
+// settled record that keeps an answer (body or headers) is in
+// idempotency_records_to_prune, one with nothing to drop (it renders its
+// answer from the resource it references, or its answer was dropped) in
+// idempotency_records_to_delete. Their WHERE clauses repeat the indexes'
+// predicates so that the planner can use them.
+const (
+	pruneBodiesSQL = `UPDATE idempotency_records SET response_body = NULL, response_headers = NULL,
 			status = 'EXPIRED', updated_at = now()
 		WHERE (tenant_id, operation_name, idempotency_key) IN (
 			SELECT tenant_id, operation_name, idempotency_key FROM idempotency_records
-			WHERE expires_at <= now() AND created_at <= now() - $1::INT8 * INTERVAL '1 millisecond'
-			  AND status IN ('COMPLETED', 'FAILED_REPLAYABLE', 'FAILED_RETRYABLE')
-			LIMIT $2)`, bodyRetention.Milliseconds(), limit)
+			WHERE status IN ('COMPLETED', 'FAILED_REPLAYABLE', 'FAILED_RETRYABLE')
+			  AND (response_body IS NOT NULL OR response_headers IS NOT NULL)
+			  AND expires_at <= now() AND created_at <= now() - $1::INT8 * INTERVAL '1 millisecond'
+			LIMIT $2)`
+	deleteExpiredSQL = `DELETE FROM idempotency_records
+		WHERE (tenant_id, operation_name, idempotency_key) IN (
+			SELECT tenant_id, operation_name, idempotency_key FROM idempotency_records
+			WHERE status IN ('COMPLETED', 'FAILED_REPLAYABLE', 'FAILED_RETRYABLE', 'EXPIRED')
+			  AND response_body IS NULL AND response_headers IS NULL
+			  AND expires_at <= now() - $1::INT8 * INTERVAL '1 millisecond'
+			LIMIT $2)`
+)
+
+// PruneBodies drops the stored answer (body and headers) of up to limit
+// settled records that are past their window and older than bodyRetention,
+// and marks them EXPIRED. Their metadata (scope, request hash, resource,
+// timestamps) stays for diagnostics until DeleteExpired removes it. A
+// record that keeps no answer (one that references its resource) is left
+// as it is: a settled record past its window is a new operation to a retry
+// whatever its status (idem.Decide), and rewriting it would drop nothing.
+// Records still IN_PROGRESS or UNKNOWN_REQUIRES_RECOVERY are never
+// touched. It returns how many records it pruned.
+func PruneBodies(ctx context.Context, q Querier, bodyRetention time.Duration, limit int) (int, error) {
+	tag, err := q.Exec(ctx, pruneBodiesSQL, bodyRetention.Milliseconds(), limit)
 	if err != nil {
 		return 0, fmt.Errorf("store: prune bodies: %w", unavailableOr(err))
 	}
 	return int(tag.RowsAffected()), nil
 }
 
-// DeleteExpired deletes up to limit EXPIRED records whose window ended more
-// than metadataRetention ago. It returns how many it deleted.
+// DeleteExpired deletes up to limit settled records that keep no answer
+// (pruned, or referencing their resource) whose window ended more than
+// metadataRetention ago. A record that still keeps its answer is pruned
+// first. Records still IN_PROGRESS or UNKNOWN_REQUIRES_RECOVERY are never
+// deleted. It returns how many it deleted.
 func DeleteExpired(ctx context.Context, q Querier, metadataRetention time.Duration, limit int) (int, error) {
-	tag, err := q.Exec(ctx, `DELETE FROM idempotency_records
-		WHERE (tenant_id, operation_name, idempotency_key) IN (
-			SELECT tenant_id, operation_name, idempotency_key FROM idempotency_records
-			WHERE status = 'EXPIRED' AND expires_at <= now() - $1::INT8 * INTERVAL '1 millisecond'
-			LIMIT $2)`, metadataRetention.Milliseconds(), limit)
+	tag, err := q.Exec(ctx, deleteExpiredSQL, metadataRetention.Milliseconds(), limit)
 	if err != nil {
 		return 0, fmt.Errorf("store: delete expired records: %w", unavailableOr(err))
 	}

@@ -72,3 +72,68 @@ func TestOneRecordStatementsProbeThePrimaryKey(t *testing.T) {
 		}
 	}
 }
+
+// TestCleanupWalksOnlyItsRecords: each cleanup step reads the partial index
+// of the records it acts on (migrations/0010_cleanup_by_answer.sql), under
+// both plan modes, on a table that holds a tenth of records to prune, a
+// tenth to delete, and live records with and without an answer:
+// pruning never walks past records that keep no answer (a week of
+// referencing records, as a payments node leaves them), and deleting never
+// walks past records that keep one.
+func TestCleanupWalksOnlyItsRecords(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, pgtest.NewDatabase(t), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.pool.Exec(ctx, `INSERT INTO idempotency_records
+		(tenant_id, operation_name, idempotency_key, request_hash, hash_version, status, checkpoint,
+		 response_status, response_body, response_by_reference, resource_type, resource_id, created_at, expires_at)
+		SELECT 'tenant', 'op', 'key-' || n, 'v2:x', 2, 'COMPLETED', 'COMPLETED', 201,
+			CASE WHEN n % 10 IN (0, 2, 3, 4, 5) THEN '\x7b7d'::BYTEA END, n % 10 NOT IN (0, 2, 3, 4, 5), 'thing', 'x' || n,
+			now() - INTERVAL '3 days',
+			CASE n % 10 WHEN 0 THEN now() - INTERVAL '2 hours' WHEN 1 THEN now() - INTERVAL '2 days' ELSE now() + INTERVAL '1 day' END
+		FROM generate_series(1, 20000) n`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.pool.Exec(ctx, `ANALYZE idempotency_records`); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	for i, tc := range []struct {
+		name, sql, index string
+	}{
+		{"prune", pruneBodiesSQL, "idempotency_records_to_prune"},
+		{"delete", deleteExpiredSQL, "idempotency_records_to_delete"},
+	} {
+		if _, err := conn.Exec(ctx, fmt.Sprintf("PREPARE cleanup%d (INT8, INT8) AS %s", i, tc.sql)); err != nil {
+			t.Fatalf("%s: prepare: %v", tc.name, err)
+		}
+		for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
+			if _, err := conn.Exec(ctx, "SET plan_cache_mode = "+mode); err != nil {
+				t.Fatal(err)
+			}
+			rows, err := conn.Query(ctx, fmt.Sprintf("EXPLAIN EXECUTE cleanup%d (3600000, 500)", i))
+			if err != nil {
+				t.Fatalf("%s: explain: %v", tc.name, err)
+			}
+			plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				t.Fatal(err)
+			}
+			// An index scan ("Index Scan using") or a bitmap scan of it
+			// ("Bitmap Index Scan on"): either reads only its entries.
+			if p := strings.Join(plan, "\n"); !strings.Contains(p, "Index Scan using "+tc.index) && !strings.Contains(p, "Index Scan on "+tc.index) {
+				t.Errorf("%s (%s) does not read %s:\n%s", tc.name, mode, tc.index, p)
+			}
+		}
+	}
+}
