@@ -11,3 +11,8 @@ func HoldGroup(s *Store) (queued func() int, release func()) {
 func HoldClaims(s *Store) (queued func() int, release func()) {
 	return s.claims.queued, s.claims.hold()
 }
+
+// HoldCheckpoints is HoldGroup for s's checkpoints.
+func HoldCheckpoints(s *Store) (queued func() int, release func()) {
+	return s.checkpoints.queued, s.checkpoints.hold()
+}

@@ -15,7 +15,8 @@ import (
 // maxGroup bounds how many writes one statement carries.
 const maxGroup = 32
 
-// group is a group commit: the writes of one kind (claims, completions)
+// group is a group commit: the writes of one kind (claims, checkpoints,
+// completions)
 // of concurrent requests that queue while one batch is in flight go to the
 // store together, in one statement that is one implicit transaction, so
 // that N requests pay one statement and one commit instead of N. There is
@@ -132,20 +133,27 @@ type completionIn struct {
 	c     idem.Completion
 }
 
-// newCompletions is the group commit of Complete. Each completion's
-// outcome is nil (written), idem.ErrFenced (its lease no longer owns an
-// open record), or the batch's error, which may be ErrCommitUnknown (the
-// caller resolves that record by record, see fencedWrite).
-func (s *Store) newCompletions() *group[completionIn, struct{}] {
-	return &group[completionIn, struct{}]{
-		scope: func(in completionIn) idem.Scope { return in.lease.Scope },
-		write: func(ctx context.Context, batch []*groupItem[completionIn, struct{}]) {
-			written, err := s.completeBatch(ctx, batch)
+// newFencedGroup is the group commit of one kind of owner's write (a
+// completion, a checkpoint): a batch is one UPDATE ... FROM (VALUES ...),
+// sql(n) for n writes, each row fenced by its own lease as fencedExec
+// fences one, that returns the scopes it wrote. Each write's outcome is nil
+// (written), idem.ErrFenced (its lease no longer owns an open record), or
+// the batch's error, which may be ErrCommitUnknown (the caller resolves
+// that record by record, see fencedWriteFirst).
+func newFencedGroup[In any](s *Store, lease func(In) idem.Lease, sql func(n int) string, args func(In) []any) *group[In, struct{}] {
+	return &group[In, struct{}]{
+		scope: func(in In) idem.Scope { return lease(in).Scope },
+		write: func(ctx context.Context, batch []*groupItem[In, struct{}]) {
+			var all []any
+			for _, it := range batch {
+				all = append(all, args(it.in)...)
+			}
+			written, err := s.fencedBatch(ctx, sql(len(batch)), all)
 			for _, it := range batch {
 				switch {
 				case err != nil:
 					it.err = err
-				case !written[it.in.lease.Scope]:
+				case !written[lease(it.in).Scope]:
 					it.err = idem.ErrFenced
 				}
 			}
@@ -153,30 +161,13 @@ func (s *Store) newCompletions() *group[completionIn, struct{}] {
 	}
 }
 
-// complete writes c under lease as part of a batch.
-func (s *Store) completeInGroup(ctx context.Context, lease idem.Lease, c idem.Completion) error {
-	cols, err := responseColumns(&c.Response)
-	if err != nil {
-		return err
-	}
-	_, err = s.completions.do(ctx, completionIn{lease: lease, cols: cols, c: c})
-	return err
-}
-
-// completeBatch writes batch in one statement and reports which scopes it
-// wrote (the others' leases no longer own an open record).
-func (s *Store) completeBatch(ctx context.Context, batch []*groupItem[completionIn, struct{}]) (map[idem.Scope]bool, error) {
-	args := make([]any, 0, len(batch)*completionColumns)
-	for _, it := range batch {
-		p := it.in
-		args = append(args, p.lease.Tenant, p.lease.Operation, p.lease.Key, p.lease.Token,
-			p.cols.status, p.cols.headers, p.cols.body, p.cols.schema, p.cols.byReference,
-			nullable(p.c.ResourceType), nullable(p.c.ResourceID))
-	}
+// fencedBatch runs a batch statement of newFencedGroup and reports which
+// scopes it wrote.
+func (s *Store) fencedBatch(ctx context.Context, sql string, args []any) (map[idem.Scope]bool, error) {
 	var written map[idem.Scope]bool
 	err := s.ExecOne(ctx, func(q Querier) error {
 		written = map[idem.Scope]bool{}
-		rows, err := q.Query(ctx, completeBatchSQL(len(batch)), args...)
+		rows, err := q.Query(ctx, sql, args...)
 		if err != nil {
 			return err
 		}
@@ -194,6 +185,26 @@ func (s *Store) completeBatch(ctx context.Context, batch []*groupItem[completion
 		return nil, err
 	}
 	return written, nil
+}
+
+// newCompletions is the group commit of Complete (newFencedGroup).
+func (s *Store) newCompletions() *group[completionIn, struct{}] {
+	return newFencedGroup(s, func(in completionIn) idem.Lease { return in.lease }, completeBatchSQL,
+		func(p completionIn) []any {
+			return []any{p.lease.Tenant, p.lease.Operation, p.lease.Key, p.lease.Token,
+				p.cols.status, p.cols.headers, p.cols.body, p.cols.schema, p.cols.byReference,
+				nullable(p.c.ResourceType), nullable(p.c.ResourceID)}
+		})
+}
+
+// completeInGroup writes c under lease as part of a batch.
+func (s *Store) completeInGroup(ctx context.Context, lease idem.Lease, c idem.Completion) error {
+	cols, err := responseColumns(&c.Response)
+	if err != nil {
+		return err
+	}
+	_, err = s.completions.do(ctx, completionIn{lease: lease, cols: cols, c: c})
+	return err
 }
 
 // completionColumns is how many parameters one completion of a batch
@@ -246,6 +257,34 @@ func completeBatchSQL(n int) string {
 		response_status = v.rs, response_headers = v.rh, response_body = v.rb, response_schema_version = v.sv,
 		response_by_reference = v.br, resource_type = v.rt, resource_id = v.ri, error_code = NULL
 	FROM (VALUES ` + valuesList(n, "TEXT", "TEXT", "TEXT", "INT8", "INT4", "JSONB", "BYTEA", "TEXT", "BOOL", "TEXT", "TEXT") + `) AS v(t, o, k, tok, rs, rh, rb, sv, br, rt, ri)
+	WHERE r.tenant_id = v.t AND r.operation_name = v.o AND r.idempotency_key = v.k AND r.fencing_token = v.tok
+		AND (r.status IN ('IN_PROGRESS', 'UNKNOWN_REQUIRES_RECOVERY')) IS TRUE
+	RETURNING r.tenant_id, r.operation_name, r.idempotency_key`
+	})
+}
+
+// --- checkpoints ---
+
+// checkpointIn is one checkpoint of a batch.
+type checkpointIn struct {
+	lease idem.Lease
+	cp    idem.Checkpoint
+}
+
+// newCheckpoints is the group commit of Checkpoint (newFencedGroup).
+func (s *Store) newCheckpoints() *group[checkpointIn, struct{}] {
+	return newFencedGroup(s, func(in checkpointIn) idem.Lease { return in.lease }, checkpointBatchSQL,
+		func(p checkpointIn) []any {
+			return []any{p.lease.Tenant, p.lease.Operation, p.lease.Key, p.lease.Token, string(p.cp)}
+		})
+}
+
+// checkpointBatchSQL is CheckpointTx's fenced update (lockFor 0) for n
+// records at once.
+func checkpointBatchSQL(n int) string {
+	return cachedBatchSQL("checkpoint", n, func(n int) string {
+		return `UPDATE idempotency_records AS r SET updated_at = now(), checkpoint = v.cp
+	FROM (VALUES ` + valuesList(n, "TEXT", "TEXT", "TEXT", "INT8", "TEXT") + `) AS v(t, o, k, tok, cp)
 	WHERE r.tenant_id = v.t AND r.operation_name = v.o AND r.idempotency_key = v.k AND r.fencing_token = v.tok
 		AND (r.status IN ('IN_PROGRESS', 'UNKNOWN_REQUIRES_RECOVERY')) IS TRUE
 	RETURNING r.tenant_id, r.operation_name, r.idempotency_key`

@@ -190,3 +190,63 @@ func TestGroupClaims(t *testing.T) {
 		t.Errorf("claim statements sent %d (%v), want 2 for %d claims", claims, sent, len(jobs))
 	}
 }
+
+// TestGroupCheckpoints: checkpoints that queue while a batch is in flight
+// go to the store as one fenced statement, each fenced by its own lease: a
+// stale owner's checkpoint is refused and its record left as it was, the
+// others are written.
+func TestGroupCheckpoints(t *testing.T) {
+	st, _ := storetest.New(t)
+	ctx := context.Background()
+	const n = 4
+	leases := make([]idem.Lease, n)
+	for i := range n {
+		d, err := st.Begin(ctx, beginReq(fmt.Sprintf("c-%d", i), "v1:a"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases[i] = d.Lease
+	}
+	storetest.Exec(t, st, `UPDATE idempotency_records SET fencing_token = fencing_token + 1 WHERE idempotency_key = 'c-0'`)
+
+	queued, release := store.HoldCheckpoints(st)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	var sent []string
+	var sentMu sync.Mutex
+	for i, lease := range leases {
+		wg.Go(func() {
+			got := statements(t, func(ctx context.Context) { errs[i] = st.Checkpoint(ctx, lease, idem.Checkpoint("STARTED")) })
+			sentMu.Lock()
+			sent = append(sent, got...)
+			sentMu.Unlock()
+		})
+	}
+	for deadline := time.Now().Add(30 * time.Second); queued() < n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d checkpoints queued", queued(), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	release()
+	wg.Wait()
+
+	if !errors.Is(errs[0], idem.ErrFenced) {
+		t.Errorf("stale owner's checkpoint = %v, want ErrFenced", errs[0])
+	}
+	for i := range n {
+		rec, err := st.Get(ctx, leases[i].Scope)
+		want := idem.Checkpoint("STARTED")
+		if i == 0 {
+			want = idem.CheckpointReceived
+		} else if errs[i] != nil {
+			t.Errorf("checkpoint %d = %v, want written", i, errs[i])
+		}
+		if err != nil || rec.Checkpoint != want || rec.Status != idem.StatusInProgress {
+			t.Errorf("record %d = %+v, %v; want IN_PROGRESS at %s", i, rec, err, want)
+		}
+	}
+	if len(sent) != 1 || sent[0] != "UPDATE" {
+		t.Errorf("statements sent %v, want one UPDATE for %d checkpoints", sent, n)
+	}
+}

@@ -509,9 +509,18 @@ func FailTx(ctx context.Context, q Querier, lease idem.Lease, f idem.Failure) er
 		string(f.Status), nullable(f.ErrorCode), r.status, r.headers, r.body, r.schema, r.byReference)
 }
 
-// Checkpoint implements idem.Coordinator.
+// Checkpoint implements idem.Coordinator. The checkpoints of concurrent
+// requests are written together, as completions are (see Complete).
 func (s *Store) Checkpoint(ctx context.Context, lease idem.Lease, cp idem.Checkpoint) error {
-	return s.fencedWrite(ctx, "checkpoint", lease, func(q Querier) error { return CheckpointTx(ctx, q, lease, cp, 0) },
+	write := func(q Querier) error { return CheckpointTx(ctx, q, lease, cp, 0) }
+	first := func() error { return s.ExecOne(ctx, write) }
+	if _, unfenced := unfencedWhere(lease); s.checkpoints != nil && !unfenced {
+		first = func() error {
+			_, err := s.checkpoints.do(ctx, checkpointIn{lease: lease, cp: cp})
+			return err
+		}
+	}
+	return s.fencedWriteFirst(ctx, "checkpoint", lease, first, write,
 		func(r *idem.Record) bool { return r.Checkpoint == cp && openStatus(r.Status) })
 }
 

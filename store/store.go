@@ -64,9 +64,10 @@ type Store struct {
 	logger     *slog.Logger
 	txAttempts int
 	replayRead bool
-	// claims and completions batch the claims and completions of
-	// concurrent requests (nil: NoGroupCommit).
+	// claims, checkpoints and completions batch the claims, checkpoints
+	// and completions of concurrent requests (nil: NoGroupCommit).
 	claims      *group[claimIn, claimOut]
+	checkpoints *group[checkpointIn, struct{}]
 	completions *group[completionIn, struct{}]
 	// server is what the pool's connections talk to, learnt from the
 	// first connection: 0 not yet known, serverPostgres or
@@ -108,7 +109,7 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	}
 	s := &Store{pool: pool, logger: opts.Logger, txAttempts: opts.TxAttempts, replayRead: !opts.NoReplayRead}
 	if !opts.NoGroupCommit {
-		s.claims, s.completions = s.newClaims(), s.newCompletions()
+		s.claims, s.checkpoints, s.completions = s.newClaims(), s.newCheckpoints(), s.newCompletions()
 	}
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
