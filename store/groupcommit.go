@@ -139,11 +139,18 @@ type completionIn struct {
 // fences one, that returns the scopes it wrote. Each write's outcome is nil
 // (written), idem.ErrFenced (its lease no longer owns an open record), or
 // the batch's error, which may be ErrCommitUnknown (the caller resolves
-// that record by record, see fencedWriteFirst).
-func newFencedGroup[In any](s *Store, lease func(In) idem.Lease, sql func(n int) string, args func(In) []any) *group[In, struct{}] {
+// that record by record, see fencedWriteFirst). A batch of one write is
+// that write's own statement, one (fencedExec's), whose plan is simpler.
+func newFencedGroup[In any](s *Store, lease func(In) idem.Lease, sql func(n int) string, args func(In) []any,
+	one func(ctx context.Context, q Querier, in In) error) *group[In, struct{}] {
 	return &group[In, struct{}]{
 		scope: func(in In) idem.Scope { return lease(in).Scope },
 		write: func(ctx context.Context, batch []*groupItem[In, struct{}]) {
+			if len(batch) == 1 {
+				it := batch[0]
+				it.err = s.ExecOne(ctx, func(q Querier) error { return one(ctx, q, it.in) })
+				return
+			}
 			var all []any
 			for _, it := range batch {
 				all = append(all, args(it.in)...)
@@ -194,7 +201,8 @@ func (s *Store) newCompletions() *group[completionIn, struct{}] {
 			return []any{p.lease.Tenant, p.lease.Operation, p.lease.Key, p.lease.Token,
 				p.cols.status, p.cols.headers, p.cols.body, p.cols.schema, p.cols.byReference,
 				nullable(p.c.ResourceType), nullable(p.c.ResourceID)}
-		})
+		},
+		func(ctx context.Context, q Querier, p completionIn) error { return CompleteTx(ctx, q, p.lease, p.c) })
 }
 
 // completeInGroup writes c under lease as part of a batch.
@@ -276,6 +284,9 @@ func (s *Store) newCheckpoints() *group[checkpointIn, struct{}] {
 	return newFencedGroup(s, func(in checkpointIn) idem.Lease { return in.lease }, checkpointBatchSQL,
 		func(p checkpointIn) []any {
 			return []any{p.lease.Tenant, p.lease.Operation, p.lease.Key, p.lease.Token, string(p.cp)}
+		},
+		func(ctx context.Context, q Querier, p checkpointIn) error {
+			return CheckpointTx(ctx, q, p.lease, p.cp, 0)
 		})
 }
 
