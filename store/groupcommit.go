@@ -16,11 +16,10 @@ import (
 const maxGroup = 32
 
 // group is a group commit: the writes of one kind (claims, checkpoints,
-// completions)
-// of concurrent requests that queue while one batch is in flight go to the
-// store together, in one statement that is one implicit transaction, so
-// that N requests pay one statement and one commit instead of N. There is
-// no added wait: a batch is what queued while the previous one was in
+// completions) of concurrent requests that queue while one batch is in
+// flight go to the store together, in one statement that is one implicit
+// transaction, so that N requests pay one statement and one commit
+// instead of N. There is no added wait: a batch is what queued while the previous one was in
 // flight, and a write with nothing in flight goes at once, alone. The
 // caller whose write heads the queue runs the next batch (no goroutine of
 // its own), and hands the queue on when its batch is done. A batch never
@@ -214,10 +213,6 @@ func (s *Store) completeInGroup(ctx context.Context, lease idem.Lease, c idem.Co
 	_, err = s.completions.do(ctx, completionIn{lease: lease, cols: cols, c: c})
 	return err
 }
-
-// completionColumns is how many parameters one completion of a batch
-// takes.
-const completionColumns = 11
 
 // batchSQL caches a batch statement's text by kind and size.
 var batchSQL sync.Map // batchKey -> string
