@@ -56,12 +56,7 @@ func TestGroupCommit(t *testing.T) {
 			sentMu.Unlock()
 		}()
 	}
-	for deadline := time.Now().Add(30 * time.Second); queued() < len(jobs); {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d completions queued", queued(), len(jobs))
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitQueued(t, queued, len(jobs), "completions")
 	release()
 	wg.Wait()
 
@@ -153,12 +148,7 @@ func TestGroupClaims(t *testing.T) {
 			sentMu.Unlock()
 		}()
 		// The repeated key queues after the first: the batch takes the first.
-		for deadline := time.Now().Add(30 * time.Second); queued() < i+1; {
-			if time.Now().After(deadline) {
-				t.Fatalf("%d of %d claims queued", queued(), i+1)
-			}
-			time.Sleep(time.Millisecond)
-		}
+		waitQueued(t, queued, i+1, "claims")
 	}
 	release()
 	wg.Wait()
@@ -222,12 +212,7 @@ func TestGroupCheckpoints(t *testing.T) {
 			sentMu.Unlock()
 		})
 	}
-	for deadline := time.Now().Add(30 * time.Second); queued() < n; {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d checkpoints queued", queued(), n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitQueued(t, queued, n, "checkpoints")
 	release()
 	wg.Wait()
 
@@ -248,5 +233,17 @@ func TestGroupCheckpoints(t *testing.T) {
 	}
 	if len(sent) != 1 || sent[0] != "UPDATE" {
 		t.Errorf("statements sent %v, want one UPDATE for %d checkpoints", sent, n)
+	}
+}
+
+// waitQueued waits until n writes of a held group are queued (what names
+// them in the failure).
+func waitQueued(t *testing.T, queued func() int, n int, what string) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); queued() < n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d %s queued", queued(), n, what)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
