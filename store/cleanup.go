@@ -102,8 +102,8 @@ func (s *Store) Cleanup(ctx context.Context, cfg CleanupConfig) (CleanupResult, 
 		run   func() (int, error)
 		count *int
 	}{
-		{func() (int, error) { return PruneBodies(ctx, s.pool, cfg.BodyRetention, cfg.BatchSize) }, &res.BodiesPruned},
-		{func() (int, error) { return DeleteExpired(ctx, s.pool, cfg.MetadataRetention, cfg.BatchSize) }, &res.RecordsDeleted},
+		{func() (int, error) { return PruneBodies(ctx, serialPool{s.pool}, cfg.BodyRetention, cfg.BatchSize) }, &res.BodiesPruned},
+		{func() (int, error) { return DeleteExpired(ctx, serialPool{s.pool}, cfg.MetadataRetention, cfg.BatchSize) }, &res.RecordsDeleted},
 	} {
 		for {
 			n, err := step.run()

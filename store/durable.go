@@ -40,13 +40,13 @@ func durable(ctx context.Context, q Querier) error {
 		return fmt.Errorf("store: durable read: %T is not a connection or a transaction", q)
 	}
 	pc := c.Conn().PgConn()
-	if pc.ParameterStatus("crdb_version") != "" {
+	st, _ := pc.CustomData()[syncStateKey].(syncState)
+	if st.cockroach {
 		return nil
 	}
-	st, _ := pc.CustomData()[syncStateKey].(syncState)
 	if time.Since(st.checked) > syncRecheck {
 		var err error
-		if st, err = checkStandbys(ctx, c.Conn()); err != nil {
+		if st, err = checkStandbys(ctx, c.Conn(), false); err != nil {
 			return err
 		}
 	}
@@ -78,10 +78,11 @@ const syncRecheck = 30 * time.Second
 
 // checkStandbys reads whether conn's server commits wait for synchronous
 // standbys, and keeps it in the connection's CustomData (the pool's
-// AfterConnect, and durable once syncRecheck has passed).
-func checkStandbys(ctx context.Context, conn *pgx.Conn) (syncState, error) {
-	st := syncState{checked: time.Now()}
-	if conn.PgConn().ParameterStatus("crdb_version") == "" {
+// AfterConnect, and durable once syncRecheck has passed). CockroachDB's
+// reads go through consensus: nothing to read there.
+func checkStandbys(ctx context.Context, conn *pgx.Conn, cockroach bool) (syncState, error) {
+	st := syncState{checked: time.Now(), cockroach: cockroach}
+	if !cockroach {
 		var names string
 		// SHOW, not SELECT current_setting: the same value, and a command
 		// a proxy watching for commits (tests/commitcut) does not take for one.
@@ -96,8 +97,9 @@ func checkStandbys(ctx context.Context, conn *pgx.Conn) (syncState, error) {
 
 // syncState is what a connection last read of synchronous_standby_names.
 type syncState struct {
-	checked  time.Time
-	standbys bool
+	checked   time.Time
+	standbys  bool
+	cockroach bool
 }
 
 // durableDecision passes on a settled read's decision once durable has made

@@ -5,10 +5,13 @@
 //
 // Every transaction runs at SERIALIZABLE: a multi-statement one through
 // cockroach-go's crdbpgx.ExecuteTx on CockroachDB and as BEGIN, its
-// statements and COMMIT on PostgreSQL (see [Store.ExecTx]), a write that is one
-// statement as an implicit transaction of its own (one round trip instead of
-// five), which the pool's sessions run at SERIALIZABLE whatever the server's
-// default. Every timestamp is taken from the
+// statements and COMMIT on PostgreSQL (see [Store.ExecTx]), a write that is
+// one statement as BEGIN, the statement and COMMIT sent together (one round
+// trip instead of three; see [Store.ExecOne]). The isolation is named in
+// each BEGIN, never set for a session, and the store keeps no session
+// state: it runs unchanged behind a transaction pooler (PgBouncer in
+// transaction mode) given a URL whose default_query_exec_mode needs no
+// named prepared statements (exec). Every timestamp is taken from the
 // store's clock (now() in SQL), never from a node's clock. The SQL is kept to
 // the subset that both PostgreSQL and CockroachDB accept; CockroachDB-only DDL
 // (REGIONAL BY ROW, row-level TTL) lives in deploy/cockroach.
@@ -22,11 +25,10 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"strings"
 	"sync/atomic"
 	"time"
 
-	"github.com/cockroachdb/cockroach-go/v2/crdb"
-	"github.com/cockroachdb/cockroach-go/v2/crdb/crdbpgxv5"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -55,6 +57,47 @@ type Options struct {
 	// [Store.Begin], [Store.Complete]). Benchmarks use it to measure group
 	// commit.
 	NoGroupCommit bool
+	// Server says what the URL leads to. Default (ServerDetect): asked of
+	// the server itself (SELECT version()) on the pool's first connection,
+	// which works behind a pooler that relays no parameter status.
+	Server Server
+}
+
+// Server is the kind of SQL server a Store talks to.
+type Server int32
+
+const (
+	// ServerDetect asks the server (the default).
+	ServerDetect Server = iota
+	// ServerPostgres is PostgreSQL: a multi-statement transaction is
+	// BEGIN, its statements and COMMIT.
+	ServerPostgres
+	// ServerCockroach is CockroachDB: a multi-statement transaction runs
+	// through crdbpgx.ExecuteTx (SAVEPOINT cockroach_restart, RELEASE,
+	// COMMIT), and a result it calls ambiguous (SQLSTATE 40003) is an
+	// unknown commit outcome.
+	ServerCockroach
+)
+
+// String names s as the --database-server flag spells it.
+func (s Server) String() string {
+	switch s {
+	case ServerPostgres:
+		return "postgres"
+	case ServerCockroach:
+		return "cockroach"
+	}
+	return "detect"
+}
+
+// ParseServer parses a Server from its String form.
+func ParseServer(name string) (Server, error) {
+	for _, s := range []Server{ServerDetect, ServerPostgres, ServerCockroach} {
+		if s.String() == name {
+			return s, nil
+		}
+	}
+	return 0, fmt.Errorf("store: unknown server %q (want detect, postgres or cockroach)", name)
 }
 
 // Store is a connection pool to the idempotency store. It is safe for
@@ -69,16 +112,10 @@ type Store struct {
 	claims      *group[claimIn, claimOut]
 	checkpoints *group[checkpointIn, struct{}]
 	completions *group[completionIn, struct{}]
-	// server is what the pool's connections talk to, learnt from the
-	// first connection: 0 not yet known, serverPostgres or
-	// serverCockroach.
+	// server is what the pool's connections talk to: Options.Server, or
+	// learnt from the first connection (ServerDetect until then).
 	server atomic.Int32
 }
-
-const (
-	serverPostgres int32 = iota + 1
-	serverCockroach
-)
 
 // Open connects to the database at url. It does not apply migrations; call
 // Migrate.
@@ -93,21 +130,25 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	}
 	cfg.ConnConfig.Tracer = queryTracer{}
 	cfg.ConnConfig.DialFunc = dial
+	// No session state and no startup parameter of the store's own: a
+	// transaction pooler (PgBouncer in transaction mode) hands each
+	// transaction to whichever server connection is free, and refuses
+	// startup parameters it does not track. Every statement carries its
+	// isolation in the statement stream instead (see serialConn).
+	s := &Store{logger: opts.Logger, txAttempts: opts.TxAttempts, replayRead: !opts.NoReplayRead}
+	s.server.Store(int32(opts.Server))
 	cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
-		_, err := checkStandbys(ctx, conn)
+		if err := s.detect(ctx, conn); err != nil {
+			return err
+		}
+		_, err := checkStandbys(ctx, conn, s.Server() == ServerCockroach)
 		return err
 	}
-	// Single-statement writes run as implicit transactions (ExecOne): at
-	// SERIALIZABLE like every other, whatever the server's default.
-	if cfg.ConnConfig.RuntimeParams == nil {
-		cfg.ConnConfig.RuntimeParams = map[string]string{}
-	}
-	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "serializable"
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("store: connect: %w", err)
 	}
-	s := &Store{pool: pool, logger: opts.Logger, txAttempts: opts.TxAttempts, replayRead: !opts.NoReplayRead}
+	s.pool = pool
 	if !opts.NoGroupCommit {
 		s.claims, s.checkpoints, s.completions = s.newClaims(), s.newCheckpoints(), s.newCompletions()
 	}
@@ -139,65 +180,6 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// ExecTx runs fn in a SERIALIZABLE transaction through crdbpgx.ExecuteTx and
-// retries it on serialization failures (SQLSTATE 40001) and deadlocks (40P01).
-//
-// crdbpgx retries inside the transaction by rolling back to a savepoint. That
-// is what CockroachDB wants, but on PostgreSQL the transaction keeps its
-// snapshot across a savepoint rollback, so the retry sees the same conflict;
-// and crdb ignores the COMMIT error because on CockroachDB RELEASE has already
-// committed, while on PostgreSQL COMMIT is where SSI may still abort. ExecTx
-// therefore keeps the commit error and starts a fresh transaction (with a
-// jittered, growing pause) whenever the failure is retryable, up to
-// Options.TxAttempts. On PostgreSQL, where the savepoint buys nothing, a
-// transaction is BEGIN, fn's statements and COMMIT: two round trips fewer.
-//
-// fn may run several times and must have no effect outside the database.
-// Errors from fn are returned unchanged when not retryable; connection
-// failures, and serialization failures or deadlocks that outlast
-// Options.TxAttempts, are returned as *idem.Error with code
-// STORE_UNAVAILABLE (wrapping the last error).
-func (s *Store) ExecTx(ctx context.Context, fn func(pgx.Tx) error) error {
-	return s.execTx(ctx, pgx.Serializable, fn)
-}
-
-// ExecTxReadCommitted is ExecTx at READ COMMITTED on PostgreSQL, for work
-// whose correctness rests on row locks and unique constraints alone, not on
-// what its reads saw: a queue taken with SELECT ... FOR UPDATE SKIP LOCKED
-// (which re-checks each row it locks against its WHERE clause), and writes
-// that are INSERT ... ON CONFLICT. Such work at SERIALIZABLE pays for
-// predicate locks it does not need, and PostgreSQL keeps a committed
-// serializable transaction's predicate locks for as long as any transaction
-// that overlapped it runs, in one table shared by every database of the
-// server (max_pred_locks_per_transaction × max_connections slots): a
-// stream of queue batches beside the request traffic fills it, and then
-// every serializable statement of the server fails with "out of shared
-// memory". On CockroachDB, which has no such table, it runs as ExecTx.
-func (s *Store) ExecTxReadCommitted(ctx context.Context, fn func(pgx.Tx) error) error {
-	return s.execTx(ctx, pgx.ReadCommitted, fn)
-}
-
-func (s *Store) execTx(ctx context.Context, iso pgx.TxIsoLevel, fn func(pgx.Tx) error) (err error) {
-	ctx, span := telemetry.Start(ctx, "store.tx", trace.SpanKindInternal)
-	defer func() { endSpan(span, err) }()
-	return s.retry(ctx, func() error {
-		c := &commitKeeper{pool: s.pool}
-		var err error
-		if s.cockroach(ctx) {
-			err = crdbpgx.ExecuteTx(crdb.WithMaxRetries(ctx, 1), c, pgx.TxOptions{IsoLevel: pgx.Serializable}, fn)
-		} else {
-			err = c.run(ctx, iso, fn)
-		}
-		if err == nil {
-			err = c.commitErr
-		}
-		if err != nil && c.commitErr != nil && ambiguous(c.commitErr) {
-			return unavailable(fmt.Errorf("%w: %w", ErrCommitUnknown, c.commitErr))
-		}
-		return err
-	})
-}
-
 // retry runs once until it succeeds, fails with ErrCommitUnknown or an
 // error that is not retryable, or has run Options.TxAttempts times, with a
 // jittered, growing pause between runs; the last error is classified by
@@ -221,22 +203,23 @@ func (s *Store) retry(ctx context.Context, once func() error) error {
 	return s.txFailure(err)
 }
 
-// Read runs fn, which only reads, on a pooled connection, retrying it as
+// Read runs fn, which only reads; each statement it sends is a
+// SERIALIZABLE transaction of its own (as ExecOne's), and fn is retried as
 // transactions are retried: at SERIALIZABLE a read can fail with a
 // serialization failure too (SQLSTATE 40001) while others write. Errors are
 // classified as ExecTx's are.
 func (s *Store) Read(ctx context.Context, fn func(Querier) error) error {
-	return s.retry(ctx, func() error { return fn(s.pool) })
+	return s.retry(ctx, func() error { return fn(serialPool{s.pool}) })
 }
 
-// ExecOne runs fn, which must send exactly one statement through q, as an
-// implicit transaction: one round trip, where ExecTx takes three on
-// PostgreSQL (BEGIN, the statement, COMMIT) and five on CockroachDB
-// (crdbpgx's SAVEPOINT and RELEASE besides). Sessions run at SERIALIZABLE
-// (see Open), serialization failures and deadlocks are retried as ExecTx
-// retries them, and errors are classified alike. A statement whose answer
-// is lost after it was sent may have committed, as a lost COMMIT may: that
-// error wraps ErrCommitUnknown.
+// ExecOne runs fn, which must send exactly one statement through q, as a
+// SERIALIZABLE transaction of its own in one round trip: BEGIN, the
+// statement and COMMIT go out together (see serialConn), where ExecTx waits
+// for each (three round trips on PostgreSQL, five on CockroachDB with
+// crdbpgx's SAVEPOINT and RELEASE). Serialization failures and deadlocks
+// are retried as ExecTx retries them, and errors are classified alike. A
+// statement whose answer is lost after it was sent may have committed, as a
+// lost COMMIT may: that error wraps ErrCommitUnknown.
 func (s *Store) ExecOne(ctx context.Context, fn func(Querier) error) (err error) {
 	ctx, span := telemetry.Start(ctx, "store.exec", trace.SpanKindInternal)
 	defer func() { endSpan(span, err) }()
@@ -253,7 +236,7 @@ func (s *Store) execOnce(ctx context.Context, fn func(Querier) error) error {
 		return err
 	}
 	defer conn.Release()
-	err = fn(conn)
+	err = fn(serialConn{conn.Conn()})
 	if err != nil && sqlState(err) == "" && (isUnavailable(err) || errors.Is(err, context.Canceled)) {
 		return unavailable(fmt.Errorf("%w: %w", ErrCommitUnknown, err))
 	}
@@ -277,89 +260,39 @@ func (s *Store) txFailure(err error) error {
 	return err
 }
 
-// ErrCommitUnknown marks an error of ExecTx whose transaction may or may not
-// have committed: the connection failed after COMMIT was sent and before
-// its answer came back. The error is also STORE_UNAVAILABLE (an *idem.Error);
-// callers that can tell what the transaction did by reading it back (Begin by
-// its claim id, Checkpoint, Complete and Fail by the record under their
-// lease) do so instead of answering a failure for a write that happened.
-var ErrCommitUnknown = errors.New("store: the transaction's commit outcome is unknown")
-
-// ambiguous reports whether a COMMIT that failed with err may have committed:
-// the server did not answer it (a PostgreSQL error is an answer, and a
-// definite abort). pgconn.SafeToRetry cannot tell here: a connection that
-// drops while the COMMIT's answer is awaited is reported as "conn closed",
-// which it calls safe to retry although the COMMIT went out.
-func ambiguous(err error) bool {
-	// ErrTxCommitRollback is the server's answer too: it rolled back.
-	return sqlState(err) == "" && !errors.Is(err, pgx.ErrTxCommitRollback)
-}
-
-// cockroach reports whether the store is CockroachDB, which announces
-// itself with the crdb_version parameter at connection start. It is learnt
-// once; until a connection can be had it says no (the transaction that
-// follows fails to connect anyway).
+// cockroach reports whether the store is CockroachDB. Until a connection
+// can be had it says no (the transaction that follows fails to connect
+// anyway).
 func (s *Store) cockroach(ctx context.Context) bool {
-	switch s.server.Load() {
-	case serverPostgres:
-		return false
-	case serverCockroach:
-		return true
+	if Server(s.server.Load()) == ServerDetect {
+		if conn, err := s.pool.Acquire(ctx); err == nil {
+			conn.Release() // AfterConnect detected it
+		}
 	}
-	conn, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return false
-	}
-	defer conn.Release()
-	server := serverPostgres
-	if conn.Conn().PgConn().ParameterStatus("crdb_version") != "" {
-		server = serverCockroach
-	}
-	s.server.Store(server)
-	return server == serverCockroach
+	return s.Server() == ServerCockroach
 }
 
-// run is one PostgreSQL transaction: BEGIN, fn, COMMIT (whose error is
-// kept), or ROLLBACK when fn fails.
-func (c *commitKeeper) run(ctx context.Context, iso pgx.TxIsoLevel, fn func(pgx.Tx) error) error {
-	tx, err := c.BeginTx(ctx, pgx.TxOptions{IsoLevel: iso})
-	if err != nil {
-		return err
+// Server reports what the store talks to: Options.Server, or what the
+// first connection learnt (ServerDetect before one was made).
+func (s *Store) Server() Server { return Server(s.server.Load()) }
+
+// detect asks the server what it is, once per Store, on conn: CockroachDB
+// says so in version(). It asks rather than reading the crdb_version
+// parameter status, which a pooler in between need not relay.
+func (s *Store) detect(ctx context.Context, conn *pgx.Conn) error {
+	if s.Server() != ServerDetect {
+		return nil
 	}
-	if err := fn(tx); err != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return err
+	var version string
+	if err := conn.QueryRow(ctx, `SELECT version()`).Scan(&version); err != nil {
+		return fmt.Errorf("store: server version: %w", err)
 	}
-	return tx.Commit(ctx)
-}
-
-// commitKeeper begins transactions whose Commit error is remembered.
-type commitKeeper struct {
-	pool      *pgxpool.Pool
-	commitErr error
-}
-
-func (c *commitKeeper) Begin(ctx context.Context) (pgx.Tx, error) {
-	return c.BeginTx(ctx, pgx.TxOptions{})
-}
-
-func (c *commitKeeper) BeginTx(ctx context.Context, o pgx.TxOptions) (pgx.Tx, error) {
-	tx, err := c.pool.BeginTx(ctx, o)
-	if err != nil {
-		return nil, err
+	server := ServerPostgres
+	if strings.Contains(version, "CockroachDB") {
+		server = ServerCockroach
 	}
-	return &keptTx{Tx: tx, keeper: c}, nil
-}
-
-type keptTx struct {
-	pgx.Tx
-	keeper *commitKeeper
-}
-
-func (t *keptTx) Commit(ctx context.Context) error {
-	err := t.Tx.Commit(ctx)
-	t.keeper.commitErr = err
-	return err
+	s.server.CompareAndSwap(int32(ServerDetect), int32(server))
+	return nil
 }
 
 // SQLSTATE codes the store acts on.

@@ -38,6 +38,38 @@ func (queryTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx.Trac
 	endSpan(span, data.Err)
 }
 
+// TraceBatchStart implements pgx.BatchTracer: a batch is one round trip
+// and one span, named for its statements less the BEGIN and COMMIT that
+// wrap a statement sent as a transaction of its own (serialConn).
+func (queryTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
+	if !trace.SpanFromContext(ctx).IsRecording() || data.Batch == nil {
+		return ctx
+	}
+	var verbs []string
+	for _, q := range data.Batch.QueuedQueries {
+		if v := statementVerb(q.SQL); v != "BEGIN" && v != "COMMIT" {
+			verbs = append(verbs, v)
+		}
+	}
+	op := strings.Join(verbs, "+")
+	ctx, span := telemetry.Start(ctx, "db "+op, trace.SpanKindClient,
+		attribute.String("db.system.name", "postgresql"), attribute.String("db.operation.name", op),
+		attribute.Int("db.operation.batch.size", len(data.Batch.QueuedQueries)))
+	return context.WithValue(ctx, querySpanKey{}, span)
+}
+
+// TraceBatchQuery implements pgx.BatchTracer.
+func (queryTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+
+// TraceBatchEnd implements pgx.BatchTracer.
+func (queryTracer) TraceBatchEnd(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchEndData) {
+	span, ok := ctx.Value(querySpanKey{}).(trace.Span)
+	if !ok {
+		return
+	}
+	endSpan(span, data.Err)
+}
+
 // statementVerb returns the first word of a statement (SELECT, INSERT, ...):
 // statements are the store's own text, the arguments are never recorded.
 func statementVerb(sql string) string {

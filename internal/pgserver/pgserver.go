@@ -505,7 +505,6 @@ func (s *Server) startPostgres(ctx context.Context, binDir string, cred *syscall
 		"-c", "listen_addresses=127.0.0.1",
 		"-c", "unix_socket_directories=" + s.sockDir,
 		"-c", "max_connections=200",
-		"-c", "default_transaction_isolation=serializable",
 	}
 	if !opts.Fsync {
 		args = append(args, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
