@@ -103,7 +103,9 @@ func (s *Store) Cleanup(ctx context.Context, cfg CleanupConfig) (CleanupResult, 
 		count *int
 	}{
 		{func() (int, error) { return PruneBodies(ctx, serialPool{s.pool}, cfg.BodyRetention, cfg.BatchSize) }, &res.BodiesPruned},
-		{func() (int, error) { return DeleteExpired(ctx, serialPool{s.pool}, cfg.MetadataRetention, cfg.BatchSize) }, &res.RecordsDeleted},
+		{func() (int, error) {
+			return DeleteExpired(ctx, serialPool{s.pool}, cfg.MetadataRetention, cfg.BatchSize)
+		}, &res.RecordsDeleted},
 	} {
 		for {
 			n, err := step.run()

@@ -133,4 +133,3 @@ func (t *keptTx) Commit(ctx context.Context) error {
 	t.keeper.commitErr = err
 	return err
 }
-
