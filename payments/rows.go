@@ -99,7 +99,7 @@ func ClaimWithPayment(ctx context.Context, q store.Querier, req idem.BeginReques
 	completion *idem.Completion, p Payment, ev Event) (inserted bool, at time.Time, err error) {
 	inserted, at, err = claimWithPayment.Exec(ctx, q, req, status, cp, completion, ResourceType, p.ID,
 		req.Tenant, p.ID, p.AccountID, p.AmountMinor, p.Currency, p.MerchantReference, p.Channel, p.Status, p.ProviderKey,
-		ev.ID, ev.Type, []byte(ev.Payload))
+		ev.ID, ev.Type, string(ev.Payload))
 	if err != nil {
 		return false, time.Time{}, classify(err)
 	}
@@ -156,7 +156,7 @@ func claimOrReplay(ctx context.Context, q store.Querier, req idem.BeginRequest, 
 	var ref referencedPayment
 	out, err := claimOrReplayPayment.Exec(ctx, q, req, status, cp, completion, ResourceType, p.ID, []any{
 		req.Tenant, p.ID, p.AccountID, p.AmountMinor, p.Currency, p.MerchantReference, p.Channel, p.Status, p.ProviderKey,
-		ev.ID, ev.Type, []byte(ev.Payload)}, ref.dest()...)
+		ev.ID, ev.Type, string(ev.Payload)}, ref.dest()...)
 	if err != nil {
 		return store.ClaimOrRead{}, nil, classify(err)
 	}
@@ -200,7 +200,7 @@ var (
 func writePayment(ctx context.Context, q store.Querier, sql string, p Payment, ev Event) error {
 	_, err := q.Exec(ctx, sql,
 		p.Tenant, p.ID, p.AccountID, p.AmountMinor, p.Currency, p.MerchantReference, p.Channel, p.Status, p.ProviderKey,
-		ev.ID, ev.Type, []byte(ev.Payload))
+		ev.ID, ev.Type, string(ev.Payload))
 	if err != nil {
 		return classify(err)
 	}
@@ -264,7 +264,7 @@ func SetPaymentStatus(ctx context.Context, q store.Querier, tenant, id, status s
 		return nil
 	}
 	if _, err := q.Exec(ctx, `INSERT INTO outbox_events (event_id, tenant_id, aggregate_id, event_type, payload, created_at)
-		VALUES ($1, $2, $3, $4, $5, now()) ON CONFLICT (event_id) DO NOTHING`, ev.ID, ev.Tenant, ev.AggregateID, ev.Type, []byte(ev.Payload)); err != nil {
+		VALUES ($1, $2, $3, $4, $5, now()) ON CONFLICT (event_id) DO NOTHING`, ev.ID, ev.Tenant, ev.AggregateID, ev.Type, string(ev.Payload)); err != nil {
 		return fmt.Errorf("payments: write outbox event: %w", err)
 	}
 	return nil

@@ -612,8 +612,11 @@ func GetTx(ctx context.Context, q Querier, scope idem.Scope) (*idem.Record, erro
 
 // storedResponse is a response as the record's columns hold it.
 type storedResponse struct {
-	status      *int
-	headers     []byte
+	status *int
+	// headers is JSON text, not bytes: behind a transaction pooler the
+	// query mode (exec) sends parameters with no type, and pgx writes
+	// []byte as bytea's hex text, which a JSONB column cannot parse.
+	headers     *string
 	body        []byte
 	schema      *string
 	byReference bool
@@ -639,7 +642,7 @@ func responseColumns(r *idem.Response) (storedResponse, error) {
 	return c, nil
 }
 
-func encodeHeaders(h map[string]string) ([]byte, error) {
+func encodeHeaders(h map[string]string) (*string, error) {
 	if len(h) == 0 {
 		return nil, nil
 	}
@@ -647,7 +650,8 @@ func encodeHeaders(h map[string]string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: encode response headers: %w", err)
 	}
-	return b, nil
+	s := string(b)
+	return &s, nil
 }
 
 func nullable(s string) *string {

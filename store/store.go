@@ -276,16 +276,34 @@ func (s *Store) cockroach(ctx context.Context) bool {
 // first connection learnt (ServerDetect before one was made).
 func (s *Store) Server() Server { return Server(s.server.Load()) }
 
-// detect asks the server what it is, once per Store, on conn: CockroachDB
-// says so in version(). It asks rather than reading the crdb_version
-// parameter status, which a pooler in between need not relay.
+// detect checks a new connection and asks the server what it is.
+//
+// Every connection opens a transaction and rolls it back: a pooler that
+// refuses transactions (PgBouncer in statement pooling) is refused here,
+// with the reason, so a node stops at start instead of failing every
+// request. Inside that transaction it asks the server's version():
+// CockroachDB says so there (learnt once per Store, unless Options.Server
+// names it). It asks rather than reading the crdb_version parameter
+// status, which a pooler in between need not relay. Nothing it sends
+// commits.
 func (s *Store) detect(ctx context.Context, conn *pgx.Conn) error {
-	if s.Server() != ServerDetect {
-		return nil
-	}
+	// BEGIN waits for its own answer: a statement pooler lets a
+	// transaction through that ends before the server says it is idle,
+	// and refuses one left open.
+	_, err := conn.Exec(ctx, beginSerializable)
 	var version string
-	if err := conn.QueryRow(ctx, `SELECT version()`).Scan(&version); err != nil {
-		return fmt.Errorf("store: server version: %w", err)
+	if err == nil {
+		b := &pgx.Batch{}
+		b.Queue(`SELECT version()`).QueryRow(func(row pgx.Row) error { return row.Scan(&version) })
+		b.Queue(`ROLLBACK`)
+		err = conn.SendBatch(ctx, b).Close()
+	}
+	if err != nil {
+		if statementPooling(err) {
+			return fmt.Errorf("store: the database URL leads to a pooler in statement pooling mode, "+
+				"which runs no transaction the store needs; use transaction pooling (PgBouncer: pool_mode = transaction): %w", err)
+		}
+		return fmt.Errorf("store: check the server: %w", err)
 	}
 	server := ServerPostgres
 	if strings.Contains(version, "CockroachDB") {
@@ -293,6 +311,13 @@ func (s *Store) detect(ctx context.Context, conn *pgx.Conn) error {
 	}
 	s.server.CompareAndSwap(int32(ServerDetect), int32(server))
 	return nil
+}
+
+// statementPooling reports whether err is PgBouncer's refusal of a
+// transaction in statement pooling mode.
+func statementPooling(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && strings.Contains(pgErr.Message, "statement pooling")
 }
 
 // SQLSTATE codes the store acts on.

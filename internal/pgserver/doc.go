@@ -8,7 +8,9 @@
 // Unix socket, and waits until it accepts connections. Stop shuts it down,
 // waits for every server process to exit, and removes the temporary
 // directory. The default configuration favours speed over durability
-// (fsync=off) and uses serializable as the default transaction isolation.
+// (fsync=off) and keeps PostgreSQL's default transaction isolation (read
+// committed), as a production server has it: what needs SERIALIZABLE asks
+// for it in its own BEGIN.
 //
 // # Running as root
 //

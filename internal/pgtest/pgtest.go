@@ -13,6 +13,12 @@
 // Debian: apt-get install postgresql). To use an existing server instead,
 // set IDEM_TEST_DATABASE_URL to a postgres:// URL of a role that may create
 // databases; Main then starts nothing.
+//
+// NewPooledDatabase gives a database reached through PgBouncer in
+// transaction pooling (Debian's pgbouncer; one per test binary, started on
+// first use), as most production PostgreSQL is reached. With
+// IDEM_TEST_POOLER=pgbouncer, NewDatabase does the same, so that a whole
+// package's tests run through the pooler.
 package pgtest
 
 import (
@@ -23,6 +29,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -30,12 +37,18 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
 
+	"github.com/idemcoord/idem/internal/pgbouncer"
 	"github.com/idemcoord/idem/internal/pgserver"
 )
 
 // EnvURL names the environment variable that points Main at an existing
 // server instead of starting one.
 const EnvURL = "IDEM_TEST_DATABASE_URL"
+
+// EnvPooler names the environment variable that, set to "pgbouncer", makes
+// NewDatabase return databases reached through PgBouncer in transaction
+// pooling (NewPooledDatabase).
+const EnvPooler = "IDEM_TEST_POOLER"
 
 const (
 	startTimeout = 2 * time.Minute
@@ -54,6 +67,17 @@ var seq atomic.Uint64
 
 type server struct {
 	admin *url.URL // connects to a database that is never dropped
+
+	bouncerOnce sync.Once
+	bouncer     *pgbouncer.Server // the binary's shared PgBouncer, started on first use
+	bouncerErr  error
+}
+
+// stopBouncer stops the shared PgBouncer, if one was started.
+func (s *server) stopBouncer() {
+	if s.bouncer != nil {
+		s.bouncer.Stop()
+	}
 }
 
 // Main starts one shared throwaway server for a test binary; use from
@@ -88,8 +112,10 @@ func run(m *testing.M) int {
 			fmt.Fprintf(os.Stderr, "pgtest: %s: %v\n", EnvURL, err)
 			return 1
 		}
-		shared.Store(&server{admin: u})
+		srv := &server{admin: u}
+		shared.Store(srv)
 		defer shared.Store(nil)
+		defer srv.stopBouncer()
 		return m.Run()
 	}
 
@@ -107,7 +133,7 @@ func run(m *testing.M) int {
 	}
 	shared.Store(&server{admin: u})
 	code := m.Run()
-	shared.Store(nil)
+	shared.Swap(nil).stopBouncer()
 
 	ctx, cancel = context.WithTimeout(context.Background(), stopTimeout)
 	defer cancel()
@@ -140,6 +166,69 @@ func parseURL(raw string) (*url.URL, error) {
 // tests, and names are unique across test processes sharing a server. It
 // fails the test if Main was not called.
 func NewDatabase(tb testing.TB) string {
+	tb.Helper()
+	if os.Getenv(EnvPooler) == "pgbouncer" {
+		return NewPooledDatabase(tb)
+	}
+	return newDatabase(tb)
+}
+
+// NewDirectDatabase is NewDatabase reached directly, whatever
+// IDEM_TEST_POOLER says: for a test that starts a pooler of its own in
+// front of it (NewPgBouncer).
+func NewDirectDatabase(tb testing.TB) string {
+	tb.Helper()
+	return newDatabase(tb)
+}
+
+// NewPooledDatabase is NewDatabase reached through PgBouncer in
+// transaction pooling: the URL is PgBouncer's, with the query mode a
+// transaction pooler needs (default_query_exec_mode=exec). The PgBouncer
+// is shared by the test binary, started on first use and stopped by Main.
+func NewPooledDatabase(tb testing.TB) string {
+	tb.Helper()
+	srv := shared.Load()
+	if srv == nil {
+		tb.Fatal("pgtest: NewPooledDatabase needs the shared server started by pgtest.Main")
+		return ""
+	}
+	srv.bouncerOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+		defer cancel()
+		srv.bouncer, srv.bouncerErr = pgbouncer.Start(ctx, pgbouncer.Options{Upstream: srv.admin.Host, User: srv.admin.User.Username(), PoolSize: 40})
+	})
+	if srv.bouncerErr != nil {
+		tb.Fatalf("pgtest: %v", srv.bouncerErr)
+	}
+	via, err := srv.bouncer.Via(newDatabase(tb))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return via
+}
+
+// NewPgBouncer starts a PgBouncer of the test's own in front of the shared
+// server, in pool mode mode (pgbouncer.ModeTransaction, ...), with poolSize
+// server connections (0: PgBouncer's default here, 20); it is stopped in
+// tb.Cleanup. Its Via turns a NewDirectDatabase URL into one through it.
+func NewPgBouncer(tb testing.TB, mode string, poolSize int) *pgbouncer.Server {
+	tb.Helper()
+	srv := shared.Load()
+	if srv == nil {
+		tb.Fatal("pgtest: NewPgBouncer needs the shared server started by pgtest.Main")
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	b, err := pgbouncer.Start(ctx, pgbouncer.Options{Upstream: srv.admin.Host, User: srv.admin.User.Username(), PoolMode: mode, PoolSize: poolSize})
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	tb.Cleanup(b.Stop)
+	return b
+}
+
+func newDatabase(tb testing.TB) string {
 	tb.Helper()
 	srv := shared.Load()
 	if srv == nil {

@@ -18,7 +18,20 @@ import (
 // is closed in t.Cleanup.
 func New(tb testing.TB) (*store.Store, string) {
 	tb.Helper()
-	url := pgtest.NewDatabase(tb)
+	return Open(tb, pgtest.NewDatabase(tb))
+}
+
+// NewPooled is New on a database reached through PgBouncer in transaction
+// pooling (pgtest.NewPooledDatabase).
+func NewPooled(tb testing.TB) (*store.Store, string) {
+	tb.Helper()
+	return Open(tb, pgtest.NewPooledDatabase(tb))
+}
+
+// Open returns a store on url, migrated as New's is; it is closed in
+// t.Cleanup.
+func Open(tb testing.TB, url string) (*store.Store, string) {
+	tb.Helper()
 	st, err := store.Open(context.Background(), url, store.Options{MaxConns: 64})
 	if err != nil {
 		tb.Fatalf("open store: %v", err)
