@@ -96,6 +96,12 @@ var coordinators = []coordinator{
 		st, _ := storetest.New(t)
 		return storeFixture(st)
 	}},
+	// The store behind PgBouncer in transaction pooling, as most
+	// production PostgreSQL is reached.
+	{"store behind pgbouncer", func(t *testing.T) fixture {
+		st, _ := storetest.NewPooled(t)
+		return storeFixture(st)
+	}},
 	{"client", func(t *testing.T) fixture {
 		st, _ := storetest.New(t)
 		pay := payments.NewService(st, payments.Config{Region: "test", Window: time.Hour})
