@@ -65,7 +65,7 @@
 //
 //   - [Operation.Claim] ([ClaimFunc]) claims the key in place of the
 //     Coordinator's Begin, in a transaction of the operation's own
-//     (store.BeginTx or an insert-first statement of its own) together
+//     (store.ClaimTx or an insert-first statement of its own) together
 //     with its rows. It may finish the operation there ([Claim.Done]: one
 //     transaction for record, rows and events), or write a checkpoint of
 //     its own ([Claim.Progress]), after which Execute runs without the

@@ -105,7 +105,7 @@ type Options struct {
 type ExecuteFunc func(ctx context.Context, a *Attempt) (Result, error)
 
 // ClaimFunc claims a request's key in place of the Coordinator's Begin: an
-// operation over the in-process store calls store.BeginTx (or its own
+// operation over the in-process store calls store.ClaimTx (or its own
 // insert-first statement) in a transaction of its own, together with rows
 // of its own, and may even finish the operation there (Claim.Done). It
 // must decide exactly as Begin does, including the replay fast path if it

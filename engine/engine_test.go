@@ -760,7 +760,7 @@ func transferClaim(st *store.Store, done bool, amount string) engine.ClaimFunc {
 		var c engine.Claim
 		err := st.ExecTx(ctx, func(tx pgx.Tx) error {
 			c = engine.Claim{}
-			d, err := store.BeginTx(ctx, tx, req)
+			d, err := store.ClaimTx(ctx, tx, req)
 			if err != nil {
 				return err
 			}
@@ -943,7 +943,7 @@ func TestClaimHookTakeoverUnderLock(t *testing.T) {
 			tokens = append(tokens, req.FencingToken)
 			var d idem.Decision
 			err := st.ExecTx(ctx, func(tx pgx.Tx) (err error) {
-				d, err = store.BeginTx(ctx, tx, req)
+				d, err = store.ClaimTx(ctx, tx, req)
 				return err
 			})
 			return engine.Claim{Decision: d}, err

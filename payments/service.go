@@ -290,7 +290,7 @@ func (c *createCall) rejectDuplicate(ctx context.Context, begin idem.BeginReques
 			return paymentNotFound(err, "No payment for this merchant reference.")
 		}
 		if creator && existing.ID == c.payment.ID && existing.Status != PaymentStatusConflict {
-			d, err := store.BeginTx(ctx, tx, begin)
+			d, err := store.ClaimTx(ctx, tx, begin)
 			if err != nil || !owned(d) {
 				cl.Decision = d
 				return err
@@ -311,7 +311,7 @@ func (c *createCall) rejectDuplicate(ctx context.Context, begin idem.BeginReques
 			// this command would create.
 			resp, code = providerKeyConflictResponse(existing.ID), ECodeProviderKeyConflict
 		}
-		d, err := store.BeginTx(ctx, tx, begin)
+		d, err := store.ClaimTx(ctx, tx, begin)
 		if err != nil {
 			return err
 		}

@@ -254,17 +254,19 @@ func settledDecision(rec *idem.Record, err error, req idem.BeginRequest, now tim
 	return idem.Decision{}, false, nil
 }
 
-// BeginTx is Begin inside the caller's transaction, for operations whose
-// business writes commit together with the claim.
-func BeginTx(ctx context.Context, tx Querier, req idem.BeginRequest) (idem.Decision, error) {
-	return beginTx(ctx, tx, req, "")
+// ClaimTx is Begin inside the caller's transaction, for operations whose
+// business writes commit together with the claim: it claims the key with
+// the insert-first statement, or decides on the record that holds it. It
+// begins no transaction; tx is the caller's.
+func ClaimTx(ctx context.Context, tx Querier, req idem.BeginRequest) (idem.Decision, error) {
+	return claimTx(ctx, tx, req, "")
 }
 
-// beginTx claims under claim, the claim's random id ("" records none). A
+// claimTx claims under claim, the claim's random id ("" records none). A
 // record that claim already holds (an earlier run of this same claim whose
 // COMMIT went unanswered did commit) is this claim's: it is returned as
 // granted, never decided against as someone else's.
-func beginTx(ctx context.Context, tx Querier, req idem.BeginRequest, claim string) (idem.Decision, error) {
+func claimTx(ctx context.Context, tx Querier, req idem.BeginRequest, claim string) (idem.Decision, error) {
 	d, ok, err := insertClaim(ctx, tx, req, claim)
 	if err != nil || ok {
 		return d, err
