@@ -21,7 +21,7 @@ import (
 //     (ClaimWithPayment). Without a provider that statement also
 //     completes the record: record, payment and event commit in one
 //     transaction (engine.Claim.Done), for a free key the statement alone
-//     as an implicit transaction, one round trip (claimOne). With one, the record is claimed at
+//     as a transaction of its own, one round trip (claimOne). With one, the record is claimed at
 //     LOCAL_PAYMENT_CREATED (engine.Claim.Progress) and Execute charges.
 //     A record taken over at RECEIVED (a key reused after its window) gets
 //     its payment in the claim's transaction too.
@@ -196,8 +196,8 @@ func (c *createCall) claim(ctx context.Context, begin idem.BeginRequest) (engine
 }
 
 // claimOne is the local-only operation's common case, a free key, in one
-// round trip: the claim statement (ClaimWithPayment) alone, as an
-// implicit transaction (store.Store.ExecOne), writes the record COMPLETED
+// round trip: the claim statement (ClaimWithPayment) alone, as a
+// transaction of its own (store.Store.ExecOne), writes the record COMPLETED
 // with the payment and its event. done is false when the key already has a
 // record (the statement wrote nothing; taken is then true): claimLocal
 // then decides in a transaction. A referencing record stores no body, so the answer is

@@ -77,7 +77,7 @@ func scanRecord(row rowScanner, extra ...any) (*idem.Record, error) {
 }
 
 // Begin implements idem.Coordinator: it claims the scoped key with one atomic
-// insert (an implicit transaction of its own, one round trip), or, when the
+// insert (a transaction of its own sent in one round trip, see ExecOne), or, when the
 // key has a record, decides what that record allows in a serializable
 // transaction. A stale, retryable or expired record is taken over by a
 // conditional update that bumps the fencing token, inside that transaction,

@@ -56,7 +56,7 @@ func (w *writer) key(prefix string, n int64) string {
 
 // baseline is the business write without the layer: parse and validate the
 // command, then the payment row and its outbox event in one statement, sent
-// as a SERIALIZABLE implicit transaction of its own (store.Store.ExecOne),
+// as a SERIALIZABLE transaction of its own in one round trip (store.Store.ExecOne),
 // as the layer sends its claim of a fresh key.
 func (w *writer) baseline(st *store.Store) func(context.Context) error {
 	return func(ctx context.Context) error {
