@@ -51,6 +51,8 @@ func Prune(ctx context.Context, st *store.Store, age time.Duration, limit int) (
 	if age <= 0 {
 		return p, fmt.Errorf("outbox: prune: retention %v must be positive", age)
 	}
+	// $1::INT8: CockroachDB has INT, FLOAT and DECIMAL products with an
+	// interval and cannot choose one for an untyped placeholder.
 	ms := age.Milliseconds()
 	for _, step := range []struct {
 		n   *int
@@ -58,21 +60,21 @@ func Prune(ctx context.Context, st *store.Store, age time.Duration, limit int) (
 	}{
 		{&p.Events, `DELETE FROM outbox_events WHERE event_id IN (
 			SELECT event_id FROM outbox_events
-			WHERE published_at < now() - $1 * INTERVAL '1 millisecond'
+			WHERE published_at < now() - $1::INT8 * INTERVAL '1 millisecond'
 			ORDER BY published_at LIMIT $2)`},
 		{&p.Deliveries, `DELETE FROM queue_messages WHERE delivery_id IN (
 			SELECT delivery_id FROM queue_messages
-			WHERE processed_at < now() - $1 * INTERVAL '1 millisecond'
+			WHERE processed_at < now() - $1::INT8 * INTERVAL '1 millisecond'
 			ORDER BY processed_at LIMIT $2)`},
 		{&p.Inbox, `DELETE FROM consumer_inbox WHERE (consumer_name, message_id) IN (
 			SELECT i.consumer_name, i.message_id FROM consumer_inbox AS i
-			WHERE i.processed_at < now() - $1 * INTERVAL '1 millisecond'
+			WHERE i.processed_at < now() - $1::INT8 * INTERVAL '1 millisecond'
 			  AND i.processed_at < COALESCE((SELECT min(q.enqueued_at) FROM queue_messages AS q
 				WHERE q.consumer_name = i.consumer_name AND q.processed_at IS NULL), 'infinity')
 			ORDER BY i.processed_at LIMIT $2)`},
 		{&p.Emails, `DELETE FROM email_notifications WHERE dedupe_key IN (
 			SELECT dedupe_key FROM email_notifications
-			WHERE sent_at < now() - $1 * INTERVAL '1 millisecond'
+			WHERE sent_at < now() - $1::INT8 * INTERVAL '1 millisecond'
 			ORDER BY sent_at LIMIT $2)`},
 	} {
 		err := st.ExecTxReadCommitted(ctx, func(tx pgx.Tx) error {

@@ -2,6 +2,15 @@ package outbox_test
 
 import (
 	"context"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -116,5 +125,81 @@ func TestPruneArguments(t *testing.T) {
 	}
 	if _, err := outbox.Prune(context.Background(), st, 0, 10); err == nil {
 		t.Error("retention 0 accepted")
+	}
+}
+
+// placeholderTimes finds a bind placeholder ($n, with any ::TYPE cast it
+// carries) multiplied, on either side of the '*', in SQL text.
+var (
+	placeholderTimes = regexp.MustCompile(`(?i)\$\d+(\s*::\s*[a-z_][a-z0-9_]*)?\s*\*`)
+	timesPlaceholder = regexp.MustCompile(`(?i)\*\s*\$\d+(\s*::\s*[a-z_][a-z0-9_]*)?`)
+)
+
+// TestIntervalPlaceholdersAreCast: every SQL statement in the repository's
+// Go files (its string literals) that multiplies a placeholder in a
+// statement with an INTERVAL casts the placeholder ($1::INT8 * INTERVAL
+// '1 millisecond'): CockroachDB has INT, FLOAT and DECIMAL overloads of
+// the product with an interval and cannot pick one for an untyped
+// placeholder (PostgreSQL can, so its tests alone would never tell).
+func TestIntervalPlaceholdersAreCast(t *testing.T) {
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "go.work")); err != nil {
+		t.Fatalf("the repository root (with go.work) is not %s: %v", root, err)
+	}
+	cast, files := 0, 0
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); path != root && (strings.HasPrefix(name, ".") || name == "node_modules" || name == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		files++
+		fset := token.NewFileSet()
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			lit, ok := n.(*ast.BasicLit)
+			if !ok || lit.Kind != token.STRING {
+				return true
+			}
+			sql, err := strconv.Unquote(lit.Value)
+			if err != nil || !strings.Contains(strings.ToUpper(sql), "INTERVAL") {
+				return true
+			}
+			for _, re := range []*regexp.Regexp{placeholderTimes, timesPlaceholder} {
+				for _, m := range re.FindAllStringSubmatchIndex(sql, -1) {
+					if m[2] >= 0 {
+						cast++
+						continue
+					}
+					rel, _ := filepath.Rel(root, path)
+					line := fset.Position(lit.Pos()).Line + strings.Count(sql[:m[0]], "\n")
+					t.Errorf("%s:%d: %q multiplies a placeholder without a cast; CockroachDB cannot choose an overload (write $n::INT8)",
+						rel, line, strings.TrimSpace(sql[m[0]:m[1]]))
+				}
+			}
+			return true
+		})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The scan saw the repository: the store's claims alone multiply cast
+	// placeholders by intervals.
+	if files < 100 || cast < 5 {
+		t.Fatalf("scanned %d Go files and found %d cast placeholders times an interval; the scan missed the repository", files, cast)
 	}
 }
