@@ -13,8 +13,8 @@ var migrationFS embed.FS
 
 // Migrations are the payments domain's tables: payments, the outbox, the
 // queue and consumers' inbox, and the consumers' effects (ledger entries,
-// receipt emails). They share the store's schema_migrations and version
-// sequence with the engine's set (store.EngineMigrations).
+// receipt emails). The set is named "payments": its versions are its own,
+// beside the engine's set (store.EngineMigrations) in schema_migrations.
 func Migrations() store.Migrations {
 	sub, err := fs.Sub(migrationFS, "migrations")
 	if err != nil {
