@@ -229,7 +229,11 @@ func (s *Store) ExecOne(ctx context.Context, fn func(Querier) error) (err error)
 // execOnce runs fn once on a connection of its own. A failure to get the
 // connection sent nothing; a connection failure after it may have come
 // after the server committed (pgconn may even call a connection dropped
-// while the answer was awaited safe to retry), so it is ErrCommitUnknown.
+// while the answer was awaited safe to retry), and so may a statement or
+// COMMIT the server answers 40003 ("result is ambiguous": CockroachDB's
+// answer, implicit transactions included, when it cannot tell whether a
+// write took effect): either is ErrCommitUnknown, never retried as if
+// nothing had happened.
 func (s *Store) execOnce(ctx context.Context, fn func(Querier) error) error {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
@@ -237,7 +241,11 @@ func (s *Store) execOnce(ctx context.Context, fn func(Querier) error) error {
 	}
 	defer conn.Release()
 	err = fn(serialConn{conn.Conn()})
-	if err != nil && sqlState(err) == "" && (isUnavailable(err) || errors.Is(err, context.Canceled)) {
+	if err == nil {
+		return nil
+	}
+	code := sqlState(err)
+	if code == codeAmbiguousResult || code == "" && (isUnavailable(err) || errors.Is(err, context.Canceled)) {
 		return unavailable(fmt.Errorf("%w: %w", ErrCommitUnknown, err))
 	}
 	return err
@@ -325,6 +333,10 @@ const (
 	codeSerializationFailure = "40001"
 	codeDeadlock             = "40P01"
 	codeUniqueViolation      = "23505"
+	// codeAmbiguousResult is CockroachDB's "result is ambiguous" (PostgreSQL
+	// names the code statement_completion_unknown and never sends it): the
+	// statement or commit may or may not have taken effect.
+	codeAmbiguousResult = "40003"
 )
 
 func sqlState(err error) string {
@@ -348,10 +360,14 @@ func retryPause(attempt int) time.Duration {
 // retryable reports whether the whole transaction may be run again: a
 // serialization failure or deadlock, or a failure that pgconn reports as
 // having happened before anything was sent (a connection already closed).
+// An ambiguous result (40003) never is: what it answered may have
+// committed (ExecTx and ExecOne report it as ErrCommitUnknown first).
 func retryable(err error) bool {
 	switch sqlState(err) {
 	case codeSerializationFailure, codeDeadlock:
 		return true
+	case codeAmbiguousResult:
+		return false
 	}
 	return pgconn.SafeToRetry(err)
 }
@@ -373,8 +389,10 @@ func isUnavailable(err error) bool {
 	// Class 08: the connection; 57P01, 57P03: the server shutting down or
 	// starting; class 53, insufficient resources (out of memory or shared
 	// memory, disk full, too many connections): the store cannot serve
-	// now, which says nothing about the request.
-	return len(code) == 5 && (code[:2] == "08" || code[:2] == "53" || code == "57P01" || code == "57P03")
+	// now, which says nothing about the request. 40003, an ambiguous
+	// result: the store could not tell what it did (a read answered so is
+	// retried by the client; a write is ErrCommitUnknown before this).
+	return len(code) == 5 && (code[:2] == "08" || code[:2] == "53" || code == "57P01" || code == "57P03" || code == codeAmbiguousResult)
 }
 
 // Unavailable classifies err as the store's callers see it: a failure to

@@ -8,6 +8,7 @@ import (
 	"github.com/cockroachdb/cockroach-go/v2/crdb"
 	"github.com/cockroachdb/cockroach-go/v2/crdb/crdbpgxv5"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
@@ -31,7 +32,12 @@ import (
 // Errors from fn are returned unchanged when not retryable; connection
 // failures, and serialization failures or deadlocks that outlast
 // Options.TxAttempts, are returned as *idem.Error with code
-// STORE_UNAVAILABLE (wrapping the last error).
+// STORE_UNAVAILABLE (wrapping the last error). A transaction whose commit
+// went unanswered or was answered 40003 (on CockroachDB the commit is
+// crdb's RELEASE SAVEPOINT cockroach_restart) is not run again: its error
+// wraps ErrCommitUnknown. A 40001 at RELEASE is a definite abort: crdb
+// runs fn again from the savepoint once, then ExecTx starts a fresh
+// transaction, so on CockroachDB fn runs up to twice per attempt.
 func (s *Store) ExecTx(ctx context.Context, fn func(pgx.Tx) error) error {
 	return s.execTx(ctx, pgx.Serializable, fn)
 }
@@ -66,29 +72,41 @@ func (s *Store) execTx(ctx context.Context, iso pgx.TxIsoLevel, fn func(pgx.Tx) 
 		if err == nil {
 			err = c.commitErr
 		}
-		if err != nil && c.commitErr != nil && ambiguous(c.commitErr) {
-			return unavailable(fmt.Errorf("%w: %w", ErrCommitUnknown, c.commitErr))
+		if err != nil {
+			if cause := c.unknown(err); cause != nil {
+				return unavailable(fmt.Errorf("%w: %w", ErrCommitUnknown, cause))
+			}
 		}
 		return err
 	})
 }
 
-// ErrCommitUnknown marks an error of ExecTx whose transaction may or may not
-// have committed: the connection failed after COMMIT was sent and before
-// its answer came back. The error is also STORE_UNAVAILABLE (an *idem.Error);
-// callers that can tell what the transaction did by reading it back (Begin by
-// its claim id, Checkpoint, Complete and Fail by the record under their
-// lease) do so instead of answering a failure for a write that happened.
+// ErrCommitUnknown marks an error of ExecTx or ExecOne whose transaction
+// may or may not have committed: the connection failed after its commit
+// (COMMIT, or RELEASE SAVEPOINT cockroach_restart on CockroachDB) was sent
+// and before its answer came back, or the server answered that the result
+// is ambiguous (SQLSTATE 40003, which CockroachDB sends when it cannot tell
+// whether a commit took effect). The error is also STORE_UNAVAILABLE (an
+// *idem.Error); callers that can tell what the transaction did by reading
+// it back (Begin by its claim id, Checkpoint, Complete and Fail by the
+// record under their lease) do so instead of answering a failure for a
+// write that happened, and nothing runs such a transaction again as if it
+// had not.
 var ErrCommitUnknown = errors.New("store: the transaction's commit outcome is unknown")
 
-// ambiguous reports whether a COMMIT that failed with err may have committed:
-// the server did not answer it (a PostgreSQL error is an answer, and a
-// definite abort). pgconn.SafeToRetry cannot tell here: a connection that
-// drops while the COMMIT's answer is awaited is reported as "conn closed",
-// which it calls safe to retry although the COMMIT went out.
+// ambiguous reports whether a commit (COMMIT, or crdb's RELEASE SAVEPOINT
+// cockroach_restart) that failed with err may have committed: the server
+// did not answer it, or answered 40003 ("result is ambiguous"). Any other
+// server error is an answer, and a definite abort. pgconn.SafeToRetry
+// cannot tell here: a connection that drops while the commit's answer is
+// awaited is reported as "conn closed", which it calls safe to retry
+// although the commit went out.
 func ambiguous(err error) bool {
+	if code := sqlState(err); code != "" {
+		return code == codeAmbiguousResult
+	}
 	// ErrTxCommitRollback is the server's answer too: it rolled back.
-	return sqlState(err) == "" && !errors.Is(err, pgx.ErrTxCommitRollback)
+	return !errors.Is(err, pgx.ErrTxCommitRollback)
 }
 
 // run is one PostgreSQL transaction: BEGIN, fn, COMMIT (whose error is
@@ -105,10 +123,34 @@ func (c *commitKeeper) run(ctx context.Context, iso pgx.TxIsoLevel, fn func(pgx.
 	return tx.Commit(ctx)
 }
 
-// commitKeeper begins transactions whose Commit error is remembered.
+// commitKeeper begins transactions whose commit's error is remembered:
+// COMMIT's, and under crdbpgx.ExecuteTx that of RELEASE SAVEPOINT
+// cockroach_restart, which is CockroachDB's commit (crdb then sends COMMIT
+// and ignores its error).
 type commitKeeper struct {
 	pool      *pgxpool.Pool
 	commitErr error
+	// releaseErr is the last RELEASE SAVEPOINT cockroach_restart's error:
+	// crdb retries from the savepoint after a 40001 there and sends
+	// RELEASE again, so only the last one says how the transaction ended.
+	releaseErr error
+}
+
+// unknown returns what makes a transaction that failed with err of unknown
+// outcome, nil when it certainly did not commit: a commit or a RELEASE
+// that was not answered or was answered 40003, or a 40003 from any of its
+// statements (CockroachDB's "result is ambiguous", which says a write may
+// have taken effect).
+func (c *commitKeeper) unknown(err error) error {
+	switch {
+	case c.commitErr != nil && ambiguous(c.commitErr):
+		return c.commitErr
+	case c.releaseErr != nil && ambiguous(c.releaseErr):
+		return c.releaseErr
+	case sqlState(err) == codeAmbiguousResult:
+		return err
+	}
+	return nil
 }
 
 func (c *commitKeeper) Begin(ctx context.Context) (pgx.Tx, error) {
@@ -132,4 +174,17 @@ func (t *keptTx) Commit(ctx context.Context) error {
 	err := t.Tx.Commit(ctx)
 	t.keeper.commitErr = err
 	return err
+}
+
+// releaseSavepoint is crdb's commit (crdb.ExecuteInTx sends exactly this).
+const releaseSavepoint = "RELEASE SAVEPOINT cockroach_restart"
+
+// Exec keeps the error of RELEASE SAVEPOINT cockroach_restart, which crdb
+// sends through the transaction it was given (this one).
+func (t *keptTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	tag, err := t.Tx.Exec(ctx, sql, args...)
+	if sql == releaseSavepoint {
+		t.keeper.releaseErr = err
+	}
+	return tag, err
 }
