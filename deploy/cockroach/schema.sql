@@ -21,7 +21,8 @@
 -- Why before idemd: idemd applies store/migrations at start with CREATE TABLE
 -- IF NOT EXISTS. If it got there first, it would create plain tables (in the
 -- primary region, no TTL) and the CREATE TABLE statements below would be
--- skipped. The end of this file records migrations 1-3 as applied, so idemd
+-- skipped. The end of this file records the engine's migration 1 and
+-- payments' 2 and 3 as applied (each set keeps its own versions), so idemd
 -- finds nothing to do for them. Later migrations (0004_...) are applied by
 -- `idemctl migrate` as idem_migrator; review each one for locality (a new table defaults to
 -- REGIONAL BY TABLE IN PRIMARY REGION) before it reaches production.
@@ -104,25 +105,39 @@ USE idem;
 -- home_region falls back to the primary region: correct, just slower. Adding
 -- a region means adding its WHEN arm (README: "Adding a region").
 --
--- Row-level TTL replaces the node's metadata deletes (store.DeleteExpired):
---   * expires_at is the end of the replay window (the store's clock);
---     + INTERVAL '7 days' is the metadata retention (IDEM_METADATA_RETENTION,
---     default 168h): keep the two equal, or the TTL larger.
---   * Only SETTLED records ever get an expiration. For IN_PROGRESS and
---     UNKNOWN_REQUIRES_RECOVERY the CASE yields NULL, and the TTL job only
---     deletes rows whose expression is <= now(): money may have moved for
---     those, so they are never forgotten, however old (the node's own cleanup
---     has the same rule).
+-- Row-level TTL deletes exactly what the node's metadata delete
+-- (store.DeleteExpired) deletes, so that the two never disagree:
+--   * a SETTLED record (COMPLETED, FAILED_*, or EXPIRED: pruned) ...
+--   * ... that keeps no answer: its body and headers were dropped by the
+--     node (store.PruneBodies, once past its window and --body-retention
+--     after its creation), or it never kept one (it renders its answer from
+--     the resource it references) ...
+--   * ... once the metadata retention has passed after its window:
+--     expires_at is the window's end (the store's clock), + INTERVAL
+--     '168 hours' is IDEM_METADATA_RETENTION's default (168h). Hours, not
+--     days: an interval of days added to a TIMESTAMPTZ depends on the
+--     session's time zone (a day can be 23 or 25 hours), the node's
+--     retention does not.
+--   * The body retention is the node's alone: the TTL never deletes a record
+--     that still keeps its answer, however old, so IDEM_BODY_RETENTION needs
+--     no copy here. (A TTL of "7 days after the window" whatever the record
+--     kept deleted answers a longer body retention still promised.)
+--   * IN_PROGRESS and UNKNOWN_REQUIRES_RECOVERY get no expiration (the CASE
+--     yields NULL, and the job deletes only rows whose expression is
+--     <= now()): money may have moved for those, so they are never
+--     forgotten (the node's cleanup has the same rule).
 --   * A row is never deleted before its window ends: the expression is at
 --     least expires_at. The TTL job selects candidates at a slightly old
 --     timestamp, but its DELETE re-checks the expression on the current row,
 --     so a key reused for a new generation in between (new expires_at,
 --     status IN_PROGRESS) is not deleted.
---   * Response bodies are still dropped by the node at the window's end
---     (store.PruneBodies, --body-retention); the TTL only removes what is
---     left: scope, request hash, resource id, timestamps.
+--   * A record goes at the earlier of this interval and the node's own
+--     IDEM_METADATA_RETENTION (its delete keeps running): set the node's a
+--     little longer to leave the deleting to the TTL.
 --   * @hourly bounds how late a row goes (about an hour plus the job's run);
 --     ttl_delete_batch_size = 500 matches the node's --cleanup-batch.
+-- deploy/deploy_test.go runs this expression on PostgreSQL against the
+-- node's cleanup (TestTTLDeletesWhatCleanupDeletes).
 CREATE TABLE IF NOT EXISTS idempotency_records (
     tenant_id               TEXT        NOT NULL,
     operation_name          TEXT        NOT NULL,
@@ -157,7 +172,8 @@ CREATE TABLE IF NOT EXISTS idempotency_records (
     ) STORED,
     PRIMARY KEY (tenant_id, operation_name, idempotency_key)
 ) WITH (
-    ttl_expiration_expression = $$CASE WHEN status IN ('COMPLETED', 'FAILED_REPLAYABLE', 'FAILED_RETRYABLE', 'EXPIRED') THEN expires_at + INTERVAL '7 days' END$$,
+    ttl_expiration_expression = $$CASE WHEN status IN ('COMPLETED', 'FAILED_REPLAYABLE', 'FAILED_RETRYABLE', 'EXPIRED')
+        AND response_body IS NULL AND response_headers IS NULL THEN expires_at + INTERVAL '168 hours' END$$,
     ttl_job_cron = '@hourly',
     ttl_delete_batch_size = 500
 ) LOCALITY REGIONAL BY ROW AS crdb_region;
@@ -308,18 +324,31 @@ CREATE INDEX IF NOT EXISTS sent_emails_dedupe_key ON sent_emails (dedupe_key);
 -- Migration bookkeeping (store/migrate.go)
 -- ---------------------------------------------------------------------------
 
--- Same shape as idemd creates it. Left REGIONAL BY TABLE IN PRIMARY REGION
--- (the default): it is read and written once per node start. GLOBAL would
+-- Same shape as idemd creates them. Each migration set (the engine's,
+-- payments', an operation's own) keeps its own sequence of versions, keyed
+-- by set_name. Both tables are left REGIONAL BY TABLE IN PRIMARY REGION (the
+-- default): they are read and written once per migration run. GLOBAL would
 -- make those reads local but every write slower, and nothing here is hot.
 CREATE TABLE IF NOT EXISTS schema_migrations (
-    version    INT         NOT NULL PRIMARY KEY,
+    set_name   TEXT        NOT NULL DEFAULT '',
+    version    INT         NOT NULL,
     name       TEXT        NOT NULL,
-    applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    applied_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    PRIMARY KEY (set_name, version)
 ) LOCALITY REGIONAL BY TABLE IN PRIMARY REGION;
 
--- The three migrations above are applied (in their multi-region form).
-INSERT INTO schema_migrations (version, name) VALUES
-    (1, '0001_records.sql'),
-    (2, '0002_payments.sql'),
-    (3, '0003_messaging.sql')
-ON CONFLICT (version) DO NOTHING;
+-- The migration lock: one row while a process migrates (a row, not an
+-- advisory lock: CockroachDB has none).
+CREATE TABLE IF NOT EXISTS schema_migrations_lock (
+    name       TEXT        NOT NULL PRIMARY KEY,
+    owner      TEXT        NOT NULL,
+    expires_at TIMESTAMPTZ NOT NULL
+) LOCALITY REGIONAL BY TABLE IN PRIMARY REGION;
+
+-- The three migrations above are applied (in their multi-region form): the
+-- engine's 0001 and payments' 0002 and 0003.
+INSERT INTO schema_migrations (set_name, version, name) VALUES
+    ('engine', 1, '0001_records.sql'),
+    ('payments', 2, '0002_payments.sql'),
+    ('payments', 3, '0003_messaging.sql')
+ON CONFLICT (set_name, version) DO NOTHING;
