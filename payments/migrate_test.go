@@ -5,7 +5,6 @@ import (
 	"io/fs"
 	"strings"
 	"testing"
-	"testing/fstest"
 
 	"github.com/idemcoord/idem/internal/pgtest"
 	"github.com/idemcoord/idem/internal/storetest"
@@ -129,15 +128,3 @@ func TestMigrateRefusesAnotherSchema(t *testing.T) {
 	}
 }
 
-// TestMigrationSetsOwnTheirVersions: two sets with one version are refused
-// before anything is applied.
-func TestMigrationSetsOwnTheirVersions(t *testing.T) {
-	st := openEmpty(t)
-	clash := store.Migrations{Name: "clash", FS: fstest.MapFS{"0001_clash.sql": {Data: []byte(`CREATE TABLE clash (i int)`)}}}
-	if err := st.Migrate(context.Background(), clash); err == nil || !strings.Contains(err.Error(), "version 1") {
-		t.Errorf("Migrate with a clashing set = %v, want the version named", err)
-	}
-	if tableExists(t, st, "clash") || tableExists(t, st, "idempotency_records") {
-		t.Error("a clashing set was (partly) applied")
-	}
-}
