@@ -13,6 +13,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/idemcoord/idem/internal/pgbouncer"
 	"github.com/idemcoord/idem/internal/pgha"
 	"github.com/idemcoord/idem/internal/pgserver"
 )
@@ -39,11 +40,12 @@ type Cluster struct {
 	storeMode   string
 	operations  []string // Config.Operations
 	pg          *pgserver.Server
-	store       *pgha.Cluster // nil unless Config.StoreHA
-	effectsURL  string        // EffectsDatabase's URL; "" unless region-local with several regions
-	haDatabase  string        // the database of the replicated store (Config.StoreHA)
-	net         *network      // nil unless Config.Proxied
-	storeLinks  bool          // Config.ProxiedStoreOnly: net carries the replicated store's links alone
+	bouncer     *pgbouncer.Server // nil unless Config.PgBouncer
+	store       *pgha.Cluster     // nil unless Config.StoreHA
+	effectsURL  string            // EffectsDatabase's URL; "" unless region-local with several regions
+	haDatabase  string            // the database of the replicated store (Config.StoreHA)
+	net         *network          // nil unless Config.Proxied
+	storeLinks  bool              // Config.ProxiedStoreOnly: net carries the replicated store's links alone
 	regions     []*regionState
 	tokens      map[string]string // tenant -> token
 	placements  map[string]string // tenant -> home region
@@ -141,7 +143,13 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	// mode the regions' stores are PostgreSQL's and the replicated store
 	// holds the effects database.
 	if !cfg.StoreHA || cfg.StoreMode != StoreGlobal {
-		wg.Go(func() { dbURLs, pgErr = c.startStore(sctx, &cfg); pgErr = failed(pgErr) })
+		wg.Go(func() {
+			dbURLs, pgErr = c.startStore(sctx, &cfg)
+			if pgErr == nil && cfg.PgBouncer {
+				dbURLs, pgErr = c.startPgBouncer(sctx, dbURLs)
+			}
+			pgErr = failed(pgErr)
+		})
 	}
 	var haErr error
 	if cfg.EtcdMembers > 0 {
@@ -221,8 +229,8 @@ func (c *Cluster) StoreMode() string { return c.storeMode }
 // Stop stops the cluster and returns once every process has been reaped:
 // it heals every link (so that nodes can leave etcd promptly), stops every
 // node concurrently (SIGTERM, then SIGKILL after the stop grace period or
-// once ctx ends), then the provider, the etcd members and the PostgreSQL
-// server it started, and finally the proxies. It then removes
+// once ctx ends), then the provider, the etcd members, PgBouncer and the
+// PostgreSQL server it started, and finally the proxies. It then removes
 // cluster.json and secrets/, and the state directory if Start created it. Stop is
 // idempotent: later calls wait for the first and return its result. The
 // error joins every problem met (a process that had to be killed, or
@@ -293,6 +301,10 @@ func (c *Cluster) stop(ctx context.Context) error {
 		}
 	}
 	stopAll(etcd) // all of them, if there was no leader; else a no-op
+	if c.bouncer != nil {
+		// After the nodes, before the server behind it.
+		c.bouncer.Stop()
+	}
 	if c.pg != nil {
 		if err := c.pg.Stop(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("cluster: stop PostgreSQL: %w", err))
@@ -327,7 +339,7 @@ func (c *Cluster) stop(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("cluster: %w", err))
 		}
 	}
-	if len(nodes) > 0 || len(etcd) > 0 || c.provider != nil || c.pg != nil || c.store != nil {
+	if len(nodes) > 0 || len(etcd) > 0 || c.provider != nil || c.pg != nil || c.store != nil || c.bouncer != nil {
 		c.log.Info("cluster: stopped", "elapsed", time.Since(began).Round(time.Millisecond))
 	}
 	return errors.Join(errs...)

@@ -458,6 +458,10 @@ func TestConfigErrors(t *testing.T) {
 		"ha without etcd":    {IdemdPath: idemdPath, StoreHA: true, StoreMode: cluster.StoreGlobal, Regions: []string{"a", "b"}},
 		"ha, one region":     {IdemdPath: idemdPath, StoreHA: true, StoreMode: cluster.StoreGlobal, EtcdMembers: 1, EtcdPath: etcdPath},
 		"store links, no ha": {IdemdPath: idemdPath, Proxied: true, ProxiedStoreOnly: true},
+		"pgbouncer, ha": {IdemdPath: idemdPath, PgBouncer: true, StoreHA: true, StoreMode: cluster.StoreGlobal,
+			Regions: []string{"a", "b"}, EtcdMembers: 1, EtcdPath: etcdPath},
+		"pgbouncer, database url": {IdemdPath: idemdPath, PgBouncer: true, DatabaseURL: "postgres://x@127.0.0.1/db"},
+		"pgbouncer, tls":          {IdemdPath: idemdPath, PgBouncer: true, TLS: true},
 		"store links, no proxies": {IdemdPath: idemdPath, StoreHA: true, StoreMode: cluster.StoreGlobal, ProxiedStoreOnly: true,
 			Regions: []string{"a", "b", "c"}, EtcdMembers: 1, EtcdPath: etcdPath},
 	} {

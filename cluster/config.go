@@ -134,6 +134,20 @@ type Config struct {
 	// pgha.DefaultTTL.
 	StoreHATTL time.Duration
 
+	// PgBouncer runs Debian's PgBouncer (package internal/pgbouncer) in
+	// transaction pooling in front of the PostgreSQL server Start runs, and
+	// every node reaches its databases (its region's or the global store,
+	// and the effects database) through it, with the query mode a
+	// transaction pooler needs (default_query_exec_mode=exec): the pooler
+	// most production PostgreSQL has in front of it. Info's database URLs
+	// are PgBouncer's, and Info.PgBouncer describes it; its log is
+	// logs/pgbouncer.log. Cluster.PgBouncer returns it, so that a fault can
+	// kill and restart it. With Proxied, the nodes' store links lead to
+	// PgBouncer. It needs the Debian package "pgbouncer"; it does not
+	// combine with StoreHA, DatabaseURL, TLS or Docker. Default false: the
+	// nodes connect to PostgreSQL itself.
+	PgBouncer bool
+
 	// RegionLeaseTTL is the nodes' --region-lease-ttl (with etcd).
 	// Default DefaultRegionLeaseTTL.
 	RegionLeaseTTL time.Duration
@@ -332,6 +346,18 @@ func (cfg *Config) setDefaults() error {
 			return errors.New("cluster: StoreHA starts its own store; DatabaseURL must be empty")
 		case len(cfg.Regions) < 2:
 			return errors.New("cluster: StoreHA needs at least two regions (one store member each)")
+		}
+	}
+	if cfg.PgBouncer {
+		switch {
+		case cfg.StoreHA:
+			return errors.New("cluster: PgBouncer does not combine with StoreHA (the nodes follow the replicated store's primary with a multi-host URL, which one PgBouncer cannot stand for)")
+		case cfg.DatabaseURL != "":
+			return errors.New("cluster: PgBouncer fronts the PostgreSQL server Start runs; DatabaseURL must be empty")
+		case cfg.TLS:
+			return errors.New("cluster: PgBouncer does not combine with TLS yet (it would terminate the nodes' TLS)")
+		case cfg.Docker:
+			return errors.New("cluster: PgBouncer does not combine with Docker yet")
 		}
 	}
 	if cfg.Docker {

@@ -25,6 +25,8 @@
 //	                        (0600), data and patroni.log (new at every Start; a link to
 //	                        /var/tmp/idem-pgserver-<hash> if the postgres user cannot reach it)
 //	provider/               the provider simulator's charges
+//	pgbouncer/              with Config.PgBouncer, its pgbouncer.ini and log (only with a
+//	                        StateDir; elsewhere like postgres/); logs/pgbouncer.log links to the log
 //
 // In region-local store mode (the default) region R gets its own database
 // idem_<R with "-" as "_"> on the shared server, and every node of the
@@ -32,7 +34,9 @@
 // idem_global; with Config.StoreHA that database is replicated over the
 // regions by Patroni (package internal/pgha), one member per region, and
 // the nodes reach it with a multi-host URL that follows the primary
-// ([Cluster.Store] kills and restarts members). Every process listens on free ports on 127.0.0.1. Nodes
+// ([Cluster.Store] kills and restarts members). With Config.PgBouncer the
+// nodes reach every database through one PgBouncer in transaction pooling
+// in front of the server ([Cluster.PgBouncer] kills and restarts it). Every process listens on free ports on 127.0.0.1. Nodes
 // authenticate one random development token (dev_<hex>) per tenant, and
 // are named <region>-<i> (their --node-id). Tokens and keys reach the
 // processes in the files of secrets/, never on a command line (which every
@@ -79,6 +83,6 @@
 // SIGQUIT for PostgreSQL): if the process that started the cluster dies,
 // even by SIGKILL, no child outlives it. [Cluster.Stop] terminates every
 // node (SIGTERM, then SIGKILL after a grace period), then the provider, the
-// etcd members and PostgreSQL, and returns once all of them have been
+// etcd members, PgBouncer and PostgreSQL, and returns once all of them have been
 // reaped.
 package cluster

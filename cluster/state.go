@@ -45,6 +45,9 @@ type Info struct {
 	// --effects-database-url); omitted when the cluster has none (one
 	// region, or global store mode, where the store is that database).
 	EffectsDatabaseURL string `json:"effectsDatabaseUrl,omitempty"`
+	// PgBouncer describes the PgBouncer of Config.PgBouncer, which every
+	// database URL above goes through (omitted without).
+	PgBouncer *PgBouncerInfo `json:"pgbouncer,omitempty"`
 }
 
 // RegionInfo describes one region of a running cluster.
@@ -59,6 +62,7 @@ type RegionInfo struct {
 	Pids []int `json:"pids,omitempty"`
 	// DatabaseURL is the region's database (GlobalDatabase's in global
 	// store mode). Nodes of a proxied cluster reach it through their links.
+	// With Config.PgBouncer it is the URL through PgBouncer.
 	DatabaseURL string `json:"databaseUrl"`
 }
 
@@ -103,6 +107,7 @@ func (c *Cluster) Info() Info {
 		CAFile:        c.CAFile(),
 		Store:         c.storeInfo(),
 		Operations:    slices.Clone(c.operations),
+		PgBouncer:     c.pgBouncerInfo(),
 	}
 	if c.storeMode != StoreGlobal {
 		info.EffectsDatabaseURL = c.effectsURL
