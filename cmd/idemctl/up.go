@@ -52,6 +52,7 @@ func runUp(ctx context.Context, args []string, env *Env) error {
 	etcdMembers := fs.Int("etcd-members", upDefaultEtcdMembers, "etcd members to run (0: no etcd; every region then serves every tenant on its own)")
 	storeMode := fs.String("store-mode", cluster.StoreRegionLocal, "region-local (a database per region, requests forwarded to the tenant's home region) or global (one database for every region)")
 	storeHA := fs.Bool("store-ha", false, "run the global store (--store-mode global), or in region-local mode the effects database every region shares, as PostgreSQL replicated over the regions (one member per region, synchronous replication, failover by Patroni on the cluster's etcd; needs the Debian package patroni); nodes connect with a multi-host URL that follows the primary")
+	withPgBouncer := fs.Bool("pgbouncer", false, "put PgBouncer (Debian's package pgbouncer) in transaction pooling in front of PostgreSQL; every node reaches its databases through it (default_query_exec_mode=exec), and cluster.json's database URLs are PgBouncer's; not with --store-ha, --database-url or --tls")
 	withProvider := fs.Bool("provider", true, "run the payment provider simulator and send payments through it")
 	idemd := fs.String("idemd", "", "path of the idemd binary (default: next to idemctl, then ./bin, then PATH)")
 	etcd := fs.String("etcd", "", "path of the etcd binary (default: next to idemctl, then ./bin, then PATH)")
@@ -84,6 +85,9 @@ func runUp(ctx context.Context, args []string, env *Env) error {
 	}
 	if *storeHA && (*etcdMembers == 0 || *dbURL != "") {
 		return usageError{errors.New("--store-ha needs etcd, and does not work with --database-url")}
+	}
+	if *withPgBouncer && (*storeHA || *dbURL != "" || *withTLS) {
+		return usageError{errors.New("--pgbouncer fronts the PostgreSQL server idemctl up starts: not with --store-ha, --database-url or --tls")}
 	}
 	if *window < 0 {
 		return usageError{fmt.Errorf("--replay-window %v is negative", *window)}
@@ -151,6 +155,7 @@ func runUp(ctx context.Context, args []string, env *Env) error {
 		IdemctlPath:    idemctl,
 		StoreMode:      *storeMode,
 		StoreHA:        *storeHA,
+		PgBouncer:      *withPgBouncer,
 		DatabaseURL:    *dbURL,
 		ReplayWindow:   *window,
 		ProxyRoutes:    *proxyRoutes,
@@ -249,6 +254,9 @@ func printUpSummary(w io.Writer, c *cluster.Cluster, tempState bool, took time.D
 		for _, r := range info.Regions {
 			fmt.Fprintf(w, "  %-*s  %s\n", width, r.Name, r.DatabaseURL)
 		}
+	}
+	if b := info.PgBouncer; b != nil {
+		fmt.Fprintf(w, "  through PgBouncer at %s (%s pooling; log %s), in front of %s\n", b.Addr, b.PoolMode, b.Log, b.ServerURL)
 	}
 	fmt.Fprintln(w, "\nMetrics (Prometheus):")
 	for _, r := range info.Regions {

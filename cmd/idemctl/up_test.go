@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -56,6 +57,9 @@ func TestUp(t *testing.T) {
 			{"up", "--operations", "Orders"},
 			{"up", "--operations", "orders,.."},
 			{"up", "--operations", "create_payment"},
+			{"up", "--pgbouncer", "--store-ha"},
+			{"up", "--pgbouncer", "--tls"},
+			{"up", "--pgbouncer", "--database-url", "postgres://x@127.0.0.1/db"},
 		} {
 			var stderr bytes.Buffer
 			env := &Env{Stdout: io.Discard, Stderr: &stderr, Getenv: func(string) string { return "" }}
@@ -168,6 +172,42 @@ func TestUp(t *testing.T) {
 		}
 	})
 
+	t.Run("pgbouncer", func(t *testing.T) {
+		if !upHavePgBouncer() {
+			t.Skip(`pgbouncer is not installed (Debian package "pgbouncer")`)
+		}
+		t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+		dir := upStateDir(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		var stdout, stderr upSyncBuffer
+		env := &Env{Stdout: &stdout, Stderr: &stderr, Getenv: func(string) string { return "" }}
+		code := make(chan int, 1)
+		go func() {
+			code <- Run(ctx, []string{"up", "--pgbouncer", "--state-dir", dir, "--idemd", idemd, "--etcd", etcd, "--regions", "eu-west,us-east"}, env)
+		}()
+		info := upWaitForState(t, filepath.Join(dir, cluster.StateFile), code, &stderr)
+		pid := upCheckPgBouncer(t, info, dir)
+		upCheckDefaults(t, info)
+		upCheckPayment(t, info) // the replay through us-east is forwarded to eu-west
+		upCheckSummary(t, stdout.String(), info)
+		if want := "through PgBouncer at " + info.PgBouncer.Addr + " (transaction pooling"; !strings.Contains(stdout.String(), want) {
+			t.Errorf("summary lacks %q:\n%s", want, stdout.String())
+		}
+		cancel()
+		select {
+		case c := <-code:
+			if c != 0 {
+				t.Errorf("exit %d, want 0; stderr:\n%s", c, stderr.String())
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("idemctl up did not return after its context ended")
+		}
+		if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+			t.Errorf("PgBouncer (pid %d) outlived idemctl up: kill(0) = %v", pid, err)
+		}
+	})
+
 	t.Run("child process", func(t *testing.T) {
 		dir := upStateDir(t)
 		// The defaults: three regions of one node, three etcd members, the
@@ -268,6 +308,71 @@ func upCheckNoSecretsOnCommandLines(t *testing.T, kids []int, info cluster.Info,
 	if checked != len(kids) || checked == 0 {
 		t.Errorf("checked %d command lines of %d children", checked, len(kids))
 	}
+}
+
+// upHavePgBouncer reports whether Debian's pgbouncer is installed.
+func upHavePgBouncer() bool {
+	if _, err := exec.LookPath("pgbouncer"); err == nil {
+		return true
+	}
+	_, err := exec.LookPath("/usr/sbin/pgbouncer")
+	return err == nil
+}
+
+// upCheckPgBouncer checks a cluster started with --pgbouncer: cluster.json
+// names PgBouncer, every database URL (the regions' and the effects
+// database) goes through it in the query mode a transaction pooler needs,
+// every idemd was given such a URL, and PgBouncer's log is with the
+// cluster's. It returns PgBouncer's pid.
+func upCheckPgBouncer(t *testing.T, info cluster.Info, stateDir string) int {
+	t.Helper()
+	b := info.PgBouncer
+	if b == nil {
+		t.Fatal("cluster.json has no pgbouncer")
+	}
+	if b.PoolMode != "transaction" || b.Pid <= 0 || !procfs.Alive(b.Pid) || !strings.HasPrefix(b.Addr, "127.0.0.1:") {
+		t.Errorf("pgbouncer %+v: want transaction pooling, a running pid and an address on 127.0.0.1", b)
+	}
+	if strings.Contains(b.ServerURL, b.Addr) {
+		t.Errorf("serverUrl %s is PgBouncer's address, want PostgreSQL's", b.ServerURL)
+	}
+	throughBouncer := func(what, raw string) {
+		u, err := url.Parse(raw)
+		if err != nil || u.Host != b.Addr || u.Query().Get("default_query_exec_mode") != "exec" {
+			t.Errorf("%s %q: want it through PgBouncer (%s) with default_query_exec_mode=exec", what, raw, b.Addr)
+		}
+	}
+	for _, r := range info.Regions {
+		throughBouncer(r.Name+"'s databaseUrl", r.DatabaseURL)
+	}
+	throughBouncer("effectsDatabaseUrl", info.EffectsDatabaseURL)
+	nodes := 0
+	for _, pid := range procfs.Children(os.Getpid()) {
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil || filepath.Base(strings.Split(string(cmdline), "\x00")[0]) != "idemd" {
+			continue
+		}
+		nodes++
+		environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, kv := range strings.Split(string(environ), "\x00") {
+			if k, v, _ := strings.Cut(kv, "="); k == "IDEM_DATABASE_URL" || k == "IDEM_EFFECTS_DATABASE_URL" {
+				throughBouncer(fmt.Sprintf("idemd (pid %d) %s", pid, k), v)
+			}
+		}
+	}
+	if nodes != len(info.Regions) {
+		t.Errorf("found %d idemd children, want %d", nodes, len(info.Regions))
+	}
+	if b.Log != filepath.Join(stateDir, "logs", cluster.PgBouncerLog) {
+		t.Errorf("pgbouncer log %s, want it in the cluster's logs directory", b.Log)
+	}
+	if log, err := os.ReadFile(b.Log); err != nil || len(log) == 0 {
+		t.Errorf("PgBouncer's log: %v, %d bytes", err, len(log))
+	}
+	return b.Pid
 }
 
 // upCheckProviderAdminKey checks that the provider's /admin endpoints answer
