@@ -303,7 +303,7 @@ func TestEnvironments(t *testing.T) {
 		switch {
 		case s.DockerOnly && (inProcess || !inDocker):
 			t.Errorf("%s is docker-only: process %v, docker %v", s.Name, inProcess, inDocker)
-		case (s.StoreHA || s.Sidecar) && inDocker:
+		case (s.StoreHA || s.Sidecar || s.PgBouncer) && inDocker:
 			t.Errorf("%s runs in docker, but it needs the process environment", s.Name)
 		case !inDocker && why == "":
 			t.Errorf("%s: no reason given for not running in docker", s.Name)

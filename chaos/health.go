@@ -15,8 +15,10 @@ import (
 // healthProbeTimeout bounds one health probe.
 const healthProbeTimeout = 2 * time.Second
 
-// checkHealth probes every node's /readyz, every etcd member's /health and
-// the provider's /healthz, directly (never through a link), and returns
+// checkHealth probes every node's /readyz, every etcd member's /health,
+// the provider's /healthz and PgBouncer (a connection through it, when the
+// nodes reach their store through one), directly (never through a link),
+// and returns
 // one error per process that is not healthy. Nodes of the regions env
 // lost for good (RegionLost) are left out.
 func checkHealth(ctx context.Context, c *cluster.Cluster, env *Env) error {
@@ -41,6 +43,9 @@ func checkHealth(ctx context.Context, c *cluster.Cluster, env *Env) error {
 		if err := probe(ctx, client, u+"/healthz", ""); err != nil {
 			errs = append(errs, fmt.Errorf("provider: %w", err))
 		}
+	}
+	if err := checkPgBouncer(ctx, c); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

@@ -270,7 +270,7 @@ svg{border:1px solid #e5e7eb;border-radius:4px;margin:4px 0}
 {{if .Error}}<p class="fail">The scenario could not run: </p><pre>{{.Error}}</pre>{{end}}
 {{if and (not .Valid) (not .Error)}}<p class="fail">INVALID: {{.Invalid}}</p>{{end}}
 <table class="kv">
-<tr><td>cluster</td><td>{{len .Regions}} regions ({{join .Regions ", "}}), {{.NodesPerRegion}} nodes each, {{.StoreMode}} store, 3 etcd members, provider simulator, every link proxied</td></tr>
+<tr><td>cluster</td><td>{{len .Regions}} regions ({{join .Regions ", "}}), {{.NodesPerRegion}} nodes each, {{.StoreMode}} store{{if .PgBouncer}} reached through PgBouncer (transaction pooling){{end}}, 3 etcd members, provider simulator, {{if .StoreLinksOnly}}the replicated store's links proxied{{else if .Direct}}no link proxied{{else}}every link proxied{{end}}</td></tr>
 <tr><td>idemd flags</td><td><code>{{join .NodeArgs " "}}</code></td></tr>
 <tr><td>traffic</td><td>{{.Ops}} calls on {{.Keys}} keys by {{.Clients}} clients{{if .SidecarCalls}}, and {{.SidecarCalls}} calls by as many sidecar clients,{{end}} over {{secs .TrafficSeconds}}; warm-up rate {{printf "%.1f" .WarmupRate}} calls/s (minimum {{.MinRate}})</td></tr>
 <tr><td>answers</td><td>{{range outcomes .Outcomes}}<code>{{.Name}}</code>&nbsp;×{{.Count}} &nbsp; {{end}}</td></tr>

@@ -43,10 +43,13 @@ type ScenarioReport struct {
 	Direct bool `json:"direct,omitempty"`
 	// StoreLinksOnly: only the replicated store's links were proxied
 	// (Scenario.StoreLinksOnly).
-	StoreLinksOnly bool      `json:"storeLinksOnly,omitempty"`
-	NodeArgs       []string  `json:"nodeArgs,omitempty"`
-	Clients        int       `json:"clients,omitempty"`
-	Started        time.Time `json:"started"`
+	StoreLinksOnly bool `json:"storeLinksOnly,omitempty"`
+	// PgBouncer: the nodes reached their store through PgBouncer in
+	// transaction pooling (Scenario.PgBouncer).
+	PgBouncer bool      `json:"pgbouncer,omitempty"`
+	NodeArgs  []string  `json:"nodeArgs,omitempty"`
+	Clients   int       `json:"clients,omitempty"`
+	Started   time.Time `json:"started"`
 	// Elapsed is the scenario's whole time, cluster start to stop;
 	// TrafficSeconds how long clients sent requests (drain included).
 	Elapsed        string  `json:"elapsed,omitempty"`

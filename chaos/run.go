@@ -277,13 +277,13 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 	}
 	sr := &ScenarioReport{
 		Name: s.Name, Description: s.Description, Seed: opts.Seed, Break: opts.Break,
-		Regions: regions, NodesPerRegion: perRegion, StoreMode: storeMode, Direct: s.Direct, StoreLinksOnly: s.StoreLinksOnly, Clients: opts.Clients + s.ExtraClients,
+		Regions: regions, NodesPerRegion: perRegion, StoreMode: storeMode, Direct: s.Direct, StoreLinksOnly: s.StoreLinksOnly, PgBouncer: s.PgBouncer, Clients: opts.Clients + s.ExtraClients,
 		Started: began.UTC(), MinRate: opts.MinRate, NodeArgs: args,
 	}
 	cfg := cluster.Config{
 		Regions: regions, NodesPerRegion: perRegion, IdemdPath: nodes.wrapper,
 		EtcdMembers: 3, EtcdPath: opts.Etcd, Provider: true, IdemctlPath: opts.Idemctl, StoreMode: storeMode, StoreHA: s.StoreHA,
-		RegionLeaseTTL: chaosLeaseTTL, StoreHATTL: chaosStoreTTL, Proxied: !s.Direct, ProxiedStoreOnly: s.StoreLinksOnly, Tenants: tenants, ReplayWindow: s.ReplayWindow,
+		RegionLeaseTTL: chaosLeaseTTL, StoreHATTL: chaosStoreTTL, Proxied: !s.Direct, ProxiedStoreOnly: s.StoreLinksOnly, PgBouncer: s.PgBouncer, Tenants: tenants, ReplayWindow: s.ReplayWindow,
 		ExtraNodeArgs: args, Logger: opts.Logger, TLS: opts.TLS,
 	}
 	if opts.Env == EnvDocker {

@@ -67,6 +67,10 @@ type Scenario struct {
 	// DockerOnly marks a scenario whose faults exist only at the network
 	// layer of the docker environment (Options.Env EnvDocker).
 	DockerOnly bool
+	// PgBouncer puts PgBouncer in transaction pooling between the nodes
+	// and PostgreSQL (cluster.Config.PgBouncer): every node reaches its
+	// store, and the effects database, through it.
+	PgBouncer bool
 	// IdleTenants is how many idle tenants (no traffic) get a placement of
 	// their own in regions[0] before the traffic starts, written in batched
 	// etcd transactions: a control plane at scale. Default none.
@@ -375,6 +379,24 @@ func Catalogue() []Scenario {
 			},
 		},
 		{
+			Name: "pgbouncer-restart",
+			Description: "every node reaches its store through PgBouncer in transaction pooling, which is killed (SIGKILL) mid-traffic " +
+				"four times and restarted after a short pause, twice while the server holds commits in flight (as an fsync or a " +
+				"synchronous standby would), which it then carries out with their clients gone: ambiguous commits through a pooler, " +
+				"resolved (a claim by its id, a fenced write by reading it back), never run twice, nothing acknowledged lost",
+			PgBouncer: true,
+			Workload:  WorkloadConfig{Mix: map[Role]int{RoleNormal: 2, RoleRacer: 1, RoleNoKey: 1}, RaceWidth: 2, Replays: 0.3},
+			Direct:    true,
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{
+					{KillPgBouncer(), time.Second},
+					{KillPgBouncerMidCommit(time.Second), 2 * time.Second},
+					{KillPgBouncer(), 500 * time.Millisecond},
+					{KillPgBouncerMidCommit(time.Second), time.Second},
+				}
+			},
+		},
+		{
 			Name:        "kill-region",
 			Description: "every node of a region crashes at once (SIGKILL) and restarts; then one node crashes on its own",
 			Workload:    WorkloadConfig{Mix: map[Role]int{RoleNormal: 1}, Replays: 0.2},
@@ -496,6 +518,8 @@ func (s Scenario) RunsIn(env string) (bool, string) {
 	switch {
 	case env == EnvDocker && s.StoreHA:
 		return false, "the replicated store (Patroni) runs in the process environment only"
+	case env == EnvDocker && s.PgBouncer:
+		return false, "PgBouncer runs in the process environment only"
 	case env == EnvDocker && s.Sidecar:
 		return false, "the sidecar's upstream runs in the harness, out of the containers' reach"
 	case env != EnvDocker && s.DockerOnly:
