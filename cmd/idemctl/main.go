@@ -33,7 +33,7 @@ type Env struct {
 // operator tag (the production image's build), the tooling's (toolingCommands).
 func commands() map[string]command {
 	cmds := map[string]command{
-		"migrate":     {"apply the store's migrations to --database-url", runMigrate},
+		"migrate":     {"apply the store's migrations to --database-url; migrate status lists each set's applied and pending versions", runMigrate},
 		"provider":    {"serve the payment provider simulator", runProvider},
 		"placement":   {"get or set a tenant's home region (placement get|set --tenant T [--region R]), or the default regions (placement defaults --regions A,B)", runPlacement},
 		"region":      {"region status, failover --from A --to B, failback --region A, handover of a failed region's records", runRegion},
