@@ -295,7 +295,9 @@ func TestDockerEnvironment(t *testing.T) {
 	}
 }
 
-// TestEnvironments checks which scenarios run where.
+// TestEnvironments checks which scenarios run where (and that the
+// scenario behind PgBouncer refuses TLS, which its PgBouncer cannot
+// terminate).
 func TestEnvironments(t *testing.T) {
 	for _, s := range Catalogue() {
 		inProcess, _ := s.RunsIn(EnvProcess)
@@ -312,6 +314,11 @@ func TestEnvironments(t *testing.T) {
 	opts := runOpts(t, "partition-one-way", "")
 	if _, err := Run(context.Background(), opts); err == nil || !strings.Contains(err.Error(), "does not run in the process environment") {
 		t.Errorf("partition-one-way in the process environment: %v", err)
+	}
+	opts = runOpts(t, "pgbouncer-restart", "")
+	opts.TLS = true
+	if _, err := Run(context.Background(), opts); err == nil || !strings.Contains(err.Error(), "does not run with TLS") {
+		t.Errorf("pgbouncer-restart with TLS: %v", err)
 	}
 	opts = runOpts(t, "completed-replay", "")
 	opts.Env = "vm"

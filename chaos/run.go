@@ -155,7 +155,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	var scenarios []Scenario
 	if opts.Scenario == "all" {
 		for _, s := range Catalogue() {
-			if ok, _ := s.RunsIn(opts.Env); ok {
+			if ok, _ := s.RunsIn(opts.Env); ok && (!opts.TLS || !s.PgBouncer) {
 				scenarios = append(scenarios, s)
 			}
 		}
@@ -167,6 +167,9 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 			}
 			if ok, why := s.RunsIn(opts.Env); !ok {
 				return nil, fmt.Errorf("chaos: scenario %s does not run in the %s environment: %s", s.Name, opts.Env, why)
+			}
+			if opts.TLS && s.PgBouncer {
+				return nil, fmt.Errorf("chaos: scenario %s does not run with TLS: the local PgBouncer does not terminate the nodes' TLS", s.Name)
 			}
 			scenarios = append(scenarios, s)
 		}
