@@ -15,7 +15,8 @@
 // Idempotent-Replayed: true; the same key with a different request answers
 // 409 IDEMPOTENCY_KEY_REUSED_WITH_DIFFERENT_REQUEST without calling the
 // handler; a key in progress answers 409 IDEMPOTENCY_REQUEST_IN_PROGRESS with
-// Retry-After, or waits for the answer when the client sends Prefer: wait=N;
+// Retry-After, or waits for the answer when the client sends Prefer: wait=N
+// (PreferWait);
 // every answer carries Idempotency-Window (seconds). Errors are RFC 9457
 // problems (application/problem+json) that also carry errorCode and
 // message, written by one table of codes ([Errors]) that every surface of
@@ -114,7 +115,12 @@ type Options struct {
 	// then) and is how long a crashed owner blocks a retry. Default
 	// engine.DefaultLockFor (30s).
 	LockFor time.Duration
-	// MaxWait caps Prefer: wait=N. Default engine.DefaultMaxWait (60s).
+	// MaxWait caps the wait a client states with Prefer: wait=N (read by
+	// PreferWait) and Wait. Default engine.DefaultMaxWait (60s). The
+	// middleware leaves the connection's write deadline alone: behind an
+	// http.Server with a WriteTimeout, a held request must fit in it, or
+	// the server moves its deadline by the stated wait (PreferWait), as a
+	// node's server does.
 	MaxWait time.Duration
 	// Wait is how long a request that finds its key in progress is held
 	// for the first answer when it does not ask itself (Prefer: wait=N,
@@ -604,29 +610,11 @@ func clientError(err error) error {
 	return strictjson.ClientError(err)
 }
 
-// wait is how long a request waits for a key in progress: Prefer: wait=N,
-// or else Options.Wait, capped at MaxWait.
+// wait is how long a request waits for a key in progress: Prefer: wait=N
+// (PreferWait), or else Options.Wait, capped at MaxWait.
 func (m *middleware) wait(h http.Header) time.Duration {
-	if d, ok := preferWaitOf(h); ok {
-		return min(d, m.opts.MaxWait)
+	if d, ok := PreferWait(h, m.opts.MaxWait); ok {
+		return d
 	}
 	return min(m.opts.Wait, m.opts.MaxWait)
-}
-
-// preferWaitOf reads Prefer: wait=N (RFC 7240); ok is false when the
-// request states no wait (wait=0 is a stated wait of none).
-func preferWaitOf(h http.Header) (d time.Duration, ok bool) {
-	for _, v := range h.Values("Prefer") {
-		for _, pref := range strings.Split(v, ",") {
-			name, val, found := strings.Cut(strings.TrimSpace(pref), "=")
-			if !found || !strings.EqualFold(strings.TrimSpace(name), "wait") {
-				continue
-			}
-			n, err := strconv.Atoi(strings.Trim(strings.TrimSpace(val), `"`))
-			if err == nil && n >= 0 {
-				return time.Duration(min(n, 1<<20)) * time.Second, true
-			}
-		}
-	}
-	return 0, false
 }

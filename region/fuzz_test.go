@@ -1,16 +1,13 @@
 package region
 
 import (
-	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/coordapi"
 	"github.com/idemcoord/idem/fingerprint"
 	"github.com/idemcoord/idem/internal/strictjson"
-	"github.com/idemcoord/idem/payments"
 )
 
 // clientError fails t unless err is an *idem.Error whose status is a 4xx.
@@ -104,39 +101,6 @@ func FuzzRequestHash(f *testing.F) {
 			t.Fatalf("accepted %q as version %d (VersionOf %d)", h, v, fingerprint.VersionOf(h))
 		}
 	})
-}
-
-// FuzzPreferWait checks Prefer header parsing: never panics, the wait is
-// within [0, payments.MaxWait], and a lone well-formed wait=N is honoured.
-func FuzzPreferWait(f *testing.F) {
-	for _, s := range []string{"wait=5", "respond-async, wait=10", `wait="3"`, "WAIT = 2", "wait=-1", "wait=99999999999999999999", "wait", "handling=lenient", ""} {
-		f.Add(s, uint16(5))
-	}
-	f.Fuzz(func(t *testing.T, v string, n uint16) {
-		h := http.Header{"Prefer": []string{v}}
-		d := preferWait(h)
-		if d < 0 || d > payments.MaxWait || d%time.Second != 0 {
-			t.Fatalf("preferWait(%q) = %v", v, d)
-		}
-		if d != preferWait(h) {
-			t.Fatalf("preferWait(%q) is not deterministic", v)
-		}
-		want := min(time.Duration(n)*time.Second, payments.MaxWait)
-		if got := preferWait(http.Header{"Prefer": []string{"wait=" + itoa(int(n))}}); got != want {
-			t.Fatalf("preferWait(wait=%d) = %v, want %v", n, got, want)
-		}
-	})
-}
-
-func itoa(n int) string {
-	if n == 0 {
-		return "0"
-	}
-	var b []byte
-	for ; n > 0; n /= 10 {
-		b = append([]byte{byte('0' + n%10)}, b...)
-	}
-	return string(b)
 }
 
 // FuzzPathParameters checks the checks made on path parameters before any

@@ -482,25 +482,6 @@ func (s *Server) authenticated(h tenantHandler) http.HandlerFunc {
 // because a newer owner held the record (idempotency_fenced_total).
 func (s *Server) Fenced() { s.metrics.fenced.Inc() }
 
-// preferWait reads Prefer: wait=N (RFC 7240) and returns N seconds, or 0.
-func preferWait(h http.Header) time.Duration {
-	for _, v := range h.Values("Prefer") {
-		for _, pref := range strings.Split(v, ",") {
-			name, val, ok := strings.Cut(strings.TrimSpace(pref), "=")
-			if !ok || !strings.EqualFold(strings.TrimSpace(name), "wait") {
-				continue
-			}
-			n, err := strconv.Atoi(strings.Trim(strings.TrimSpace(val), `"`))
-			if err == nil && n > 0 {
-				// Clamp before multiplying: n seconds overflow a Duration
-				// from about 9.2e9 on.
-				return time.Duration(min(n, int(engine.DefaultMaxWait/time.Second))) * time.Second
-			}
-		}
-	}
-	return 0
-}
-
 // viewOf is the inspection view of rec (coordapi.Record): never the stored
 // response body (sensitive data).
 func viewOf(rec *idem.Record) *coordapi.Record {
@@ -578,13 +559,16 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 
 // deadlines gives each request with a body a read deadline, ReadTimeout
 // from the handler's start (net/http lifts it once the body has been read,
-// for its background read), and extends the write deadline of a request
-// with Prefer: wait=N by the wait it is allowed.
+// for its background read), and moves the write deadline of a request that
+// states a wait above 0 (idemhttp.PreferWait, capped at the node's
+// operations' MaxWait, engine.DefaultMaxWait) to ReadTimeout + the wait +
+// WriteTimeout from the handler's start. A route's default wait moves
+// nothing: it is below WriteTimeout (registerSidecar).
 func (s *Server) deadlines(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rc := http.NewResponseController(w)
 		now := time.Now()
-		if wait := preferWait(r.Header); wait > 0 {
+		if wait, _ := idemhttp.PreferWait(r.Header, engine.DefaultMaxWait); wait > 0 {
 			// Unsupported (a test recorder): nothing to extend.
 			_ = rc.SetWriteDeadline(now.Add(s.cfg.ReadTimeout + wait + s.cfg.WriteTimeout))
 		}

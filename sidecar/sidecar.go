@@ -74,7 +74,9 @@ type Options struct {
 	// routes without a MaxResponse of their own. Default
 	// idemhttp.DefaultMaxResponseBody.
 	MaxResponseBody int
-	// MaxWait caps Prefer: wait=N. Default engine.DefaultMaxWait.
+	// MaxWait caps the wait a client states with Prefer: wait=N
+	// (idemhttp.PreferWait) and a route's Wait. Default
+	// engine.DefaultMaxWait.
 	MaxWait time.Duration
 	// Errors is the table the proxy's own error answers are written by
 	// (problem+json; the upstream's answers are passed on as they are).
