@@ -62,6 +62,7 @@ import (
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/fingerprint"
+	"github.com/idemcoord/idem/internal/httpanswer"
 	"github.com/idemcoord/idem/internal/strictjson"
 )
 
@@ -106,8 +107,9 @@ type Options struct {
 	// SemanticHeaders are request headers that change a request's meaning
 	// and so are part of its fingerprint. Default: Api-Version.
 	SemanticHeaders []string
-	// StoredHeaders are the response headers stored and replayed. Default:
-	// Content-Type and Location.
+	// StoredHeaders are the response headers stored and replayed (the
+	// first value of each; Set-Cookie only when named). Default:
+	// Content-Type, Content-Encoding and Location.
 	StoredHeaders []string
 	// Window is the replay window. Default engine.DefaultWindow (24h).
 	Window time.Duration
@@ -237,7 +239,7 @@ func Middleware(e *engine.Engine, opts Options) (func(http.Handler) http.Handler
 		opts.Fingerprint = DefaultFingerprint(opts.SemanticHeaders...)
 	}
 	if opts.StoredHeaders == nil {
-		opts.StoredHeaders = []string{"Content-Type", "Location"}
+		opts.StoredHeaders = httpanswer.DefaultStoredHeaders()
 	}
 	if opts.MaxRequestBody <= 0 {
 		opts.MaxRequestBody = DefaultMaxRequestBody
@@ -464,54 +466,29 @@ func errOutcome(err error) string {
 
 // result classifies the handler's answer.
 func (m *middleware) result(rec *recorder) engine.Result {
-	status := rec.status
-	if status == 0 {
-		status = http.StatusOK
-	}
-	class := rec.class
-	if class == "" {
-		class = DefaultClass(status)
-	}
 	if rec.overflow {
+		class := rec.class
+		if class == "" {
+			class = DefaultClass(rec.status)
+		}
 		if class != idem.StatusFailedRetryable {
 			class = idem.StatusUnknown
 		}
 		return engine.Result{Status: class, ErrorCode: idem.ECodeResponseTooLarge}
 	}
-	headers := map[string]string{}
-	for _, name := range m.opts.StoredHeaders {
-		if v := rec.header.Get(name); v != "" {
-			headers[http.CanonicalHeaderKey(name)] = v
-		}
-	}
-	body := rec.buf.Bytes()
-	if body == nil {
-		body = []byte{}
-	}
-	res := engine.Result{Response: idem.Response{Status: status, Headers: headers, Body: body}, Status: class, Stored: rec.stored}
-	if rec.passing {
-		// The client has the body; the record keeps the rest.
-		res.Response.Body, res.Response.SchemaVersion = []byte{}, NotStoredSchema
-	}
-	if class != idem.StatusCompleted && !rec.stored {
-		res.ErrorCode = "HTTP_" + strconv.Itoa(status)
-	}
+	res := httpanswer.Answer{Status: rec.status, Header: rec.header, Body: rec.buf.Bytes(), Class: rec.class, NotStored: rec.passing}.
+		Result(m.opts.StoredHeaders)
+	// A handler that recorded its answer itself (Stored) has written the
+	// record: the engine writes nothing of res.
+	res.Stored = rec.stored
 	return res
 }
 
 // DefaultClass is how an answer of status is stored when the handler does
 // not Classify it: 1xx-3xx COMPLETED; 408, 409, 425, 429 and 5xx
-// FAILED_RETRYABLE; other 4xx FAILED_REPLAYABLE.
-func DefaultClass(status int) idem.Status {
-	switch {
-	case status < 400:
-		return idem.StatusCompleted
-	case status == http.StatusRequestTimeout, status == http.StatusConflict, status == http.StatusTooEarly,
-		status == http.StatusTooManyRequests, status >= 500:
-		return idem.StatusFailedRetryable
-	}
-	return idem.StatusFailedReplayable
-}
+// FAILED_RETRYABLE; other 4xx FAILED_REPLAYABLE. The sidecar classifies an
+// upstream's answer by it too.
+func DefaultClass(status int) idem.Status { return httpanswer.DefaultClass(status) }
 
 // readBody reads the whole body, bounded by limit.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {

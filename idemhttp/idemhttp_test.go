@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -367,6 +368,11 @@ func TestFailureClasses(t *testing.T) {
 		case "classified":
 			// A 200 the handler knows is a transient failure.
 			idemhttp.Classify(w, idem.StatusFailedRetryable)
+		case "unknown":
+			// A 500 after a side effect that may have happened.
+			idemhttp.Classify(w, idem.StatusUnknown)
+			w.WriteHeader(http.StatusInternalServerError)
+			return
 		}
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, "done %d", call)
@@ -376,7 +382,7 @@ func TestFailureClasses(t *testing.T) {
 	if a := f.post(t, "tok-a", "k5", `{}`, "X-Case", "5xx"); a.status != 503 || a.body != "downstream busy" {
 		t.Fatalf("5xx = %+v", a)
 	}
-	if rec := f.record(t, "tenant-a", "k5"); rec.Status != idem.StatusFailedRetryable || rec.Response != nil {
+	if rec := f.record(t, "tenant-a", "k5"); rec.Status != idem.StatusFailedRetryable || rec.Response != nil || rec.ErrorCode != "HTTP_503" {
 		t.Fatalf("record of a 5xx = %+v", rec)
 	}
 	if a := f.post(t, "tok-a", "k5", `{}`, "X-Case", "5xx"); a.status != 201 || a.header.Get("Idempotent-Replayed") != "" {
@@ -388,10 +394,60 @@ func TestFailureClasses(t *testing.T) {
 	if first.status != 422 || again.status != 422 || again.body != first.body || again.header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("4xx = %+v then %+v", first, again)
 	}
+	if rec := f.record(t, "tenant-a", "k4"); rec.Status != idem.StatusFailedReplayable || rec.ErrorCode != "HTTP_422" {
+		t.Fatalf("record of a 4xx = %s %s, want %s HTTP_422", rec.Status, rec.ErrorCode, idem.StatusFailedReplayable)
+	}
+	// An unknown outcome's record carries the operation's code for one, as
+	// the engine's own unknown outcomes do, not the answer's status.
+	if a := f.post(t, "tok-a", "ku", `{}`, "X-Case", "unknown"); a.status != 500 {
+		t.Fatalf("unknown = %+v", a)
+	}
+	if rec := f.record(t, "tenant-a", "ku"); rec.Status != idem.StatusUnknown || rec.ErrorCode != idem.ECodeOutcomeUnknown {
+		t.Fatalf("record of an unknown outcome = %s %s, want %s %s", rec.Status, rec.ErrorCode, idem.StatusUnknown, idem.ECodeOutcomeUnknown)
+	}
 	// Classify overrides the status's default class.
 	f.post(t, "tok-a", "kc", `{}`, "X-Case", "classified")
 	if rec := f.record(t, "tenant-a", "kc"); rec.Status != idem.StatusFailedRetryable {
 		t.Fatalf("classified record = %s", rec.Status)
+	}
+}
+
+// TestStoredHeaders: by default Content-Type, Content-Encoding (the
+// stored bytes keep their encoding) and Location are stored and replayed;
+// Options.StoredHeaders replaces them, in any spelling, and the record
+// keeps canonical names. Set-Cookie is stored only when named.
+func TestStoredHeaders(t *testing.T) {
+	handler := func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Content-Type", "application/json")
+		h.Set("Content-Encoding", "br") // a client's transport leaves it alone
+		h.Set("Location", "/transfers/tr_1")
+		h.Set("X-Request-Id", "req-1")
+		h.Set("Set-Cookie", "session=s1")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte{0x8b, 0x01, 0x80, 0x03})
+	}
+	for _, c := range []struct {
+		stored []string
+		want   map[string]string
+	}{
+		{nil, map[string]string{"Content-Type": "application/json", "Content-Encoding": "br", "Location": "/transfers/tr_1"}},
+		{[]string{"x-request-id", "CONTENT-TYPE", "X-Absent"}, map[string]string{"X-Request-Id": "req-1", "Content-Type": "application/json"}},
+	} {
+		f := newFixture(t, handler, engine.Options{}, idemhttp.Options{StoredHeaders: c.stored})
+		first := f.post(t, "tok-a", "kh", `{}`)
+		replay := f.post(t, "tok-a", "kh", `{}`)
+		if rec := f.record(t, "tenant-a", "kh"); rec.Response == nil || !maps.Equal(rec.Response.Headers, c.want) {
+			t.Errorf("StoredHeaders %q: record's headers %v, want %v", c.stored, rec.Response, c.want)
+		}
+		if replay.header.Get("Idempotent-Replayed") != "true" || replay.body != first.body || replay.header.Get("Set-Cookie") != "" {
+			t.Errorf("StoredHeaders %q: replay %+v of %+v", c.stored, replay, first)
+		}
+		for name, v := range c.want {
+			if got := replay.header.Get(name); got != v {
+				t.Errorf("StoredHeaders %q: replayed %s %q, want %q", c.stored, name, got, v)
+			}
+		}
 	}
 }
 

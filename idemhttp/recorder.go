@@ -7,6 +7,7 @@ import (
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/engine"
+	"github.com/idemcoord/idem/internal/httpanswer"
 )
 
 // recorder captures a handler's answer, keeping at most limit body bytes,
@@ -117,10 +118,11 @@ func PassThrough(w http.ResponseWriter) {
 }
 
 // NotStoredSchema is the Response.SchemaVersion of an answer recorded
-// without its body (PassThrough): its record is settled, and a retry
-// answers 410 IDEMPOTENCY_RESPONSE_NOT_STORED instead of a replay. GET
+// without its body (PassThrough, or an upstream's answer the sidecar passed
+// on): its record is settled, and a retry answers 410
+// IDEMPOTENCY_RESPONSE_NOT_STORED instead of a replay. GET
 // /v1/idempotency/records shows it as responseSchemaVersion.
-const NotStoredSchema = "not-stored"
+const NotStoredSchema = httpanswer.NotStoredSchema
 
 // Classify sets how the answer the handler is writing to w is stored:
 // idem.StatusCompleted, idem.StatusFailedReplayable (stored and replayed),

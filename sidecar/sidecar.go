@@ -23,6 +23,7 @@ import (
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/idemhttp"
+	"github.com/idemcoord/idem/internal/httpanswer"
 )
 
 // Headers the upstream receives.
@@ -103,8 +104,10 @@ type Metrics interface {
 }
 
 // DefaultReplayHeaders are the upstream answer's headers stored and
-// replayed for every route (Route.ReplayHeaders adds to them).
-var DefaultReplayHeaders = []string{"Content-Type", "Content-Encoding", "Location"}
+// replayed for every route (Route.ReplayHeaders adds to them): the
+// middleware's default Options.StoredHeaders, Content-Type,
+// Content-Encoding and Location.
+var DefaultReplayHeaders = httpanswer.DefaultStoredHeaders()
 
 // Call kinds and results Metrics counts upstream calls by.
 var (
@@ -388,40 +391,19 @@ func (p *Proxy) recover(ctx context.Context, rt *route, a *engine.Attempt) (engi
 	if rt.IdempotentUpstream && o != nil {
 		// No client waits for this answer as it comes: one too large
 		// to store is settled without its body.
-		ans := p.call(ctx, rt, "resend", o, a, nil)
-		class := ans.class
-		if class == "" {
-			class = idemhttp.DefaultClass(ans.status)
-		}
-		return p.result(rt, ans, class), nil
+		return p.result(rt, p.call(ctx, rt, "resend", o, a, nil)), nil
 	}
-	return unknownResult(), nil
+	// The engine gives the record the operation's code for an unknown
+	// outcome, as for any answer classified UNKNOWN_REQUIRES_RECOVERY.
+	return engine.Result{Status: idem.StatusUnknown}, nil
 }
 
-func unknownResult() engine.Result {
-	return engine.Result{Status: idem.StatusUnknown, ErrorCode: idem.ECodeOutcomeUnknown}
-}
-
-// result is a stored answer of ans; one not stored, or too large to
-// store, is settled without its body (idemhttp.NotStoredSchema).
-func (p *Proxy) result(rt *route, ans upstreamAnswer, class idem.Status) engine.Result {
-	if class == idem.StatusUnknown {
-		return unknownResult()
-	}
-	headers := map[string]string{}
-	for _, name := range rt.replayHeaders {
-		if v := ans.header.Get(name); v != "" {
-			headers[name] = v
-		}
-	}
-	res := engine.Result{Response: idem.Response{Status: ans.status, Headers: headers, Body: ans.body}, Status: class}
-	if ans.notStored || len(ans.body) > rt.maxResponse {
-		res.Response.Body, res.Response.SchemaVersion = []byte{}, idemhttp.NotStoredSchema
-	}
-	if class != idem.StatusCompleted {
-		res.ErrorCode = "HTTP_" + strconv.Itoa(ans.status)
-	}
-	return res
+// result records ans as the middleware records an answer the proxy
+// writes; one not stored, or too large to store, is settled without its
+// body (idemhttp.NotStoredSchema).
+func (p *Proxy) result(rt *route, ans upstreamAnswer) engine.Result {
+	return httpanswer.Answer{Status: ans.status, Header: ans.header, Body: ans.body, Class: ans.class,
+		NotStored: ans.notStored || len(ans.body) > rt.maxResponse}.Result(rt.replayHeaders)
 }
 
 // lookup asks the route's lookup URL about the derived key: 2xx settles the
@@ -458,7 +440,7 @@ func (p *Proxy) lookup(ctx context.Context, rt *route, a *engine.Attempt) (engin
 		// It happened; an answer too large to store settles it without
 		// its body.
 		p.count(rt, "lookup", "completed")
-		return p.result(rt, upstreamAnswer{status: resp.StatusCode, header: resp.Header, body: body}, idem.StatusCompleted), true
+		return p.result(rt, upstreamAnswer{status: resp.StatusCode, header: resp.Header, body: body, class: idem.StatusCompleted}), true
 	}
 	p.count(rt, "lookup", "unknown")
 	return engine.Result{}, false

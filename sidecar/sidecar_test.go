@@ -260,8 +260,8 @@ func TestUpstream5xxRetriesWithSameDerivedKey(t *testing.T) {
 	if a := f.post(t, "tok-a", "k5", "/transfers", transfer); a.status != 503 || a.body != `{"error":"try again"}` {
 		t.Fatalf("first = %+v, want the upstream's 503", a)
 	}
-	if rec := f.record(t, "tenant-a", "k5"); rec.Status != idem.StatusFailedRetryable {
-		t.Fatalf("record after 5xx: %s", rec.Status)
+	if rec := f.record(t, "tenant-a", "k5"); rec.Status != idem.StatusFailedRetryable || rec.ErrorCode != "HTTP_503" {
+		t.Fatalf("record after 5xx: %s %s, want %s HTTP_503", rec.Status, rec.ErrorCode, idem.StatusFailedRetryable)
 	}
 	if a := f.post(t, "tok-a", "k5", "/transfers", transfer); a.status != 201 || a.header.Get("Idempotent-Replayed") != "" {
 		t.Fatalf("retry = %+v", a)
@@ -285,8 +285,8 @@ func TestUpstream4xxIsReplayed(t *testing.T) {
 	if _, r := f.up.counts(); len(r) != 1 || f.up.total() != 0 {
 		t.Errorf("upstream received %v", r)
 	}
-	if rec := f.record(t, "tenant-a", "k4"); rec.Status != idem.StatusFailedReplayable {
-		t.Errorf("record %s", rec.Status)
+	if rec := f.record(t, "tenant-a", "k4"); rec.Status != idem.StatusFailedReplayable || rec.ErrorCode != "HTTP_422" {
+		t.Errorf("record %s %s, want %s HTTP_422", rec.Status, rec.ErrorCode, idem.StatusFailedReplayable)
 	}
 }
 
@@ -323,8 +323,10 @@ func TestLostAnswerResolvedByLookup(t *testing.T) {
 	if a.status != http.StatusAccepted || a.code() != idem.ECodeOutcomeUnknown {
 		t.Fatalf("lost answer: %+v", a)
 	}
-	if rec := f.record(t, "tenant-a", "kl"); rec.Status != idem.StatusUnknown {
-		t.Fatalf("record %s", rec.Status)
+	// The same code a recovery that cannot tell records, not the HTTP
+	// status of the proxy's own 202.
+	if rec := f.record(t, "tenant-a", "kl"); rec.Status != idem.StatusUnknown || rec.ErrorCode != idem.ECodeOutcomeUnknown {
+		t.Fatalf("record %s %s, want %s %s", rec.Status, rec.ErrorCode, idem.StatusUnknown, idem.ECodeOutcomeUnknown)
 	}
 	b := f.post(t, "tok-a", "kl", "/transfers", transfer)
 	if b.status != 200 || !strings.Contains(b.body, `"tenant":"tenant-a"`) {
