@@ -522,8 +522,9 @@ func (s *Store) Checkpoint(ctx context.Context, lease idem.Lease, cp idem.Checkp
 			return err
 		}
 	}
-	return s.fencedWriteFirst(ctx, "checkpoint", lease, first, write,
+	_, err := s.fencedWriteFirst(ctx, "checkpoint", lease, first, write,
 		func(r *idem.Record) bool { return r.Checkpoint == cp && openStatus(r.Status) })
+	return err
 }
 
 // Complete implements idem.Coordinator. The completions of concurrent
@@ -531,6 +532,18 @@ func (s *Store) Checkpoint(ctx context.Context, lease idem.Lease, cp idem.Checkp
 // statement and one commit for all that queued while the previous batch
 // was in flight, each still fenced by its own lease.
 func (s *Store) Complete(ctx context.Context, lease idem.Lease, c idem.Completion) error {
+	_, err := s.CompleteAcknowledged(ctx, lease, c)
+	return err
+}
+
+// CompleteAcknowledged is Complete, and also reports whether the
+// completion's own commit was acknowledged. It is false, with a nil
+// error, when that commit's answer was lost and the record, read back,
+// showed the completion written: the server showed a commit this node
+// never saw acknowledged, which a primary cut off from its synchronous
+// standbys can show before it loses it (see durable). The engine keeps in
+// memory only the answers of acknowledged commits (engine.AnswerCache).
+func (s *Store) CompleteAcknowledged(ctx context.Context, lease idem.Lease, c idem.Completion) (bool, error) {
 	write := func(q Querier) error { return CompleteTx(ctx, q, lease, c) }
 	first := func() error { return s.ExecOne(ctx, write) }
 	if _, unfenced := unfencedWhere(lease); s.completions != nil && !unfenced {
@@ -542,6 +555,13 @@ func (s *Store) Complete(ctx context.Context, lease idem.Lease, c idem.Completio
 
 // Fail implements idem.Coordinator.
 func (s *Store) Fail(ctx context.Context, lease idem.Lease, f idem.Failure) error {
+	_, err := s.FailAcknowledged(ctx, lease, f)
+	return err
+}
+
+// FailAcknowledged is Fail, and also reports whether the write's own
+// commit was acknowledged (see CompleteAcknowledged).
+func (s *Store) FailAcknowledged(ctx context.Context, lease idem.Lease, f idem.Failure) (bool, error) {
 	return s.fencedWrite(ctx, "fail", lease, func(q Querier) error { return FailTx(ctx, q, lease, f) },
 		func(r *idem.Record) bool { return r.Status == f.Status })
 }
@@ -551,16 +571,21 @@ func (s *Store) Fail(ctx context.Context, lease idem.Lease, f idem.Failure) erro
 // the record is read back: written (its token is still lease's and it shows
 // what fn writes) is success; still open under lease's token means the
 // commit did not happen and fn runs again (fenced as always); anything else
-// is idem.ErrFenced, as fn itself would have found.
-func (s *Store) fencedWrite(ctx context.Context, what string, lease idem.Lease, fn func(Querier) error, written func(*idem.Record) bool) error {
+// is idem.ErrFenced, as fn itself would have found. acknowledged reports a
+// success of the first commit, answered: any other success went through a
+// lost commit's answer.
+func (s *Store) fencedWrite(ctx context.Context, what string, lease idem.Lease, fn func(Querier) error, written func(*idem.Record) bool) (acknowledged bool, err error) {
 	return s.fencedWriteFirst(ctx, what, lease, func() error { return s.ExecOne(ctx, fn) }, fn, written)
 }
 
 // fencedWriteFirst is fencedWrite whose first attempt is first (a batch of
 // several owners' writes, say) and whose attempts after an unanswered
 // commit run fn alone.
-func (s *Store) fencedWriteFirst(ctx context.Context, what string, lease idem.Lease, first func() error, fn func(Querier) error, written func(*idem.Record) bool) error {
-	err := first()
+func (s *Store) fencedWriteFirst(ctx context.Context, what string, lease idem.Lease, first func() error, fn func(Querier) error, written func(*idem.Record) bool) (acknowledged bool, err error) {
+	err = first()
+	if err == nil {
+		return true, nil
+	}
 	for attempt := 1; errors.Is(err, ErrCommitUnknown) && attempt <= resolveAttempts; attempt++ {
 		if perr := pause(ctx, attempt); perr != nil {
 			break
@@ -573,7 +598,7 @@ func (s *Store) fencedWriteFirst(ctx context.Context, what string, lease idem.Le
 		case rerr != nil:
 			// Still unreachable: the outcome stays unknown.
 		case rec.FencingToken == lease.Token && written(rec):
-			return nil
+			return false, nil
 		case rec.FencingToken == lease.Token && openStatus(rec.Status):
 			err = s.ExecOne(ctx, fn)
 		default:
@@ -581,9 +606,21 @@ func (s *Store) fencedWriteFirst(ctx context.Context, what string, lease idem.Le
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("store: %s: %w", what, err)
+		return false, fmt.Errorf("store: %s: %w", what, err)
 	}
-	return nil
+	return false, nil
+}
+
+// Now reads the store's clock: now(), the time every record time is
+// taken from. The engine measures how long it may keep an answer it read
+// from a record's expires_at and this (engine.AnswerCache).
+func (s *Store) Now(ctx context.Context) (time.Time, error) {
+	var now time.Time
+	err := s.Read(ctx, func(q Querier) error { return q.QueryRow(ctx, `SELECT now()`).Scan(&now) })
+	if err != nil {
+		return time.Time{}, fmt.Errorf("store: now: %w", unavailableOr(err))
+	}
+	return now, nil
 }
 
 // Get implements idem.Coordinator. It returns idem.ErrRecordNotFound when the
