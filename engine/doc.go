@@ -89,5 +89,18 @@
 // lets a takeover tell a record that never acted from one that may have. A
 // Claim that writes its own progress saves it.
 //
+// # Answers from memory
+//
+// With [Options.AnswerCache], the engine keeps the answers of settled
+// records (COMPLETED, FAILED_REPLAYABLE) in memory, bounded by bytes
+// (package [github.com/idemcoord/idem/engine/answers]), and Do replays a
+// retry, or refuses a reused key, with no store round trip. An answer is
+// kept only from a commit the node saw acknowledged ([AcknowledgedWriter],
+// or an operation's own transaction) or from a durable read (a replay the
+// Coordinator or a ClaimFunc decided), for no longer than its record's
+// window and the retention, measured on the engine's Clock from the store's
+// time ([StoreClock]); see [AnswerCache]. [Engine.Begin] does the same for a
+// caller that serves the Coordinator contract (the coordination API).
+//
 // Errors a client may see are *idem.Error with the codes of package idem.
 package engine

@@ -95,6 +95,11 @@ type Options struct {
 	// PollMin and PollMax bound the backoff between polls of a record in
 	// progress. Defaults DefaultPollMin (20ms) and DefaultPollMax (500ms).
 	PollMin, PollMax time.Duration
+	// AnswerCache keeps the answers of settled records in memory, up to
+	// AnswerCache.Bytes, so that Do replays a retry (or refuses a reused
+	// key) with no store round trip; its entries live on Clock. Default:
+	// off (see AnswerCache for what it keeps).
+	AnswerCache AnswerCache
 }
 
 // ExecuteFunc performs an operation under an Attempt's lease. Its ctx ends
@@ -114,6 +119,13 @@ type ExecuteFunc func(ctx context.Context, a *Attempt) (Result, error)
 // FencingToken), it returns a Decision with OutcomeRecover and no lease,
 // as Begin does; the engine then takes the lock and calls it again with
 // the lock's token. An error wrapping idem.ErrFenced answers in progress.
+//
+// With the answer cache on (Options.AnswerCache), a replay a ClaimFunc
+// decides is kept in memory, so it must come from a durable read (as
+// store.ReadSettled, store.Store.ReadSettledWith, store.ClaimTx and
+// store.DecideExisting make theirs), and a Claim.Done that settled the
+// record is kept, so its transaction's commit must have been answered (a
+// commit whose answer was lost is an error, never a Done).
 type ClaimFunc func(ctx context.Context, req idem.BeginRequest) (Claim, error)
 
 // Claim is what a ClaimFunc decided.
@@ -192,6 +204,9 @@ type Result struct {
 	// state under the attempt's lease, in the same transaction as its own
 	// rows (an order and its outbox event, say): the engine writes nothing
 	// and reports Status (which must then be set when the error is nil).
+	// With the answer cache on, a stored COMPLETED or FAILED_REPLAYABLE
+	// result with a nil error is kept in memory as Response: report it
+	// only once the transaction's commit was answered.
 	// An error returned with a Stored result goes to the caller as it is:
 	// the operation has recorded what it means (or, if Status is empty,
 	// chose to leave the record as it is, to go stale at its lock).
@@ -306,6 +321,10 @@ type Answer struct {
 	Stored bool
 	// recoveryOutcome is Result.RecoveryOutcome, for RecoverStale.
 	recoveryOutcome string
+	// acknowledged says that the record's final state was written by a
+	// commit whose answer came back: the engine's own completion or
+	// failure (AcknowledgedWriter), or the operation's own (Stored).
+	acknowledged bool
 }
 
 // Engine runs registered operations over a Coordinator. It is safe for
@@ -313,6 +332,8 @@ type Answer struct {
 type Engine struct {
 	coord idem.Coordinator
 	opts  Options
+	// answers is the answer cache (nil: off).
+	answers *answerCache
 
 	mu  sync.RWMutex
 	ops map[string]Operation
@@ -344,7 +365,8 @@ func New(coord idem.Coordinator, opts Options) *Engine {
 	if opts.PollMax < opts.PollMin {
 		opts.PollMax = max(DefaultPollMax, opts.PollMin)
 	}
-	return &Engine{coord: coord, opts: opts, ops: map[string]Operation{}}
+	return &Engine{coord: coord, opts: opts, ops: map[string]Operation{},
+		answers: newAnswerCache(coord, opts.AnswerCache, opts.Clock.Now)}
 }
 
 // Register adds op. Names are unique; defaults fill Window and LockFor.
@@ -427,6 +449,11 @@ func errOutcomeUnknown(code string) error {
 // Do runs req: claims, replays, refuses, waits or recovers (see the package
 // documentation). Errors are *idem.Error (key reused, in progress, outcome
 // unknown, store unavailable, validation), or what Execute returned.
+//
+// With the answer cache on (Options.AnswerCache), a key whose settled
+// answer is kept is replayed or refused from memory, before any claim: the
+// Response of such a replay shares its Headers and Body with the cache,
+// to be read and never written.
 func (e *Engine) Do(ctx context.Context, req Request) (Answer, error) {
 	op, ok := e.Operation(req.Operation)
 	if !ok {
@@ -442,8 +469,8 @@ func (e *Engine) Do(ctx context.Context, req Request) (Answer, error) {
 	if req.Claim != nil {
 		fns.claim = req.Claim
 	}
-	defaultClaim := fns.claim == nil
-	if defaultClaim {
+	fns.defaultClaim = fns.claim == nil
+	if fns.defaultClaim {
 		fns.claim = e.begin
 	}
 	switch {
@@ -456,8 +483,15 @@ func (e *Engine) Do(ctx context.Context, req Request) (Answer, error) {
 	case len(req.RequestHashes) == 0 || req.RequestHashes[0] == "":
 		return Answer{}, idem.Errorf(idem.ECodeValidationFailed, "A request hash is required.")
 	}
-	begin := e.beginRequest(op, idem.Scope{Tenant: req.Tenant, Operation: op.Name, Key: req.Key}, req.RequestHashes, e.opts.Owner, e.opts.HomeRegion)
-	if defaultClaim {
+	scope := idem.Scope{Tenant: req.Tenant, Operation: op.Name, Key: req.Key}
+	if ans, ok, err := e.answers.lookup(scope, req.RequestHashes); ok {
+		if err != nil {
+			e.reused(ctx, scope)
+		}
+		return ans, err
+	}
+	begin := e.beginRequest(op, scope, req.RequestHashes, e.opts.Owner, e.opts.HomeRegion)
+	if fns.defaultClaim {
 		// Execute runs as soon as the key is granted: a free key's record
 		// says so from its insert, and run writes no CheckpointStarted.
 		// (A claim of the operation's own records its own progress.)
@@ -477,8 +511,7 @@ func (e *Engine) Do(ctx context.Context, req Request) (Answer, error) {
 		}
 		if idem.ErrorCode(err) != idem.ECodeInProgress {
 			if idem.ErrorCode(err) == idem.ECodeKeyReused {
-				e.opts.Logger.WarnContext(ctx, "idempotency key reused with a different request",
-					"tenant", begin.Tenant, "operation", begin.Operation, "key_hash", telemetry.KeyHash(begin.Key))
+				e.reused(ctx, begin.Scope)
 			}
 			return ans, err
 		}
@@ -493,11 +526,20 @@ func (e *Engine) Do(ctx context.Context, req Request) (Answer, error) {
 	}
 }
 
+// reused logs a request refused for reusing scope's key with another
+// command.
+func (e *Engine) reused(ctx context.Context, scope idem.Scope) {
+	e.opts.Logger.WarnContext(ctx, "idempotency key reused with a different request",
+		"tenant", scope.Tenant, "operation", scope.Operation, "key_hash", telemetry.KeyHash(scope.Key))
+}
+
 // funcs are the functions one request runs with: the Operation's, or the
 // Request's in their place.
 type funcs struct {
 	execute, recover ExecuteFunc
 	claim            ClaimFunc
+	// defaultClaim says claim is the Coordinator's Begin.
+	defaultClaim bool
 }
 
 // begin is the default ClaimFunc: the Coordinator's Begin.
@@ -589,13 +631,29 @@ func unlock(ctx context.Context, lock idem.Lock) {
 	_ = lock.Unlock(uctx)
 }
 
-// attempt runs one claim and whatever it allows.
+// attempt runs one claim and whatever it allows, and keeps the answer
+// that settled the record in the answer cache if it may.
 func (e *Engine) attempt(ctx context.Context, op Operation, begin idem.BeginRequest, fns funcs) (Answer, error) {
+	var start time.Time
+	if e.answers != nil {
+		start = e.opts.Clock.Now()
+	}
 	c, lock, err := e.claim(ctx, begin, 0, fns.claim)
 	if err != nil {
 		return Answer{}, err
 	}
 	defer unlock(ctx, lock)
+	if fns.defaultClaim {
+		e.answers.claimed(start, c.Decision)
+	}
+	ans, err := e.decided(ctx, op, begin, fns, c, lock)
+	e.answers.keepWritten(ctx, begin, c.Decision, start, ans, err)
+	return ans, err
+}
+
+// decided does what claim c allows.
+func (e *Engine) decided(ctx context.Context, op Operation, begin idem.BeginRequest, fns funcs, c Claim, lock idem.Lock) (Answer, error) {
+	var err error
 	d := c.Decision
 	ans := Answer{Outcome: d.Outcome, ExpiredRetry: d.ExpiredRetry}
 	if c.Done != nil {
@@ -618,6 +676,7 @@ func (e *Engine) attempt(ctx context.Context, op Operation, begin idem.BeginRequ
 			}
 		}
 		ans.Response, ans.Status, ans.Replayed = resp, d.Record.Status, true
+		e.answers.keepRead(ctx, begin.Scope, d.Record, resp)
 		return ans, nil
 	case idem.OutcomeConflict:
 		return ans, errKeyReused()
@@ -705,10 +764,10 @@ func (e *Engine) run(ctx context.Context, ans Answer, op Operation, a *Attempt, 
 	switch res.Status {
 	case "", idem.StatusCompleted:
 		ans.Status = idem.StatusCompleted
-		werr = e.coord.Complete(wctx, a.Lease, idem.Completion{Response: res.Response, ResourceType: res.ResourceType, ResourceID: res.ResourceID})
+		ans.acknowledged, werr = e.complete(wctx, a.Lease, idem.Completion{Response: res.Response, ResourceType: res.ResourceType, ResourceID: res.ResourceID})
 	case idem.StatusFailedReplayable:
 		resp := res.Response
-		werr = e.coord.Fail(wctx, a.Lease, idem.Failure{Status: res.Status, ErrorCode: res.ErrorCode, Response: &resp})
+		ans.acknowledged, werr = e.fail(wctx, a.Lease, idem.Failure{Status: res.Status, ErrorCode: res.ErrorCode, Response: &resp})
 	case idem.StatusFailedRetryable:
 		werr = e.releaseErr(wctx, a, res.ErrorCode)
 	case idem.StatusUnknown:
@@ -742,6 +801,9 @@ func (e *Engine) stored(ans Answer, op Operation, res Result, err error) (Answer
 		return ans, &idem.Error{Code: idem.ECodeInternal, Message: "Internal error.",
 			Err: fmt.Errorf("engine: operation %q stored status %q", op.Name, res.Status)}
 	}
+	// The operation's own transaction committed, and its commit was
+	// answered: a lost answer is an error (Result.Stored).
+	ans.acknowledged = true
 	return ans, nil
 }
 
