@@ -78,7 +78,7 @@ func TestRunCountsWhatItWrote(t *testing.T) {
 			wantPay:  ops(rep.Suite(bench.SuiteForward), bench.OpServedAtHome, bench.OpForwarded),
 			wantRecs: ops(rep.Suite(bench.SuiteForward), bench.OpServedAtHome, bench.OpForwarded)},
 		{suite: bench.SuiteSidecar,
-			wantPay:  ops(rep.Suite(bench.SuiteSidecar), bench.OpUpstreamDirect, bench.OpSidecar, bench.OpSidecarNoGroupCommit),
+			wantPay:  ops(rep.Suite(bench.SuiteSidecar), bench.OpUpstreamDirect, bench.OpPlainProxy, bench.OpSidecar, bench.OpSidecarNoGroupCommit),
 			wantRecs: ops(rep.Suite(bench.SuiteSidecar), bench.OpSidecar, bench.OpSidecarNoGroupCommit)},
 		{suite: bench.SuiteScale, wantPay: 0,
 			wantRecs: rep.Suite(bench.SuiteScale).Seeded - rep.Suite(bench.SuiteScale).Deleted + allOps(rep.Suite(bench.SuiteScale))},

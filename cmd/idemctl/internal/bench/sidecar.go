@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httputil"
+	"net/url"
 	"sync/atomic"
 	"time"
 
@@ -18,7 +20,11 @@ import (
 // Operation names of the sidecar suite.
 const (
 	OpUpstreamDirect = "upstream direct"
-	OpSidecar        = "through the sidecar"
+	// OpPlainProxy is the same request through the standard library's
+	// httputil.ReverseProxy, a hop with no idempotency layer: the sidecar's
+	// cost beyond the hop is its ratio to this.
+	OpPlainProxy = "through a plain reverse proxy"
+	OpSidecar    = "through the sidecar"
 	// OpSidecarNoGroupCommit is OpSidecar over Config.NoGroupCommit.
 	OpSidecarNoGroupCommit = "sidecar, no group commit"
 )
@@ -85,11 +91,17 @@ func runSidecar(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, 
 		return SuiteReport{}, err
 	}
 	defer stopNode()
+	proxyURL, stopProxy, err := plainProxy(upURL, cfg)
+	if err != nil {
+		return SuiteReport{}, err
+	}
+	defer stopProxy(context.WithoutCancel(ctx))
 	tr := benchTransport(cfg)
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr}
 	ops := []op{
 		{OpUpstreamDirect, post(client, upURL+"/transfers", "", w, "d")},
+		{OpPlainProxy, post(client, proxyURL+"/transfers", "", w, "p")},
 		{OpSidecar, post(client, node.URL()+"/transfers", benchToken, w, "s")},
 	}
 	if cfg.NoGroupCommit != nil {
@@ -105,12 +117,32 @@ func runSidecar(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, 
 		return SuiteReport{}, err
 	}
 	rep := SuiteReport{Suite: SuiteSidecar, Concurrency: cfg.Concurrency, Results: results,
-		Ratios: []Ratio{ratio(results, OpSidecar, OpUpstreamDirect)}}
+		Ratios: []Ratio{ratio(results, OpSidecar, OpUpstreamDirect), ratio(results, OpPlainProxy, OpUpstreamDirect),
+			ratio(results, OpSidecar, OpPlainProxy)}}
 	if cfg.NoGroupCommit != nil {
 		rep.Ratios = append(rep.Ratios, ratio(results, OpSidecar, OpSidecarNoGroupCommit))
 	}
 	rep.Payments, rep.Records, err = countRows(ctx, st, w.tenant)
 	return rep, err
+}
+
+// plainProxy serves the standard library's reverse proxy in front of
+// upURL, with the same server timeouts as the upstream and a pooled
+// transport as large as the clients': the hop alone, for the sidecar's
+// cost to be told from it.
+func plainProxy(upURL string, cfg Config) (string, func(context.Context), error) {
+	target, err := url.Parse(upURL)
+	if err != nil {
+		return "", nil, err
+	}
+	rp := httputil.NewSingleHostReverseProxy(target)
+	tr := benchTransport(cfg)
+	rp.Transport = tr
+	u, stop, err := serve(rp)
+	if err != nil {
+		return "", nil, err
+	}
+	return u, func(ctx context.Context) { stop(ctx); tr.CloseIdleConnections() }, nil
 }
 
 // sidecarNode starts a node over st whose sidecar fronts routes, as idemd
