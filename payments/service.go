@@ -75,6 +75,10 @@ type Config struct {
 	// OnFenced is called when a write or provider call of this process was
 	// rejected because a newer owner holds the record. Optional.
 	OnFenced func()
+	// AnswerCache keeps the answers of settled payments in memory
+	// (engine.Options.AnswerCache): a retry is replayed with no store round
+	// trip, a referencing record's answer as it was rendered. Default: off.
+	AnswerCache engine.AnswerCache
 	// Faults are failpoints and deliberately broken engines; they have
 	// fields only in builds with -tags failpoints.
 	Faults
@@ -163,7 +167,7 @@ func NewService(st *store.Store, cfg Config) *Service {
 	}
 	s := &Service{store: st, cfg: cfg, logger: cfg.Logger}
 	opts := s.EngineOptions()
-	opts.Clock, opts.MaxWait = sleepClock{cfg.Sleep}, MaxWait
+	opts.Clock, opts.MaxWait, opts.AnswerCache = sleepClock{cfg.Sleep}, MaxWait, cfg.AnswerCache
 	s.engine = engine.New(st, opts)
 	// A fresh engine has no operation yet, and this one has a name.
 	_ = s.engine.Register(s.EngineOperation())

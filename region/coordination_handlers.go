@@ -1,6 +1,7 @@
 package region
 
 import (
+	"context"
 	"net/http"
 	"time"
 
@@ -87,7 +88,18 @@ func (s *Server) coordBegin(w http.ResponseWriter, r *http.Request, scope idem.S
 		}
 		req.Owner = *in.Owner
 	}
-	return s.store.Begin(r.Context(), req)
+	return s.begin(r.Context(), req)
+}
+
+// begin claims for the coordination API: through the node's engine, whose
+// answer cache replays (or refuses) a settled record it holds with no store
+// round trip (engine.Engine.Begin), when the engine runs over this node's
+// store; through the store otherwise.
+func (s *Server) begin(ctx context.Context, req idem.BeginRequest) (idem.Decision, error) {
+	if s.engine.Coordinator() == idem.Coordinator(s.store) {
+		return s.engine.Begin(ctx, req)
+	}
+	return s.store.Begin(ctx, req)
 }
 
 func (s *Server) handleCoordCheckpoint(w http.ResponseWriter, r *http.Request, tenant string) {

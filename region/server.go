@@ -25,6 +25,7 @@ import (
 	"github.com/idemcoord/idem/coordapi"
 	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/idemhttp"
+	"github.com/idemcoord/idem/idemprom"
 	"github.com/idemcoord/idem/internal/ident"
 	"github.com/idemcoord/idem/internal/telemetry"
 	"github.com/idemcoord/idem/internal/tlsutil"
@@ -133,6 +134,11 @@ type Config struct {
 	// passes an engine with that Locker (idemd does). Default: an engine
 	// over the store without external fencing.
 	Engine *engine.Engine
+	// AnswerCacheBytes sizes the answer cache of the engine NewServer
+	// makes when Engine is nil (engine.AnswerCache.Bytes; its metrics go
+	// to Registry): settled answers replayed from memory. An Engine passed
+	// in has its own. Default 0: off.
+	AnswerCacheBytes int64
 }
 
 // Server is a regional node's HTTP server. Create it with NewServer, start it
@@ -217,7 +223,16 @@ func NewServer(cfg Config, st *store.Store, ops ...Operation) (*Server, error) {
 		}
 	}
 	if cfg.Engine == nil {
-		cfg.Engine = engine.New(st, engine.Options{Owner: cfg.NodeID, HomeRegion: cfg.Region, Logger: cfg.Logger})
+		opts := engine.Options{Owner: cfg.NodeID, HomeRegion: cfg.Region, Logger: cfg.Logger,
+			AnswerCache: engine.AnswerCache{Bytes: cfg.AnswerCacheBytes}}
+		if cfg.AnswerCacheBytes > 0 {
+			m, err := idemprom.NewAnswerCache(cfg.Registry)
+			if err != nil {
+				return nil, fmt.Errorf("region: %w", err)
+			}
+			opts.AnswerCache.Metrics = m
+		}
+		cfg.Engine = engine.New(st, opts)
 	}
 	own := map[string]Operation{}
 	var ownNames []string

@@ -27,6 +27,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idemcoord/idem/engine"
+	"github.com/idemcoord/idem/idemprom"
 	"github.com/idemcoord/idem/internal/cli"
 	"github.com/idemcoord/idem/internal/etcdclient"
 	"github.com/idemcoord/idem/internal/telemetry"
@@ -40,6 +41,10 @@ import (
 	"github.com/idemcoord/idem/sidecar"
 	"github.com/idemcoord/idem/store"
 )
+
+// DefaultAnswerCacheBytes is --answer-cache-bytes' default: 64 MiB of
+// settled answers (some 100,000 answers of a few hundred bytes).
+const DefaultAnswerCacheBytes = 64 << 20
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -119,7 +124,10 @@ type Main struct {
 	// StoreBodies keeps each payment's 201 answer in its record instead
 	// of a reference to the payment (payments.Config.StoreBodies).
 	StoreBodies bool
-	Workers     region.WorkerConfig
+	// AnswerCacheBytes sizes the engine's cache of settled answers
+	// (engine.AnswerCache.Bytes); 0 turns it off.
+	AnswerCacheBytes int64
+	Workers          region.WorkerConfig
 	// Outbox configures payments' outbox workers.
 	Outbox paymentsnode.Outbox
 
@@ -189,6 +197,7 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	fs.DurationVar(&m.RegionLeaseTTL, "region-lease-ttl", 5*time.Second, "TTL of the node's region liveness lease; the node stops serving home tenants TTL minus a margin after its last successful keepalive")
 	fs.DurationVar(&m.AutoFailoverAfter, "auto-failover-after", 0, "move a region's tenants once it has had no live node for this long (0: off; operators run 'idemctl region failover')")
 	targets := fs.String("failover-targets", "", "where automatic failover moves each region's tenants: from=to,from2=to2 (default: the elected node's region)")
+	fs.Int64Var(&m.AnswerCacheBytes, "answer-cache-bytes", DefaultAnswerCacheBytes, "bytes of settled answers the node keeps in memory to replay retries with no store round trip, each no longer than its record's window and --body-retention (0: off)")
 	bodyRetention := fs.Duration("body-retention", 0, "drop stored response bodies this long after creation, once past the window (default: the replay window; never shorter)")
 	fs.DurationVar(&m.Workers.Cleanup.MetadataRetention, "metadata-retention", 7*24*time.Hour, "keep expired record metadata this long after the window ends")
 	fs.IntVar(&m.Workers.Cleanup.BatchSize, "cleanup-batch", 500, "rows per cleanup statement")
@@ -271,6 +280,9 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	}
 	if m.Workers.Cleanup.BodyRetention == 0 {
 		m.Workers.Cleanup.BodyRetention = m.Window
+	}
+	if m.AnswerCacheBytes < 0 {
+		return fmt.Errorf("--answer-cache-bytes %d is negative", m.AnswerCacheBytes)
 	}
 	if m.Workers.Cleanup.BodyRetention < m.Window {
 		return fmt.Errorf("--body-retention %v is shorter than --replay-window %v: replays inside the window would lose their body", m.Workers.Cleanup.BodyRetention, m.Window)
@@ -464,17 +476,26 @@ func (m *Main) Run(ctx context.Context) error {
 	rcfg.Operations = m.Operations
 	rcfg.ReadHeaderTimeout, rcfg.ReadTimeout = m.HTTP.ReadHeaderTimeout, m.HTTP.ReadTimeout
 	rcfg.WriteTimeout, rcfg.IdleTimeout, rcfg.MaxHeaderBytes = m.HTTP.WriteTimeout, m.HTTP.IdleTimeout, m.HTTP.MaxHeaderBytes
+	// Settled answers in memory, for every operation of the node's engine.
+	answerCache := engine.AnswerCache{Bytes: m.AnswerCacheBytes, Retention: m.Workers.Cleanup.BodyRetention}
+	if answerCache.Bytes > 0 {
+		if answerCache.Metrics, err = idemprom.NewAnswerCache(m.ops.registry); err != nil {
+			_ = ln.Close()
+			return err
+		}
+	}
 	// One engine per node, shared by payments, the sidecar's routes, the
 	// coordination API and recovery: the payments service's, which fences
 	// recovery with the etcd membership's locks, so that the recovery
 	// worker and a client's retry exclude each other.
 	var ops []region.Operation
 	if m.Payments {
+		cfg.AnswerCache = answerCache
 		pay := payments.NewService(st, cfg)
 		rcfg.Engine = pay.Engine()
 		ops = append(ops, paymentsnode.Operation(pay, m.Outbox))
 	} else {
-		eopts := engine.Options{Owner: m.Region + "/" + m.NodeID, HomeRegion: m.Region, Logger: m.logger}
+		eopts := engine.Options{Owner: m.Region + "/" + m.NodeID, HomeRegion: m.Region, Logger: m.logger, AnswerCache: answerCache}
 		if m.membership != nil {
 			eopts.Locker = m.membership
 		}

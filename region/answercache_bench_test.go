@@ -1,0 +1,86 @@
+package region_test
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemcoord/idem/engine"
+	"github.com/idemcoord/idem/internal/storetest"
+	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/payments/paymentsnode"
+	"github.com/idemcoord/idem/region"
+)
+
+// BenchmarkAnswerCache serves, in process over PostgreSQL, in one run: a
+// fresh payment (POST /payments with a new key), a replay of a completed
+// payment at a node without the answer cache (the store's one-statement
+// read) and at a node with it (from memory), and a read of the same
+// payment (GET /payments/{id}):
+//
+//	go test ./region -run '^$' -bench BenchmarkAnswerCache -benchtime 3000x
+func BenchmarkAnswerCache(b *testing.B) {
+	st, _ := storetest.New(b)
+	node := func(cache int64) http.Handler {
+		pay := payments.NewService(st, payments.Config{Region: "test", Window: time.Hour, AnswerCache: engine.AnswerCache{Bytes: cache}})
+		srv, err := region.NewServer(region.Config{Tokens: map[string]string{"tok-a": "tenant-a"}}, st, paymentsnode.Operation(pay, paymentsnode.Outbox{}))
+		if err != nil {
+			b.Fatal(err)
+		}
+		return srv.Handler()
+	}
+	cached, plain := node(64<<20), node(0)
+	post := func(h http.Handler, key string) *httptest.ResponseRecorder {
+		body := `{"accountId":"acc_1","amount":"10.00","currency":"EUR","merchantReference":"` + key + `"}`
+		req := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer tok-a")
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", key)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		return w
+	}
+	first := post(plain, "replayed")
+	if first.Code != http.StatusCreated {
+		b.Fatalf("first POST: %d %s", first.Code, first.Body)
+	}
+	replay := func(h http.Handler) func(b *testing.B) {
+		return func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if w := post(h, "replayed"); w.Code != http.StatusCreated || w.Header().Get("Idempotent-Replayed") != "true" ||
+					w.Body.String() != first.Body.String() {
+					b.Fatalf("replay: %d %s", w.Code, w.Body)
+				}
+			}
+		}
+	}
+	b.Run("fresh", func(b *testing.B) {
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			i++
+			if w := post(cached, fmt.Sprint("fresh-", i)); w.Code != http.StatusCreated {
+				b.Fatalf("fresh: %d %s", w.Code, w.Body)
+			}
+		}
+	})
+	b.Run("replay/store", replay(plain))
+	b.Run("replay/memory", replay(cached))
+	b.Run("get", func(b *testing.B) {
+		b.ReportAllocs()
+		loc := first.Header().Get("Location")
+		for b.Loop() {
+			req := httptest.NewRequest(http.MethodGet, loc, nil)
+			req.Header.Set("Authorization", "Bearer tok-a")
+			w := httptest.NewRecorder()
+			cached.ServeHTTP(w, req)
+			if w.Code != http.StatusOK {
+				b.Fatalf("get: %d %s", w.Code, w.Body)
+			}
+		}
+	})
+}
