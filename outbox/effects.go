@@ -54,7 +54,7 @@ func NewEffectGuard(ctx context.Context, pool *pgxpool.Pool, region string) (*Ef
 	}
 	ok, err := exists()
 	if err != nil {
-		return nil, fmt.Errorf("outbox: effect guard: %w", store.Unavailable(err))
+		return nil, fmt.Errorf("outbox: effect guard: %w", store.Classify(err))
 	}
 	if !ok {
 		if _, err := pool.Exec(ctx, effectClaimsDDL); err != nil {
@@ -62,7 +62,7 @@ func NewEffectGuard(ctx context.Context, pool *pgxpool.Pool, region string) (*Ef
 			// PostgreSQL's catalog; a node that lost the race finds the
 			// table there.
 			if ok, qerr := exists(); qerr != nil || !ok {
-				return nil, fmt.Errorf("outbox: effect guard: create effect_claims: %w", store.Unavailable(err))
+				return nil, fmt.Errorf("outbox: effect guard: create effect_claims: %w", store.Classify(err))
 			}
 		}
 	}
@@ -79,7 +79,7 @@ func (g *EffectGuard) Claim(ctx context.Context, key string) (bool, error) {
 		err = g.pool.QueryRow(ctx, `SELECT region FROM effect_claims WHERE effect_key = $1`, key).Scan(&owner)
 	}
 	if err != nil {
-		return false, fmt.Errorf("outbox: claim effect %s: %w", key, store.Unavailable(err))
+		return false, fmt.Errorf("outbox: claim effect %s: %w", key, store.Classify(err))
 	}
 	return owner == g.region, nil
 }

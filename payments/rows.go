@@ -235,7 +235,7 @@ func GetPayment(ctx context.Context, q store.Querier, tenant, id string) (Paymen
 		return Payment{}, ErrPaymentNotFound
 	}
 	if err != nil {
-		return Payment{}, fmt.Errorf("payments: get payment: %w", store.Unavailable(err))
+		return Payment{}, fmt.Errorf("payments: get payment: %w", store.Classify(err))
 	}
 	return p, nil
 }
@@ -249,7 +249,7 @@ func PaymentByMerchantReference(ctx context.Context, q store.Querier, tenant, ac
 		return Payment{}, ErrPaymentNotFound
 	}
 	if err != nil {
-		return Payment{}, fmt.Errorf("payments: payment by merchant reference: %w", store.Unavailable(err))
+		return Payment{}, fmt.Errorf("payments: payment by merchant reference: %w", store.Classify(err))
 	}
 	return p, nil
 }

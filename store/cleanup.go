@@ -48,7 +48,7 @@ const (
 func PruneBodies(ctx context.Context, q Querier, bodyRetention time.Duration, limit int) (int, error) {
 	tag, err := q.Exec(ctx, pruneBodiesSQL, bodyRetention.Milliseconds(), limit)
 	if err != nil {
-		return 0, fmt.Errorf("store: prune bodies: %w", unavailableOr(err))
+		return 0, fmt.Errorf("store: prune bodies: %w", Classify(err))
 	}
 	return int(tag.RowsAffected()), nil
 }
@@ -61,7 +61,7 @@ func PruneBodies(ctx context.Context, q Querier, bodyRetention time.Duration, li
 func DeleteExpired(ctx context.Context, q Querier, metadataRetention time.Duration, limit int) (int, error) {
 	tag, err := q.Exec(ctx, deleteExpiredSQL, metadataRetention.Milliseconds(), limit)
 	if err != nil {
-		return 0, fmt.Errorf("store: delete expired records: %w", unavailableOr(err))
+		return 0, fmt.Errorf("store: delete expired records: %w", Classify(err))
 	}
 	return int(tag.RowsAffected()), nil
 }

@@ -42,8 +42,8 @@ func TestInsufficientResourcesAreUnavailable(t *testing.T) {
 			t.Errorf("isUnavailable(%s) = %v, want %v", code, got, want)
 		}
 		var e *idem.Error
-		if got := errors.As(Unavailable(err), &e) && e.Code == idem.ECodeStoreUnavailable; got != want {
-			t.Errorf("Unavailable(%s) is STORE_UNAVAILABLE: %v, want %v", code, got, want)
+		if got := errors.As(Classify(err), &e) && e.Code == idem.ECodeStoreUnavailable; got != want {
+			t.Errorf("Classify(%s) is STORE_UNAVAILABLE: %v, want %v", code, got, want)
 		}
 	}
 }

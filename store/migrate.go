@@ -236,7 +236,7 @@ func (s *Store) migrate(ctx context.Context, timing migrationLockTiming, sets []
 			_, err := q.Exec(ctx, `DELETE FROM schema_migrations WHERE set_name = '' AND version = $1 AND name = $2`, r.version, r.name)
 			return err
 		}); err != nil {
-			return fmt.Errorf("store: drop the previous layout's duplicate of %s: %w", r.name, unavailableOr(err))
+			return fmt.Errorf("store: drop the previous layout's duplicate of %s: %w", r.name, Classify(err))
 		}
 	}
 	for _, r := range plan.attribute {
@@ -244,7 +244,7 @@ func (s *Store) migrate(ctx context.Context, timing migrationLockTiming, sets []
 			_, err := q.Exec(ctx, `UPDATE schema_migrations SET set_name = $1 WHERE set_name = '' AND version = $2 AND name = $3`, r.set, r.version, r.name)
 			return err
 		}); err != nil {
-			return fmt.Errorf("store: attribute %s to the %s set: %w", r.name, r.set, unavailableOr(err))
+			return fmt.Errorf("store: attribute %s to the %s set: %w", r.name, r.set, Classify(err))
 		}
 	}
 	for _, m := range plan.pending {
@@ -266,7 +266,7 @@ func (s *Store) execDDL(ctx context.Context, sql string) error {
 		case codeUniqueViolation, codeDuplicateObject, codeDuplicateTable:
 			return nil
 		}
-		return unavailableOr(err)
+		return Classify(err)
 	}
 	return nil
 }
@@ -277,14 +277,14 @@ func (s *Store) applyMigration(ctx context.Context, m migration) error {
 	for i, st := range m.statements {
 		if _, err := s.pool.Exec(ctx, st.sql); err != nil {
 			return fmt.Errorf("store: apply %s migration %s: statement %d of %d (line %d): %w (not recorded; it runs again from its first statement next time)",
-				m.set, m.name, i+1, len(m.statements), st.line, unavailableOr(err))
+				m.set, m.name, i+1, len(m.statements), st.line, Classify(err))
 		}
 	}
 	if err := s.ExecOne(ctx, func(q Querier) error {
 		_, err := q.Exec(ctx, recordApplied, m.set, m.version, m.name)
 		return err
 	}); err != nil {
-		return fmt.Errorf("store: record %s migration %s (its statements ran; it runs again next time): %w", m.set, m.name, unavailableOr(err))
+		return fmt.Errorf("store: record %s migration %s (its statements ran; it runs again next time): %w", m.set, m.name, Classify(err))
 	}
 	return nil
 }
@@ -312,7 +312,7 @@ func (s *Store) prepareSchemaMigrations(ctx context.Context) error {
 			ddl = fmt.Sprintf(keyBySetFmt, pgx.Identifier{layout.keyName}.Sanitize())
 		}
 		if _, err := s.pool.Exec(ctx, ddl); err != nil {
-			return fmt.Errorf("store: upgrade schema_migrations (key by set_name, version): %w", unavailableOr(err))
+			return fmt.Errorf("store: upgrade schema_migrations (key by set_name, version): %w", Classify(err))
 		}
 	}
 	return nil
@@ -354,7 +354,7 @@ func (s *Store) readSchemaMigrationsLayout(ctx context.Context) (schemaMigration
 		return err
 	})
 	if err != nil {
-		return l, fmt.Errorf("store: read schema_migrations' layout: %w", unavailableOr(err))
+		return l, fmt.Errorf("store: read schema_migrations' layout: %w", Classify(err))
 	}
 	return l, nil
 }
@@ -393,7 +393,7 @@ func (s *Store) readRecorded(ctx context.Context) (rows []recorded, exists bool,
 	case sqlState(err) == codeUndefinedTable:
 		return nil, false, nil
 	case err != nil:
-		return nil, false, fmt.Errorf("store: read schema_migrations: %w", unavailableOr(err))
+		return nil, false, fmt.Errorf("store: read schema_migrations: %w", Classify(err))
 	}
 	return rows, true, nil
 }
@@ -529,13 +529,6 @@ func (s *Store) MigrationStatus(ctx context.Context, sets ...Migrations) ([]SetS
 	return plan.status, nil
 }
 
-func unavailableOr(err error) error {
-	if isUnavailable(err) {
-		return unavailable(err)
-	}
-	return err
-}
-
 // CheckMigrated returns an error, naming what is missing, unless every
 // migration of the engine's set and of sets has been applied (under its
 // name). A node that must not run DDL (its role may only read and write
@@ -624,7 +617,7 @@ func (s *Store) takeMigrationLock(ctx context.Context, timing migrationLockTimin
 		// A commit whose outcome is unknown is tried again: if it took
 		// the lock, the next attempt finds it held by this owner.
 		if err != nil && ctx.Err() == nil && !errors.Is(err, ErrCommitUnknown) {
-			return nil, fmt.Errorf("store: take the migration lock: %w", unavailableOr(err))
+			return nil, fmt.Errorf("store: take the migration lock: %w", Classify(err))
 		}
 		if ctx.Err() == nil && !waited {
 			waited = true

@@ -204,7 +204,7 @@ func settledReadError(err error) error {
 	if fallThrough(err) {
 		return nil
 	}
-	return fmt.Errorf("store: read settled record: %w", unavailableOr(err))
+	return fmt.Errorf("store: read settled record: %w", Classify(err))
 }
 
 // fallThrough reports whether a failed fast-path read should leave the
@@ -618,7 +618,7 @@ func (s *Store) Now(ctx context.Context) (time.Time, error) {
 	var now time.Time
 	err := s.Read(ctx, func(q Querier) error { return q.QueryRow(ctx, `SELECT now()`).Scan(&now) })
 	if err != nil {
-		return time.Time{}, fmt.Errorf("store: now: %w", unavailableOr(err))
+		return time.Time{}, fmt.Errorf("store: now: %w", Classify(err))
 	}
 	return now, nil
 }
@@ -634,7 +634,7 @@ func (s *Store) Get(ctx context.Context, scope idem.Scope) (*idem.Record, error)
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("store: get record: %w", unavailableOr(err))
+		return nil, fmt.Errorf("store: get record: %w", Classify(err))
 	}
 	return rec, nil
 }
@@ -715,7 +715,7 @@ func InProgressAgeMax(ctx context.Context, q Querier) (time.Duration, error) {
 	var ms float64
 	err := q.QueryRow(ctx, inProgressAgeSQL).Scan(&ms)
 	if err != nil {
-		return 0, fmt.Errorf("store: in-progress age: %w", unavailableOr(err))
+		return 0, fmt.Errorf("store: in-progress age: %w", Classify(err))
 	}
 	return time.Duration(ms * float64(time.Millisecond)), nil
 }
@@ -744,7 +744,7 @@ var staleRecordsSQL = `SELECT ` + recordColumns + ` FROM idempotency_records
 func StaleRecords(ctx context.Context, q Querier, operation string, limit int) ([]*idem.Record, error) {
 	rows, err := q.Query(ctx, staleRecordsSQL, operation, limit)
 	if err != nil {
-		return nil, fmt.Errorf("store: stale records: %w", unavailableOr(err))
+		return nil, fmt.Errorf("store: stale records: %w", Classify(err))
 	}
 	defer rows.Close()
 	var out []*idem.Record
@@ -756,7 +756,7 @@ func StaleRecords(ctx context.Context, q Querier, operation string, limit int) (
 		out = append(out, rec)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("store: stale records: %w", unavailableOr(err))
+		return nil, fmt.Errorf("store: stale records: %w", Classify(err))
 	}
 	return out, nil
 }

@@ -394,7 +394,7 @@ func TestClosedConnectionIsUnavailable(t *testing.T) {
 	if err == nil {
 		t.Fatal("a closed connection answered")
 	}
-	if got := idem.ErrorCode(store.Unavailable(err)); got != idem.ECodeStoreUnavailable {
+	if got := idem.ErrorCode(store.Classify(err)); got != idem.ECodeStoreUnavailable {
 		t.Errorf("closed connection error %v classified %s, want %s", err, got, idem.ECodeStoreUnavailable)
 	}
 }

@@ -175,7 +175,7 @@ func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 // Ping checks that the store answers.
 func (s *Store) Ping(ctx context.Context) error {
 	if err := s.pool.Ping(ctx); err != nil {
-		return unavailable(fmt.Errorf("store: ping: %w", err))
+		return asUnavailable(fmt.Errorf("store: ping: %w", err))
 	}
 	return nil
 }
@@ -246,7 +246,7 @@ func (s *Store) execOnce(ctx context.Context, fn func(Querier) error) error {
 	}
 	code := sqlState(err)
 	if code == codeAmbiguousResult || code == "" && (isUnavailable(err) || errors.Is(err, context.Canceled)) {
-		return unavailable(fmt.Errorf("%w: %w", ErrCommitUnknown, err))
+		return asUnavailable(fmt.Errorf("%w: %w", ErrCommitUnknown, err))
 	}
 	return err
 }
@@ -254,7 +254,7 @@ func (s *Store) execOnce(ctx context.Context, fn func(Querier) error) error {
 // txFailure classifies the last error of a transaction that was given up.
 func (s *Store) txFailure(err error) error {
 	if isUnavailable(err) {
-		return unavailable(err)
+		return asUnavailable(err)
 	}
 	if code := sqlState(err); code == codeSerializationFailure || code == codeDeadlock {
 		// Every attempt lost a conflict and was rolled back: nothing was
@@ -395,12 +395,21 @@ func isUnavailable(err error) bool {
 	return len(code) == 5 && (code[:2] == "08" || code[:2] == "53" || code == "57P01" || code == "57P03" || code == codeAmbiguousResult)
 }
 
-// Unavailable classifies err as the store's callers see it: a failure to
-// reach the store becomes *idem.Error STORE_UNAVAILABLE; anything else is
-// returned unchanged.
-func Unavailable(err error) error { return unavailableOr(err) }
+// Classify classifies err as the store's callers see it: a failure to
+// reach the store (a refused or dropped connection, a timeout, a server
+// shutting down or out of resources) becomes *idem.Error
+// STORE_UNAVAILABLE; anything else is returned unchanged.
+func Classify(err error) error {
+	if isUnavailable(err) {
+		return asUnavailable(err)
+	}
+	return err
+}
 
-func unavailable(err error) error {
+// asUnavailable wraps err, whatever it is, as *idem.Error
+// STORE_UNAVAILABLE (err itself if it is an *idem.Error already): for a
+// failure the caller has already classified as the store's.
+func asUnavailable(err error) error {
 	var e *idem.Error
 	if errors.As(err, &e) {
 		return err

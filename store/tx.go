@@ -74,7 +74,7 @@ func (s *Store) execTx(ctx context.Context, iso pgx.TxIsoLevel, fn func(pgx.Tx) 
 		}
 		if err != nil {
 			if cause := c.unknown(err); cause != nil {
-				return unavailable(fmt.Errorf("%w: %w", ErrCommitUnknown, cause))
+				return asUnavailable(fmt.Errorf("%w: %w", ErrCommitUnknown, cause))
 			}
 		}
 		return err
