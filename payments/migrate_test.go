@@ -127,4 +127,3 @@ func TestMigrateRefusesAnotherSchema(t *testing.T) {
 		t.Error("Migrate applied 0002_payments.sql over a foreign version 2")
 	}
 }
-
