@@ -148,7 +148,7 @@ func (c *createCall) claim(ctx context.Context, begin idem.BeginRequest) (engine
 	if s.readFirst() {
 		d, p, ok, err := readSettled(ctx, s.store, begin)
 		if err != nil || ok {
-			if err == nil && s.cfg.Provider == nil {
+			if err == nil {
 				s.retries.observe(true)
 			}
 			return s.settled(ctx, d, p, err)
@@ -172,15 +172,13 @@ func (c *createCall) claim(ctx context.Context, begin idem.BeginRequest) (engine
 		done, taken bool
 		err         error
 	)
-	if s.cfg.Provider == nil {
-		cl, done, taken, err = c.claimOne(ctx, begin)
-	}
+	cl, done, taken, err = c.claimOne(ctx, begin)
 	if err == nil && !done {
 		err = s.store.ExecTx(ctx, func(tx pgx.Tx) (err error) {
 			if s.cfg.Provider == nil {
 				cl, err = c.claimLocal(ctx, tx, begin, taken)
 			} else {
-				cl, err = c.claimForProvider(ctx, tx, begin)
+				cl, err = c.claimForProvider(ctx, tx, begin, taken)
 			}
 			return err
 		})
@@ -195,17 +193,24 @@ func (c *createCall) claim(ctx context.Context, begin idem.BeginRequest) (engine
 	return cl, err
 }
 
-// claimOne is the local-only operation's common case, a free key, in one
-// round trip: the claim statement (ClaimWithPayment) alone, as a
-// transaction of its own (store.Store.ExecOne), writes the record COMPLETED
-// with the payment and its event. done is false when the key already has a
-// record (the statement wrote nothing; taken is then true): claimLocal
-// then decides in a transaction. A referencing record stores no body, so the answer is
-// rendered after the statement, with the creation time it returns; with
-// Config.StoreBodies, a schema that shows the creation time needs it
-// before the insert, and goes to claimLocal.
+// claimOne is the common case, a free key or a settled one, in one round
+// trip: the claim statement (claimOrReplay) alone, as a transaction of its
+// own (store.Store.ExecOne), writes the record with the payment and its
+// event, or reads the settled record that holds the key (a replay or a
+// conflict, answered from that read). Without a provider the record is
+// written COMPLETED; with one, IN_PROGRESS at LOCAL_PAYMENT_CREATED for
+// Execute to charge (claimOneForProvider). done is false when the key's
+// record is not settled (the statement wrote nothing; taken is then
+// true): claimLocal or claimForProvider then decides in a transaction. A
+// referencing record stores no body, so the answer is rendered after the
+// statement, with the creation time it returns; with Config.StoreBodies, a
+// schema that shows the creation time needs it before the insert, and
+// goes to claimLocal.
 func (c *createCall) claimOne(ctx context.Context, begin idem.BeginRequest) (cl engine.Claim, done, taken bool, err error) {
 	s, p := c.s, c.payment
+	if s.cfg.Provider != nil {
+		return c.claimOneForProvider(ctx, begin)
+	}
 	completion := idem.Completion{Response: idem.Response{Status: 201, SchemaVersion: s.cfg.ResponseSchema, ByReference: true},
 		ResourceType: "payment", ResourceID: p.ID}
 	if s.cfg.StoreBodies {
@@ -299,19 +304,65 @@ func (c *createCall) claimLocal(ctx context.Context, tx pgx.Tx, begin idem.Begin
 	return engine.Claim{Decision: d, Done: &engine.Result{Stored: true, Status: idem.StatusCompleted, Response: completion.Response}}, nil
 }
 
-// claimForProvider claims the key together with the payment row and its
-// event, at checkpoint LOCAL_PAYMENT_CREATED, for Execute to charge. A
-// record taken over past RECEIVED is left as it is for Recover.
-func (c *createCall) claimForProvider(ctx context.Context, tx pgx.Tx, begin idem.BeginRequest) (engine.Claim, error) {
-	inserted, _, err := ClaimWithPayment(ctx, tx, begin, idem.StatusInProgress, CheckpointLocalPaymentCreated, nil, c.payment, c.event)
-	if err != nil {
-		return engine.Claim{}, err
+// claimOneForProvider is claimOne with a provider: the record is claimed
+// IN_PROGRESS at LOCAL_PAYMENT_CREATED with the payment and its event, for
+// Execute to charge, or the settled record that holds the key answers.
+func (c *createCall) claimOneForProvider(ctx context.Context, begin idem.BeginRequest) (cl engine.Claim, done, taken bool, err error) {
+	s := c.s
+	var (
+		out     store.ClaimOrRead
+		settled *Payment
+	)
+	err = s.store.ExecOne(ctx, func(q store.Querier) (err error) {
+		if !s.store.ReplayRead() {
+			out = store.ClaimOrRead{}
+			out.Inserted, out.At, err = ClaimWithPayment(ctx, q, begin, idem.StatusInProgress, CheckpointLocalPaymentCreated, nil, c.payment, c.event)
+			return err
+		}
+		out, settled, err = claimOrReplay(ctx, q, begin, idem.StatusInProgress, CheckpointLocalPaymentCreated, nil, c.payment, c.event)
+		return err
+	})
+	if err == nil {
+		s.retries.observe(out.Settled)
 	}
-	if inserted {
-		lease := idem.Lease{Scope: begin.Scope, Token: 1, Owner: begin.Owner}
-		return engine.Claim{Decision: idem.Decision{Outcome: idem.OutcomeExecute, Lease: lease}, Progress: CheckpointLocalPaymentCreated}, nil
+	switch {
+	case err != nil:
+		return engine.Claim{}, false, false, err
+	case out.Settled:
+		cl, err = s.settled(ctx, out.Decision, settled, nil)
+		return cl, err == nil, false, err
+	case out.Inserted:
+		return providerClaim(begin), true, false, nil
+	}
+	return engine.Claim{}, false, true, nil
+}
+
+// providerClaim is the claim of a record this request inserted at
+// LOCAL_PAYMENT_CREATED: its first lease, for Execute to charge.
+func providerClaim(begin idem.BeginRequest) engine.Claim {
+	lease := idem.Lease{Scope: begin.Scope, Token: 1, Owner: begin.Owner}
+	return engine.Claim{Decision: idem.Decision{Outcome: idem.OutcomeExecute, Lease: lease}, Progress: CheckpointLocalPaymentCreated}
+}
+
+// claimForProvider claims the key together with the payment row and its
+// event, at checkpoint LOCAL_PAYMENT_CREATED, for Execute to charge, or
+// decides on the record that holds it (taken says claimOneForProvider just
+// found one: the insert is not attempted again unless it has gone). A
+// record taken over past RECEIVED is left as it is for Recover.
+func (c *createCall) claimForProvider(ctx context.Context, tx pgx.Tx, begin idem.BeginRequest, taken bool) (engine.Claim, error) {
+	if !taken {
+		inserted, _, err := ClaimWithPayment(ctx, tx, begin, idem.StatusInProgress, CheckpointLocalPaymentCreated, nil, c.payment, c.event)
+		if err != nil {
+			return engine.Claim{}, err
+		}
+		if inserted {
+			return providerClaim(begin), nil
+		}
 	}
 	d, err := store.DecideExisting(ctx, tx, begin)
+	if taken && errors.Is(err, pgx.ErrNoRows) {
+		return c.claimForProvider(ctx, tx, begin, false)
+	}
 	if err != nil || !owned(d) || d.Record.Checkpoint != idem.CheckpointReceived {
 		return engine.Claim{Decision: d}, err
 	}

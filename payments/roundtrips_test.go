@@ -68,3 +68,51 @@ func TestCreateRoundTrips(t *testing.T) {
 		}
 	}
 }
+
+// TestProviderClaimRoundTrips: with a provider, a fresh key's claim is the
+// one claim statement (the record at LOCAL_PAYMENT_CREATED with the
+// payment and its event), with no read before it, and a replay of a
+// settled key is that same statement alone, answered from the record it
+// reads.
+func TestProviderClaimRoundTrips(t *testing.T) {
+	f := newFixture(t, payments.Config{})
+	statements := func(fn func(ctx context.Context) (payments.Result, error)) ([]string, payments.Result) {
+		t.Helper()
+		exp := tracetest.NewInMemoryExporter()
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+		ctx, root := tp.Tracer("test").Start(context.Background(), "root")
+		res, err := fn(ctx)
+		root.End()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, s := range exp.GetSpans() {
+			if v, ok := strings.CutPrefix(s.Name, "db "); ok {
+				got = append(got, v)
+			}
+		}
+		_ = tp.Shutdown(context.Background())
+		return got, res
+	}
+	create := func(ctx context.Context) (payments.Result, error) {
+		return f.svc.Create(ctx, payments.Request{Tenant: "tenant-a", Key: "rt-provider", Body: []byte(article)})
+	}
+	fresh, res := statements(create)
+	if res.Replayed || res.Response.Status != 201 {
+		t.Fatalf("fresh key: %+v", res)
+	}
+	if len(fresh) == 0 || fresh[0] != "WITH" {
+		t.Errorf("a fresh key's claim sent %v first, want the claim statement (WITH) and nothing before it", fresh)
+	}
+	replay, res := statements(create)
+	if !res.Replayed || res.Response.Status != 201 {
+		t.Fatalf("retry: %+v", res)
+	}
+	if !slices.Equal(replay, []string{"WITH"}) {
+		t.Errorf("a replay sent %v, want the claim statement alone", replay)
+	}
+	if got := f.charges(); got.Total != 1 {
+		t.Errorf("provider charges = %+v, want one", got)
+	}
+}

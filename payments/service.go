@@ -62,11 +62,13 @@ type Config struct {
 	// version before referencing records share the store: they replay a
 	// referencing record with an empty body.
 	StoreBodies bool
-	// ClaimOrder says how the claim of a payment without a provider
-	// starts: ClaimAdaptive (the default) reads a settled record first
-	// while retries are most of this service's recent claims and claims
-	// first otherwise; ReadFirst and ClaimFirst always do the one (see
-	// retryShare). With a Provider, a claim always reads first.
+	// ClaimOrder says how the claim of a payment starts: ClaimAdaptive
+	// (the default) reads a settled record first while retries are most
+	// of this service's recent claims (those the answer cache did not
+	// answer) and claims first otherwise; ReadFirst and ClaimFirst always
+	// do the one (see retryShare). Claiming first is one statement that
+	// inserts the record with the payment and its event, or reads the
+	// settled record that holds the key.
 	ClaimOrder ClaimOrder
 	// Locker, when set, fences recovery through an external lock service
 	// (etcd): a takeover first locks the scope, and the lock's token is what
@@ -113,17 +115,11 @@ type Service struct {
 
 // RetryShare is the share of this service's recent claims whose key was
 // settled already (retries, and keys reused for another command), between
-// 0 and 1: what ClaimAdaptive chooses by. It stays 0 with a Provider,
-// whose claims always read first.
+// 0 and 1: what ClaimAdaptive chooses by.
 func (s *Service) RetryShare() float64 { return s.retries.share() }
 
 // readFirst reports whether the next claim reads a settled record first.
-// A payment charged through a provider always does: its claim is a
-// transaction, which a retry should not cost.
 func (s *Service) readFirst() bool {
-	if s.cfg.Provider != nil {
-		return true
-	}
 	switch s.cfg.ClaimOrder {
 	case ReadFirst:
 		return true
