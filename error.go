@@ -40,6 +40,10 @@ const (
 	ECodeMethodNotAllowed           = "METHOD_NOT_ALLOWED"
 	ECodeOperationUnknown           = "OPERATION_UNKNOWN"
 	ECodeRequestTimeout             = "REQUEST_TIMEOUT"
+	// ECodePathInvalid: a sidecar route's request path that an upstream
+	// could resolve outside the route (a dot segment, or an encoded '/' or
+	// '\', as sent or decoded once or more); nothing is stored or sent on.
+	ECodePathInvalid = "REQUEST_PATH_INVALID"
 	// ECodeResponseTooLarge: an operation's answer is larger than the
 	// idempotency layer may store; the first request's outcome cannot be
 	// replayed, so it is not answered as a success.

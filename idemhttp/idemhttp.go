@@ -131,7 +131,9 @@ type Options struct {
 	// 0: 409 IDEMPOTENCY_REQUEST_IN_PROGRESS at once.
 	Wait time.Duration
 	// MaxRequestBody bounds the request body: larger answers 413
-	// REQUEST_BODY_TOO_LARGE and stores nothing. Default 1 MiB.
+	// REQUEST_BODY_TOO_LARGE and stores nothing, at once, before anything
+	// is read, when its Content-Length says so (CheckContentLength).
+	// Default 1 MiB.
 	MaxRequestBody int64
 	// MaxResponseBody bounds the answer the middleware stores. A handler
 	// that writes more has acted but its answer cannot be replayed: the
@@ -310,6 +312,10 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, h http.Handle
 // handler passed its answer through to w.
 func (m *middleware) answer(w http.ResponseWriter, r *http.Request, h http.Handler, ans *engine.Answer, sent *bool) error {
 	w.Header().Set(HeaderWindow, m.window)
+	if err := CheckContentLength(r, m.opts.MaxRequestBody); err != nil {
+		m.count("rejected")
+		return err
+	}
 	tenant, err := m.opts.Tenant(r)
 	if err != nil || tenant == "" {
 		m.count("rejected")
@@ -490,6 +496,24 @@ func (m *middleware) result(rec *recorder) engine.Result {
 // upstream's answer by it too.
 func DefaultClass(status int) idem.Status { return httpanswer.DefaultClass(status) }
 
+// CheckContentLength returns 413 REQUEST_BODY_TOO_LARGE (an *idem.Error)
+// when r declares a body (Content-Length) larger than limit, and nil
+// otherwise. A handler that checks it before it reads the body refuses a
+// client that sent Expect: 100-continue without inviting the body:
+// net/http's server sends 100 Continue when a handler first reads it, and
+// a client that got it sends the whole body before it reads the answer. A
+// body of undeclared length (chunked) can only be cut as it is read.
+func CheckContentLength(r *http.Request, limit int64) error {
+	if r.ContentLength > limit {
+		return errBodyTooLarge(limit)
+	}
+	return nil
+}
+
+func errBodyTooLarge(limit int64) error {
+	return idem.Errorf(idem.ECodeBodyTooLarge, "The body is larger than %d bytes.", limit)
+}
+
 // readBody reads the whole body, bounded by limit.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
 	if r.Body == nil {
@@ -502,7 +526,7 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 	)
 	switch {
 	case errors.As(err, &mbe):
-		return nil, idem.Errorf(idem.ECodeBodyTooLarge, "The body is larger than %d bytes.", limit)
+		return nil, errBodyTooLarge(limit)
 	case errors.As(err, &ie):
 		// The server's body reader said why (a read deadline, say).
 		return nil, ie

@@ -73,6 +73,7 @@ var defaultClasses = map[string]ErrorClass{
 	idem.ECodeRequestMalformed:           {http.StatusUnprocessableEntity, 0, "Request malformed"},
 	idem.ECodeValidationFailed:           {http.StatusUnprocessableEntity, 0, "Request validation failed"},
 	idem.ECodeBodyTooLarge:               {http.StatusRequestEntityTooLarge, 0, "Request body too large"},
+	idem.ECodePathInvalid:                {http.StatusBadRequest, 0, "Request path invalid"},
 	idem.ECodeUnsupportedMediaType:       {http.StatusUnsupportedMediaType, 0, "Unsupported media type"},
 	idem.ECodeAPIVersionUnsupported:      {http.StatusBadRequest, 0, "API version unsupported"},
 	idem.ECodeNotFound:                   {http.StatusNotFound, 0, "Not found"},

@@ -330,7 +330,7 @@ func NewServer(cfg Config, st *store.Store, ops ...Operation) (*Server, error) {
 		s.writeError(w, r, idem.Errorf(idem.ECodeNotFound, "No such endpoint."))
 	})
 	s.routes = mux.patterns
-	s.handler = s.observed(s.deadlines(s.instrument(mux)))
+	s.handler = s.observed(s.deadlines(s.instrument(s.declaredBodyLimit(mux))))
 	return s, nil
 }
 

@@ -61,10 +61,25 @@ func (s *Server) registerSidecar(mux *routeMux) error {
 			h.ServeHTTP(w, r.WithContext(sidecar.WithTenant(r.Context(), tenant)))
 		})
 		for _, pattern := range rt.Patterns() {
-			mux.HandleFunc(pattern, serve)
+			mux.HandleFunc(pattern, s.insideRoute(serve))
 		}
 	}
 	return nil
+}
+
+// insideRoute refuses a path that an upstream could resolve outside its
+// route (sidecar.CheckPath: 400 REQUEST_PATH_INVALID) before anything is
+// stored, forwarded to the tenant's home region or proxied. The mux
+// redirects a path with an unencoded dot segment; it matches one whose
+// dots or slashes are encoded ("/transfers/%2e%2e/admin") as any other.
+func (s *Server) insideRoute(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if err := sidecar.CheckPath(r.URL.EscapedPath()); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		next(w, r)
+	}
 }
 
 // literalPrefix is the path of a mux pattern ("GET /v1/x/{id}/y") up to its

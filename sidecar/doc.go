@@ -34,6 +34,13 @@
 //   - not the client's Authorization (unless Route.PassAuthorization), its
 //     own Idem-* headers, or hop-by-hop headers.
 //
+// The path goes to the upstream as it came, so a path that an upstream
+// which decodes it could resolve outside the route ("/transfers/%2e%2e/admin")
+// is refused with 400 REQUEST_PATH_INVALID ([CheckPath]), and a body that
+// its Content-Length declares over Options.MaxRequestBody with 413
+// REQUEST_BODY_TOO_LARGE and no 100 Continue, both before anything is read,
+// stored or sent on.
+//
 // The upstream's answer decides the record (idemhttp.DefaultClass): 2xx and
 // 3xx are COMPLETED and 4xx other than 408, 409, 425 and 429 are
 // FAILED_REPLAYABLE, both stored and replayed byte for byte with

@@ -68,7 +68,8 @@ type Options struct {
 	// client, the proxy never lets its transport send a request twice (see
 	// the package documentation).
 	Client *http.Client
-	// MaxRequestBody bounds a request's body (413 past it). Default
+	// MaxRequestBody bounds a request's body (413 past it; at once, before
+	// anything is read, when its Content-Length says so). Default
 	// idemhttp.DefaultMaxRequestBody.
 	MaxRequestBody int64
 	// MaxResponseBody bounds the upstream answer stored for replay, for
@@ -227,7 +228,7 @@ func New(e *engine.Engine, opts Options) (*Proxy, error) {
 		if err != nil {
 			return nil, fmt.Errorf("sidecar: route %s %s: %w", rt.Method, rt.Prefix, err)
 		}
-		r.handler = p.keepRequest(r, mw(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) { p.execute(w, req, r) })))
+		r.handler = p.insideRoute(r, p.keepRequest(r, mw(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) { p.execute(w, req, r) }))))
 		p.routes = append(p.routes, r)
 	}
 	return p, nil
@@ -272,6 +273,19 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.opts.Errors.Write(w, r, p.opts.Logger, idem.Errorf(idem.ECodeNotFound, "No such endpoint."))
 }
 
+// insideRoute answers 400 REQUEST_PATH_INVALID, before anything is read,
+// stored or sent on, to a request whose path an upstream could resolve
+// outside the route (CheckPath).
+func (p *Proxy) insideRoute(rt *route, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := CheckPath(r.URL.EscapedPath()); err != nil {
+			rt.errors.Write(w, r, p.opts.Logger, err)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
 // original is the client's request as received, kept for a re-send.
 type original struct {
 	method string
@@ -289,9 +303,16 @@ type originalKey struct{}
 // keepRequest reads the body (bounded; the middleware refuses a larger one)
 // and keeps the request in the context, where Recover finds it when a
 // client's retry triggers recovery. For a route whose key is a body field,
-// it puts the key where the middleware reads it.
+// it puts the key where the middleware reads it. A body whose
+// Content-Length is over the limit is not read: the middleware refuses it
+// before reading, so a client that sent Expect: 100-continue gets the 413
+// and no 100 Continue.
 func (p *Proxy) keepRequest(rt *route, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if idemhttp.CheckContentLength(r, p.opts.MaxRequestBody) != nil {
+			next.ServeHTTP(w, r)
+			return
+		}
 		var body []byte
 		if r.Body != nil {
 			b, err := io.ReadAll(io.LimitReader(r.Body, p.opts.MaxRequestBody+1))
