@@ -57,6 +57,12 @@ const (
 	// as "in progress, retry"; not 422, which would blame a request that was
 	// fine; not 5xx, since nothing failed.
 	ECodeResponseNotStored = "IDEMPOTENCY_RESPONSE_NOT_STORED"
+	// ECodeRecordNotStuck: an operator asked to settle a record by hand
+	// that is not stuck: it is settled already, or IN_PROGRESS under a
+	// lock that has not run out (its owner may be working on it). Only an
+	// UNKNOWN_REQUIRES_RECOVERY record, or an IN_PROGRESS one whose lock
+	// has run out, is settled by hand.
+	ECodeRecordNotStuck = "IDEMPOTENCY_RECORD_NOT_STUCK"
 
 	// Infrastructure.
 	ECodeStoreUnavailable = "STORE_UNAVAILABLE"

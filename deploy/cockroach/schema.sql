@@ -138,6 +138,13 @@ USE idem;
 --     ttl_delete_batch_size = 500 matches the node's --cleanup-batch.
 -- deploy/deploy_test.go runs this expression on PostgreSQL against the
 -- node's cleanup (TestTTLDeletesWhatCleanupDeletes).
+--
+-- A record settled by hand (`idemctl records settle`) keeps who settled it,
+-- when and why in four nullable columns the engine's migration 0011 adds
+-- (settled_as, settled_by, settled_at, settled_reason), applied here by
+-- `idemctl migrate` like every migration after 0001: they follow the row's
+-- crdb_region, rewrite no rows, and change nothing above; a settled record
+-- goes at the same time as any other, its audit with it.
 CREATE TABLE IF NOT EXISTS idempotency_records (
     tenant_id               TEXT        NOT NULL,
     operation_name          TEXT        NOT NULL,
