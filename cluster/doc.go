@@ -16,8 +16,10 @@
 //	logs/<region>-<i>.log   stdout and stderr of node i of a region (appended)
 //	logs/etcd-m<i>.log      the same for etcd member i
 //	logs/provider.log       the same for the provider simulator
-//	secrets/                auth-tokens (idemd's --auth-tokens-file), provider-api-key and
-//	                        provider-admin-key: mode 0700, files 0600, removed by Stop
+//	secrets/                auth-tokens (idemd's --auth-tokens-file), admin-tokens (its
+//	                        --admin-tokens-file) and admin-token (that token alone, Info's
+//	                        AdminTokenFile), provider-api-key and provider-admin-key:
+//	                        mode 0700, files 0600, removed by Stop
 //	postgres/               PostgreSQL's data and log (only with a StateDir; a link to
 //	                        /var/tmp/idem-pgserver-<hash> if the postgres user cannot reach it)
 //	etcd/m<i>/              etcd member i's data (new at every Start)

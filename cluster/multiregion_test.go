@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -99,6 +100,26 @@ func TestMultiRegion(t *testing.T) {
 	}
 	if again := postPayment(t, away.URL, token, "fwd-1", "invoice-fwd"); again.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(again.body, fwd.body) {
 		t.Errorf("replay through the non-home region: %d, Idempotent-Replayed %q: %s", again.status, again.header.Get("Idempotent-Replayed"), again.body)
+	}
+
+	// The nodes' admin API answers the admin token of cluster.json, on each
+	// region's own store.
+	admin, err := os.ReadFile(info.AdminTokenFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []cluster.RegionInfo{home, away} {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, r.URL+"/v1/admin/records?tenant=tenant-a", nil)
+		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(admin)))
+		resp, err := (&http.Client{Transport: tr}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || strings.Contains(string(b), `"key":"fwd-1"`) != (r.Name == home.Name) {
+			t.Errorf("%s's admin API: %d %s", r.Name, resp.StatusCode, b)
+		}
 	}
 
 	// The payment lives in the home region's database only.

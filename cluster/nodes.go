@@ -45,6 +45,7 @@ func (c *Cluster) newNode(cfg *Config, rs *regionState, i int, env []string) (*P
 	args := []string{
 		"--region", rs.name,
 		"--auth-tokens-file", c.secrets.tokens,
+		"--admin-tokens-file", c.secrets.adminTokens,
 		"--node-id", name,
 		"--store-mode", cfg.StoreMode,
 	}

@@ -29,14 +29,18 @@ func newTokens(tenants []string) (map[string]string, error) {
 // line, which every local user can read.
 type secretFiles struct {
 	tokens           string // idemd's --auth-tokens-file
+	adminTokens      string // idemd's --admin-tokens-file
+	adminToken       string // that token alone, for idemctl records --admin-token-file
 	providerAPIKey   string // "" without the provider
 	providerAdminKey string
 	adminKey         string // the admin key itself, for Info
 }
 
-// writeSecrets writes the tokens file and, with the provider, its API and
-// admin keys (new random ones) into dir/secrets, a directory only the
-// owner may enter, each file with mode 0600.
+// writeSecrets writes the tokens file, the nodes' admin tokens file (one
+// new random token, named operator) with that token alone beside it and,
+// with the provider, its API and admin keys (new random ones) into
+// dir/secrets, a directory only the owner may enter, each file with mode
+// 0600.
 func writeSecrets(dir string, tokens map[string]string, withProvider bool) (secretFiles, error) {
 	sd := filepath.Join(dir, "secrets")
 	if err := os.MkdirAll(sd, 0o700); err != nil {
@@ -52,6 +56,18 @@ func writeSecrets(dir string, tokens map[string]string, withProvider bool) (secr
 	}
 	sf := secretFiles{tokens: filepath.Join(sd, "auth-tokens")}
 	if err := writeFileAtomic(sf.tokens, []byte(b.String())); err != nil {
+		return secretFiles{}, err
+	}
+	var adm [24]byte
+	if _, err := rand.Read(adm[:]); err != nil {
+		return secretFiles{}, fmt.Errorf("cluster: admin token: %w", err)
+	}
+	admin := "adm_" + hex.EncodeToString(adm[:])
+	sf.adminTokens, sf.adminToken = filepath.Join(sd, "admin-tokens"), filepath.Join(sd, "admin-token")
+	if err := writeFileAtomic(sf.adminTokens, []byte("# idemd admin tokens (--admin-tokens-file): one token=name per line\n"+admin+"=operator\n")); err != nil {
+		return secretFiles{}, err
+	}
+	if err := writeFileAtomic(sf.adminToken, []byte(admin+"\n")); err != nil {
 		return secretFiles{}, err
 	}
 	if !withProvider {

@@ -28,6 +28,9 @@ type Info struct {
 	ProviderAdminKey string `json:"providerAdminKey"`
 	// Tokens maps each tenant to its development bearer token.
 	Tokens map[string]string `json:"tokens"`
+	// AdminTokenFile is the file holding the nodes' admin token (named
+	// operator), for idemctl records --node --admin-token-file.
+	AdminTokenFile string `json:"adminTokenFile"`
 	// Placements maps each tenant to its home region as Start placed it
 	// (empty without etcd, where every region serves every tenant).
 	Placements map[string]string `json:"placements"`
@@ -99,15 +102,16 @@ func (c *Cluster) prepareStateDir(dir string) error {
 // The result is a copy the caller may keep.
 func (c *Cluster) Info() Info {
 	info := Info{
-		StoreMode:     c.storeMode,
-		EtcdEndpoints: c.EtcdEndpoints(),
-		ProviderURL:   c.ProviderURL(),
-		Tokens:        maps.Clone(c.tokens),
-		Placements:    maps.Clone(c.placements),
-		CAFile:        c.CAFile(),
-		Store:         c.storeInfo(),
-		Operations:    slices.Clone(c.operations),
-		PgBouncer:     c.pgBouncerInfo(),
+		StoreMode:      c.storeMode,
+		EtcdEndpoints:  c.EtcdEndpoints(),
+		ProviderURL:    c.ProviderURL(),
+		Tokens:         maps.Clone(c.tokens),
+		AdminTokenFile: c.secrets.adminToken,
+		Placements:     maps.Clone(c.placements),
+		CAFile:         c.CAFile(),
+		Store:          c.storeInfo(),
+		Operations:     slices.Clone(c.operations),
+		PgBouncer:      c.pgBouncerInfo(),
 	}
 	if c.storeMode != StoreGlobal {
 		info.EffectsDatabaseURL = c.effectsURL

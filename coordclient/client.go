@@ -101,7 +101,7 @@ func (c *Client) Begin(ctx context.Context, req idem.BeginRequest) (idem.Decisio
 	if !ok || ans.Record == nil {
 		return idem.Decision{}, protocolError(fmt.Errorf("begin answered outcome %q with record %v", ans.Outcome, ans.Record != nil))
 	}
-	rec := recordOf(req.Tenant, ans.Record, ans.Response)
+	rec := RecordOf(req.Tenant, ans.Record, ans.Response)
 	d := idem.Decision{Outcome: outcome, Record: rec, ExpiredRetry: ans.ExpiredRetry}
 	if ans.FencingToken > 0 {
 		d.Lease = idem.Lease{Scope: req.Scope, Token: ans.FencingToken, Owner: rec.Owner}
@@ -152,7 +152,7 @@ func (c *Client) Get(ctx context.Context, scope idem.Scope) (*idem.Record, error
 	if ans.Record == nil {
 		return nil, protocolError(errors.New("record answer without a record"))
 	}
-	return recordOf(scope.Tenant, ans.Record, ans.Response), nil
+	return RecordOf(scope.Tenant, ans.Record, ans.Response), nil
 }
 
 // --- plumbing ---
@@ -264,7 +264,10 @@ func wireOf(r *idem.Response) *coordapi.ResponseInput {
 	return &coordapi.ResponseInput{Status: &r.Status, Headers: r.Headers, Body: body, SchemaVersion: r.SchemaVersion}
 }
 
-func recordOf(tenant string, w *coordapi.Record, resp *coordapi.Response) *idem.Record {
+// RecordOf is the record a node sent (w, and its stored response resp when
+// it sent one; nil leaves the record without a response), in tenant's
+// scope: the node never sends the tenant, which is the caller's.
+func RecordOf(tenant string, w *coordapi.Record, resp *coordapi.Response) *idem.Record {
 	r := &idem.Record{
 		Scope:       idem.Scope{Tenant: tenant, Operation: w.Operation, Key: w.Key},
 		RequestHash: w.RequestHash, HashVersion: w.HashVersion,

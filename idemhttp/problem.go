@@ -82,6 +82,7 @@ var defaultClasses = map[string]ErrorClass{
 	idem.ECodeRequestTimeout:             {http.StatusRequestTimeout, 0, "Request timeout"},
 	idem.ECodeResponseTooLarge:           {http.StatusInternalServerError, 0, "Response too large to store"},
 	idem.ECodeResponseNotStored:          {http.StatusGone, 0, "Response not stored"},
+	idem.ECodeRecordNotStuck:             {http.StatusConflict, 0, "Idempotency record not stuck"},
 	idem.ECodeStoreUnavailable:           {http.StatusServiceUnavailable, 1, "Store unavailable"},
 	idem.ECodeUnavailable:                {http.StatusServiceUnavailable, 1, "Service unavailable"},
 	idem.ECodeInternal:                   {http.StatusInternalServerError, 0, "Internal error"},

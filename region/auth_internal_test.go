@@ -11,7 +11,7 @@ import (
 func TestTenantOf(t *testing.T) {
 	s := &Server{}
 	for token, tenant := range map[string]string{"tok-a": "tenant-a", "a-much-longer-token-b": "tenant-b"} {
-		s.tokens = append(s.tokens, tokenDigest{sum: sha256.Sum256([]byte(token)), tenant: tenant})
+		s.tokens = append(s.tokens, tokenDigest{sum: sha256.Sum256([]byte(token)), name: tenant})
 	}
 	for token, want := range map[string]string{
 		"tok-a": "tenant-a", "a-much-longer-token-b": "tenant-b",

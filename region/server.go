@@ -53,6 +53,11 @@ type Config struct {
 	// Tokens maps bearer tokens to tenants. A request's tenant comes only from
 	// its token.
 	Tokens map[string]string
+	// AdminTokens maps the admin API's bearer tokens to the principals they
+	// authenticate (an operator's name, recorded as who settled a record).
+	// A tenant's token is never one: NewServer refuses a token in both.
+	// Default: none, and the admin API (/v1/admin/records) answers 401.
+	AdminTokens map[string]string
 	// MaxBodyBytes bounds request bodies; larger ones get 413. Default 64 KiB.
 	MaxBodyBytes int64
 	// Logger receives request failures. Default: discard.
@@ -167,8 +172,12 @@ type Server struct {
 	http *http.Server
 	done chan error
 
-	// tokens are the SHA-256 digests of Config.Tokens with their tenants.
-	tokens []tokenDigest
+	// tokens are the SHA-256 digests of Config.Tokens with their tenants,
+	// adminTokens those of Config.AdminTokens with their principals.
+	tokens, adminTokens []tokenDigest
+	// settled counts the records settled through the admin API
+	// (idem_records_settled_total).
+	settled *prometheus.CounterVec
 
 	forwardTransport *http.Transport
 	peers            peerTransports
@@ -294,7 +303,13 @@ func NewServer(cfg Config, st *store.Store, ops ...Operation) (*Server, error) {
 		return nil, err
 	}
 	for token, tenant := range cfg.Tokens {
-		s.tokens = append(s.tokens, tokenDigest{sum: sha256.Sum256([]byte(token)), tenant: tenant})
+		s.tokens = append(s.tokens, tokenDigest{sum: sha256.Sum256([]byte(token)), name: tenant})
+	}
+	if s.adminTokens, err = adminDigests(cfg.AdminTokens, cfg.Tokens); err != nil {
+		return nil, err
+	}
+	if s.settled, err = newSettledMetric(cfg.Registry); err != nil {
+		return nil, fmt.Errorf("region: register metrics: %w", err)
 	}
 	mux := &routeMux{ServeMux: http.NewServeMux()}
 	var paths []string
@@ -312,6 +327,7 @@ func NewServer(cfg Config, st *store.Store, ops ...Operation) (*Server, error) {
 	}
 	mux.HandleFunc("GET /v1/idempotency/records/{operation}/{key}", s.authenticated(s.handleGetRecord))
 	s.registerCoordination(mux)
+	s.registerAdmin(mux)
 	mux.Handle("GET /metrics", s.metricsAuth(promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{})))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "region": cfg.Region})
@@ -423,25 +439,29 @@ func (s *Server) Close(ctx context.Context) error {
 
 type tenantHandler = TenantHandler
 
-// tokenDigest is a bearer token's SHA-256 digest and its tenant.
+// tokenDigest is a bearer token's SHA-256 digest and the name it
+// authenticates (a tenant, or an admin principal).
 type tokenDigest struct {
-	sum    [sha256.Size]byte
-	tenant string
+	sum  [sha256.Size]byte
+	name string
 }
 
-// tenantOf returns the tenant of a bearer token, or "". It compares the
-// token's SHA-256 digest with every configured token's in constant time:
+// tenantOf returns the tenant of a bearer token, or "".
+func (s *Server) tenantOf(token string) string { return nameOf(s.tokens, token) }
+
+// nameOf returns the name of a bearer token among digests, or "". It
+// compares the token's SHA-256 digest with every digest in constant time:
 // digests have one length, so neither a token's content nor its length
 // shows in the time taken.
-func (s *Server) tenantOf(token string) string {
+func nameOf(digests []tokenDigest, token string) string {
 	sum := sha256.Sum256([]byte(token))
-	tenant := ""
-	for _, t := range s.tokens {
+	name := ""
+	for _, t := range digests {
 		if subtle.ConstantTimeCompare(t.sum[:], sum[:]) == 1 {
-			tenant = t.tenant
+			name = t.name
 		}
 	}
-	return tenant
+	return name
 }
 
 // metricsAuth guards /metrics with Config.MetricsToken, compared in

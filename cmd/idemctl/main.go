@@ -38,6 +38,7 @@ func commands() map[string]command {
 		"placement":   {"get or set a tenant's home region (placement get|set --tenant T [--region R]), or the default regions (placement defaults --regions A,B)", runPlacement},
 		"region":      {"region status, failover --from A --to B, failback --region A, handover of a failed region's records", runRegion},
 		"healthcheck": {"GET a URL and exit non-zero unless it answers 200 (the idem image's container health check)", runHealthcheck},
+		"records":     {"find, show and settle by hand the records recovery cannot settle (records list|show|settle), over --database-url or a node's admin API (--node)", runRecords},
 	}
 	for name, c := range toolingCommands() {
 		cmds[name] = c

@@ -80,6 +80,10 @@ type Main struct {
 	// dedupes only its own deliveries).
 	EffectsDatabaseURL string
 	AuthTokens         map[string]string
+	// AdminTokens are the admin API's bearer tokens and the names they
+	// authenticate (--admin-tokens-file or IDEM_ADMIN_TOKENS; none: the
+	// admin API answers 401).
+	AdminTokens map[string]string
 	// Migrate applies the store's migrations at start (--migrate). With
 	// false, the node checks that they have been applied (by idemctl
 	// migrate, as a role that owns the schema) and refuses to start
@@ -178,6 +182,7 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	fs.StringVar(&m.DatabaseURL, "database-url", "", "PostgreSQL or CockroachDB URL of the idempotency store (required)")
 	fs.StringVar(&m.EffectsDatabaseURL, "effects-database-url", "", "database every region sees where consumer effects (ledger entries, receipt emails) are claimed once across regions; default: the store in global mode, none in region-local mode")
 	tokensFile := fs.String("auth-tokens-file", "", "file of bearer tokens and their tenants, one token=tenant per line (# comments); or IDEM_AUTH_TOKENS=token=tenant,token2=tenant2")
+	adminTokensFile := fs.String("admin-tokens-file", "", "file of the admin API's bearer tokens (/v1/admin/records: idemctl records --node) and the operators they name, one token=name per line (# comments); never a tenant's token; or IDEM_ADMIN_TOKENS=token=name,token2=name2; none: the admin API answers 401")
 	fs.BoolVar(&m.Migrate, "migrate", true, "apply the store's migrations at start; false: only check that 'idemctl migrate' applied them (the node's role then needs no DDL privilege)")
 	fs.BoolVar(&m.Payments, "payments", true, "serve the reference payments operation (POST /payments, GET /payments/{id}, its tables and outbox workers); false: the coordination API and the sidecar's routes only")
 	fs.DurationVar(&m.Window, "replay-window", payments.DefaultWindow, "how long a key's record answers retries")
@@ -296,6 +301,9 @@ func (m *Main) ParseFlags(args []string, getenv func(string) string) error {
 	if len(m.AuthTokens) == 0 {
 		m.logger.Warn("no --auth-tokens-file (or IDEM_AUTH_TOKENS): every authenticated endpoint will answer 401")
 	}
+	if m.AdminTokens, err = m.loadNamedTokens("--admin-tokens-file", *adminTokensFile, "IDEM_ADMIN_TOKENS", getenv("IDEM_ADMIN_TOKENS")); err != nil {
+		return err
+	}
 	if m.ProviderAPIKey, err = m.loadKey("--provider-api-key-file", *providerKeyFile, "IDEM_PROVIDER_API_KEY", getenv("IDEM_PROVIDER_API_KEY")); err != nil {
 		return err
 	}
@@ -355,6 +363,9 @@ func refuseSecretFlags(args []string) error {
 		if strings.HasPrefix(a, "-") && name == "auth-tokens" {
 			return errors.New("--auth-tokens is not accepted: a command line is readable by every local user; put one token=tenant per line in a file only idemd's user can read and pass --auth-tokens-file (or set IDEM_AUTH_TOKENS)")
 		}
+		if strings.HasPrefix(a, "-") && name == "admin-tokens" {
+			return errors.New("--admin-tokens is not accepted: a command line is readable by every local user; put one token=name per line in a file only idemd's user can read and pass --admin-tokens-file (or set IDEM_ADMIN_TOKENS)")
+		}
 	}
 	return nil
 }
@@ -362,20 +373,31 @@ func refuseSecretFlags(args []string) error {
 // loadTokens reads the bearer tokens from the tokens file or, without one,
 // from env (IDEM_AUTH_TOKENS).
 func (m *Main) loadTokens(file, env string) (map[string]string, error) {
+	return m.loadNamedTokens("--auth-tokens-file", file, "IDEM_AUTH_TOKENS", env)
+}
+
+// loadNamedTokens reads token=name lines from file (flag names it) or,
+// without one, envValue (of envName): the tenants' tokens and the admin
+// tokens alike.
+func (m *Main) loadNamedTokens(flag, file, envName, envValue string) (map[string]string, error) {
 	switch {
-	case file != "" && env != "":
-		return nil, errors.New("both --auth-tokens-file and IDEM_AUTH_TOKENS are set; set one")
+	case file != "" && envValue != "":
+		return nil, fmt.Errorf("both %s and %s are set; set one", flag, envName)
 	case file != "":
 		tokens, warn, err := cli.ReadTokensFile(file)
 		if err != nil {
-			return nil, fmt.Errorf("--auth-tokens-file: %w", err)
+			return nil, fmt.Errorf("%s: %w", flag, err)
 		}
 		if warn != "" {
 			m.logger.Warn(warn)
 		}
 		return tokens, nil
 	}
-	return cli.ParseTokens(env)
+	tokens, err := cli.ParseTokens(envValue)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", envName, err)
+	}
+	return tokens, nil
 }
 
 // loadKey reads a key from file (flag names it) or, without one, takes
@@ -454,8 +476,8 @@ func (m *Main) Run(ctx context.Context) error {
 		}
 		cfg.Provider = pc
 	}
-	rcfg := region.Config{Listener: ln, Region: m.Region, NodeID: m.NodeID, Tokens: m.AuthTokens, Logger: m.logger,
-		Registry: m.ops.registry, MetricsToken: m.MetricsToken}
+	rcfg := region.Config{Listener: ln, Region: m.Region, NodeID: m.NodeID, Tokens: m.AuthTokens, AdminTokens: m.AdminTokens,
+		Logger: m.logger, Registry: m.ops.registry, MetricsToken: m.MetricsToken}
 	if m.ops.tracer != nil {
 		rcfg.TracerProvider = m.ops.tracer
 	}
