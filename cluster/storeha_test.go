@@ -82,9 +82,21 @@ func TestStoreHA(t *testing.T) {
 	if err := leader.Kill(t.Context()); err != nil {
 		t.Fatal(err)
 	}
+	// untilServed sends a request again while the node answers 503: until
+	// a standby is promoted and the node's pool has found it.
+	untilServed := func(post func() response) response {
+		t.Helper()
+		for {
+			a := post()
+			if a.status != http.StatusServiceUnavailable || t.Context().Err() != nil {
+				return a
+			}
+		}
+	}
 	for _, r := range info.Regions {
-		// The node answers 503 until a standby is promoted and its pool
-		// has found it; then the payment made before the loss replays.
+		// The payment made before the loss replays: from the node's
+		// memory at once (its commit was acknowledged, so it is on the
+		// synchronous standby), or from the store once it is back.
 		for {
 			again := postPayment(t, r.URL, token, "ha-1", "invoice-ha-1")
 			if again.status == http.StatusCreated {
@@ -100,7 +112,8 @@ func TestStoreHA(t *testing.T) {
 				t.Fatal(t.Context().Err())
 			}
 		}
-		if fresh := postPayment(t, r.URL, token, "ha-new-"+r.Name, "invoice-ha-"+r.Name); fresh.status != http.StatusCreated {
+		fresh := untilServed(func() response { return postPayment(t, r.URL, token, "ha-new-"+r.Name, "invoice-ha-"+r.Name) })
+		if fresh.status != http.StatusCreated {
 			t.Errorf("region %s: new payment after the failover: %d %s", r.Name, fresh.status, fresh.body)
 		}
 	}
