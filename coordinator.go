@@ -13,6 +13,11 @@ type BeginRequest struct {
 	RequestHashes []string
 	// HashVersion is the version of RequestHashes[0].
 	HashVersion int
+	// RawHash, optional, is the request's raw hash (fingerprint.RawHash),
+	// stored beside RequestHashes[0] by a claim that inserts the record or
+	// takes an expired one over (Record.RawHash). It decides nothing here:
+	// a Coordinator decides by RequestHashes.
+	RawHash string
 	// Owner names the caller (for diagnostics; ownership itself is the token).
 	Owner string
 	// HomeRegion is recorded on the record.

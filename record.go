@@ -90,6 +90,14 @@ type Record struct {
 	// RequestHash is the fingerprint of the first command, prefixed with its
 	// hash version ("v1:...").
 	RequestHash string
+	// RawHash is the raw hash of the first request (fingerprint.RawHash:
+	// its body's bytes with everything else its command is parsed from),
+	// or "" for a record claimed without one (before the engine's
+	// migration 0011, or over a Coordinator that keeps none). It is never
+	// compared with RequestHash: a retry with the same raw hash is the same
+	// command, told without parsing it (engine.Request.RawHash); any other
+	// is compared by its request hashes.
+	RawHash     string
 	HashVersion int
 	Status      Status
 	Checkpoint  Checkpoint

@@ -29,7 +29,9 @@ import (
 //     engine's Clock (the monotonic clock), less 0.1% for the two clocks'
 //     rates (never by comparing the clocks);
 //   - it carries the record's request hash, so a reused key with another
-//     command is refused from memory as the store would refuse it;
+//     command is refused from memory as the store would refuse it, and a
+//     raw hash (Request.RawHash), so a retry with the same bytes is
+//     replayed without its command being parsed;
 //   - it is kept by the full scope (tenant, operation, key) and the
 //     record's generation.
 //
@@ -184,25 +186,19 @@ func (c *answerCache) storeTime(ctx context.Context) (storeTime, bool) {
 	return at, true
 }
 
-// lookup decides a request with hashes from memory: a replay of the kept
-// answer, or a refusal of a key reused with another command.
-func (c *answerCache) lookup(scope idem.Scope, hashes []string) (Answer, bool, error) {
+// lookup returns the answer kept for scope: Do replays it to the same
+// command and refuses it to another (fingerprints.sameCommand).
+func (c *answerCache) lookup(scope idem.Scope) (answers.Entry, bool) {
 	if c == nil {
-		return Answer{}, false, nil
+		return answers.Entry{}, false
 	}
-	e, ok := c.cache.Get(answers.KindAnswer, scope)
-	if !ok {
-		return Answer{}, false, nil
-	}
-	if !slices.Contains(hashes, e.RequestHash) {
-		return Answer{Outcome: idem.OutcomeConflict}, true, errKeyReused()
-	}
-	return Answer{Response: e.Response, Status: e.Status, Replayed: true, Outcome: idem.OutcomeReplay}, true, nil
+	return c.cache.Get(answers.KindAnswer, scope)
 }
 
-// keepRead keeps resp, the answer a replay of rec returned: the
-// Coordinator or the claim decided it on a settled record it read durably.
-func (c *answerCache) keepRead(ctx context.Context, scope idem.Scope, rec *idem.Record, resp idem.Response) {
+// keepRead keeps resp, the answer a replay of rec returned to begin's
+// request: the Coordinator or the claim decided it on a settled record it
+// read durably.
+func (c *answerCache) keepRead(ctx context.Context, begin idem.BeginRequest, rec *idem.Record, resp idem.Response) {
 	if c == nil || !replayable(rec.Status) {
 		return
 	}
@@ -210,8 +206,8 @@ func (c *answerCache) keepRead(ctx context.Context, scope idem.Scope, rec *idem.
 	if !ok {
 		return
 	}
-	c.cache.Put(answers.KindAnswer, scope, answers.Entry{RequestHash: rec.RequestHash, Generation: rec.Generation,
-		Status: rec.Status, Response: replayResponse(resp), Until: at.until(c.limit(rec))})
+	c.cache.Put(answers.KindAnswer, begin.Scope, answers.Entry{RequestHash: rec.RequestHash, RawHash: keptRawHash(rec, begin),
+		Generation: rec.Generation, Status: rec.Status, Response: replayResponse(resp), Until: at.until(c.limit(rec))})
 }
 
 // keepWritten keeps the answer of a request that settled the record, if
@@ -221,7 +217,7 @@ func (c *answerCache) keepWritten(ctx context.Context, begin idem.BeginRequest, 
 	if c == nil || err != nil || !ans.acknowledged || !replayable(ans.Status) {
 		return
 	}
-	e := answers.Entry{RequestHash: begin.RequestHashes[0], Status: ans.Status, Response: replayResponse(ans.Response)}
+	e := answers.Entry{RequestHash: begin.RequestHashes[0], RawHash: keptRawHash(d.Record, begin), Status: ans.Status, Response: replayResponse(ans.Response)}
 	switch rec := d.Record; {
 	case rec == nil && d.Outcome == idem.OutcomeExecute:
 		// A claim's insert of a free key, not read back: its window,

@@ -102,5 +102,13 @@
 // time ([StoreClock]); see [AnswerCache]. [Engine.Begin] does the same for a
 // caller that serves the Coordinator contract (the coordination API).
 //
+// A request that brings its raw hash ([Request.RawHash]) and parses its
+// command only when asked ([Request.Fingerprint]) is replayed from memory
+// without being parsed when its raw hash is the one the answer was kept
+// with: the same bytes, operation, path parameters and semantic headers are
+// the same command. Any other request is parsed, and its request hashes
+// decide as the store's would (a different serialisation of the same
+// command replays, another command is refused).
+//
 // Errors a client may see are *idem.Error with the codes of package idem.
 package engine

@@ -276,8 +276,21 @@ type Request struct {
 	// Key is the client's idempotency key (see idem.ValidKey).
 	Key string
 	// RequestHashes is the command's fingerprint under every supported
-	// version, current first (fingerprint.Hashes).
+	// version, current first (fingerprint.Hashes). It may be left empty
+	// when Fingerprint is set.
 	RequestHashes []string
+	// RawHash, optional, is the request's raw hash (fingerprint.RawHash
+	// over its body and every other input its command is parsed from): a
+	// request with the raw hash its key's settled answer was kept with is
+	// the same command, replayed from memory without calling Fingerprint
+	// (see sameCommand). It is stored with a record the request claims.
+	RawHash string
+	// Fingerprint, when set and RequestHashes is empty, parses the
+	// command and returns its request hashes when Do first needs them:
+	// never for a retry that RawHash decides, once for any other request,
+	// before anything is claimed. Its error is Do's, as it is (a command
+	// that does not parse), and nothing is stored.
+	Fingerprint func() ([]string, error)
 	// Wait is how long to wait for an original still in progress (capped by
 	// Options.MaxWait); 0 answers at once.
 	Wait time.Duration
@@ -434,6 +447,10 @@ func IsRetryable(err error) bool {
 	return errors.As(err, &r)
 }
 
+func errNoHash() error {
+	return idem.Errorf(idem.ECodeValidationFailed, "A request hash is required.")
+}
+
 func errKeyReused() error {
 	return idem.Errorf(idem.ECodeKeyReused, "This idempotency key was already used with a different request.")
 }
@@ -480,17 +497,28 @@ func (e *Engine) Do(ctx context.Context, req Request) (Answer, error) {
 		return Answer{}, idem.Errorf(idem.ECodeKeyInvalid, "An idempotency key is 1 to 255 visible ASCII characters, other than \".\" and \"..\".")
 	case req.Tenant == "":
 		return Answer{}, idem.Errorf(idem.ECodeUnauthenticated, "A tenant is required.")
-	case len(req.RequestHashes) == 0 || req.RequestHashes[0] == "":
-		return Answer{}, idem.Errorf(idem.ECodeValidationFailed, "A request hash is required.")
+	case len(req.RequestHashes) == 0 && req.Fingerprint == nil:
+		return Answer{}, errNoHash()
 	}
 	scope := idem.Scope{Tenant: req.Tenant, Operation: op.Name, Key: req.Key}
-	if ans, ok, err := e.answers.lookup(scope, req.RequestHashes); ok {
-		if err != nil {
+	f := &fingerprints{raw: req.RawHash, hashes: req.RequestHashes, parse: req.Fingerprint}
+	if kept, ok := e.answers.lookup(scope); ok {
+		same, err := f.sameCommand(kept.RawHash, kept.RequestHash)
+		switch {
+		case err != nil:
+			return Answer{}, err
+		case !same:
 			e.reused(ctx, scope)
+			return Answer{Outcome: idem.OutcomeConflict}, errKeyReused()
 		}
-		return ans, err
+		return Answer{Response: kept.Response, Status: kept.Status, Replayed: true, Outcome: idem.OutcomeReplay}, nil
 	}
-	begin := e.beginRequest(op, scope, req.RequestHashes, e.opts.Owner, e.opts.HomeRegion)
+	hashes, err := f.requestHashes()
+	if err != nil {
+		return Answer{}, err
+	}
+	begin := e.beginRequest(op, scope, hashes, e.opts.Owner, e.opts.HomeRegion)
+	begin.RawHash = req.RawHash
 	if fns.defaultClaim {
 		// Execute runs as soon as the key is granted: a free key's record
 		// says so from its insert, and run writes no CheckpointStarted.
@@ -676,7 +704,7 @@ func (e *Engine) decided(ctx context.Context, op Operation, begin idem.BeginRequ
 			}
 		}
 		ans.Response, ans.Status, ans.Replayed = resp, d.Record.Status, true
-		e.answers.keepRead(ctx, begin.Scope, d.Record, resp)
+		e.answers.keepRead(ctx, begin, d.Record, resp)
 		return ans, nil
 	case idem.OutcomeConflict:
 		return ans, errKeyReused()

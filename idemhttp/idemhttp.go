@@ -107,6 +107,15 @@ type Options struct {
 	// SemanticHeaders are request headers that change a request's meaning
 	// and so are part of its fingerprint. Default: Api-Version.
 	SemanticHeaders []string
+	// RawHash returns a request's raw hash (fingerprint.RawHash over its
+	// body and every other input Fingerprint reads): a retry with the raw
+	// hash its key's answer is kept with in the engine's memory is
+	// replayed without Fingerprint being called, and any other request is
+	// fingerprinted. It must name every input Fingerprint reads, or two
+	// different commands could replay as one. Default: with the default
+	// Fingerprint, DefaultRawHash with the same SemanticHeaders; with
+	// another, none (every request is fingerprinted).
+	RawHash func(r *http.Request, body []byte) string
 	// StoredHeaders are the response headers stored and replayed (the
 	// first value of each; Set-Cookie only when named). Default:
 	// Content-Type, Content-Encoding and Location.
@@ -200,9 +209,17 @@ func BearerTokens(tokens map[string]string) func(*http.Request) (string, error) 
 // Command is a request as Hooks.Command parses it.
 type Command struct {
 	// Fields are the fields fingerprinted under the operation's name
-	// (fingerprint.Hashes); Hashes, when set, are used instead.
-	Fields map[string]any
-	Hashes []string
+	// (fingerprint.Hashes); Hashes, when set, are used instead, and
+	// Fingerprint, when set and neither is, parses the request when the
+	// engine first needs its hashes (engine.Request.Fingerprint): not for
+	// a retry that RawHash decides. Its error answers as Hooks.Command's
+	// do.
+	Fields      map[string]any
+	Hashes      []string
+	Fingerprint func() ([]string, error)
+	// RawHash, optional, is the request's raw hash
+	// (engine.Request.RawHash; see Options.RawHash).
+	RawHash string
 	// Claim, when set, claims the key in place of the operation's (an
 	// operation that writes its own rows in the claim's transaction; see
 	// engine.Request.Claim).
@@ -239,6 +256,9 @@ func Middleware(e *engine.Engine, opts Options) (func(http.Handler) http.Handler
 	}
 	if opts.Fingerprint == nil {
 		opts.Fingerprint = DefaultFingerprint(opts.SemanticHeaders...)
+		if opts.RawHash == nil {
+			opts.RawHash = DefaultRawHash(opts.Operation, opts.SemanticHeaders...)
+		}
 	}
 	if opts.StoredHeaders == nil {
 		opts.StoredHeaders = httpanswer.DefaultStoredHeaders()
@@ -337,11 +357,26 @@ func (m *middleware) answer(w http.ResponseWriter, r *http.Request, h http.Handl
 		m.count("rejected")
 		return clientError(err)
 	}
+	// rejected says the engine's call of cmd.Fingerprint failed: the
+	// request does not parse.
+	var rejected bool
+	parse := cmd.Fingerprint
+	if parse != nil {
+		parse = func() ([]string, error) {
+			hashes, err := cmd.Fingerprint()
+			if err != nil {
+				rejected = true
+				return nil, clientError(err)
+			}
+			return hashes, nil
+		}
+	}
 	// rec is the answer of the last Execute: the one that answered when
 	// ans.Executed.
 	var rec *recorder
 	*ans, err = m.eng.Do(r.Context(), engine.Request{
 		Operation: m.opts.Operation, Tenant: tenant, Key: key, RequestHashes: cmd.Hashes, Wait: m.wait(r.Header),
+		RawHash: cmd.RawHash, Fingerprint: parse,
 		Claim: cmd.Claim, Recover: cmd.Recover, RetryOn: m.opts.Hooks.RetryOn,
 		Execute: func(ctx context.Context, a *engine.Attempt) (engine.Result, error) {
 			// An answer passes through to the client at most once.
@@ -362,7 +397,11 @@ func (m *middleware) answer(w http.ResponseWriter, r *http.Request, h http.Handl
 			return m.result(rec), rec.err
 		},
 	})
-	if err != nil {
+	switch {
+	case err != nil && rejected:
+		m.count("rejected")
+		return err
+	case err != nil:
 		m.count(errOutcome(err))
 		return err
 	}
@@ -412,28 +451,31 @@ func (m *middleware) answer(w http.ResponseWriter, r *http.Request, h http.Handl
 	return nil
 }
 
-// command parses a request (Hooks.Command, or Options.Fingerprint) and
-// fills in its hashes.
+// command is a request's Command: Hooks.Command's, or Options.Fingerprint
+// to be called when the engine needs it, with Options.RawHash's raw hash.
+// Fields are hashed at once.
 func (m *middleware) command(r *http.Request, body []byte) (Command, error) {
-	var cmd Command
-	if m.opts.Hooks.Command != nil {
-		var err error
-		if cmd, err = m.opts.Hooks.Command(r, body); err != nil {
-			return Command{}, err
+	if m.opts.Hooks.Command == nil {
+		cmd := Command{Fingerprint: func() ([]string, error) {
+			fields, err := m.opts.Fingerprint(r, body)
+			if err != nil {
+				return nil, err
+			}
+			return fingerprint.Hashes(m.opts.Operation, fields)
+		}}
+		if m.opts.RawHash != nil {
+			cmd.RawHash = m.opts.RawHash(r, body)
 		}
-	} else {
-		fields, err := m.opts.Fingerprint(r, body)
-		if err != nil {
-			return Command{}, err
-		}
-		cmd.Fields = fields
+		return cmd, nil
 	}
-	if len(cmd.Hashes) == 0 {
-		hashes, err := fingerprint.Hashes(m.opts.Operation, cmd.Fields)
-		if err != nil {
+	cmd, err := m.opts.Hooks.Command(r, body)
+	if err != nil {
+		return Command{}, err
+	}
+	if len(cmd.Hashes) == 0 && cmd.Fingerprint == nil {
+		if cmd.Hashes, err = fingerprint.Hashes(m.opts.Operation, cmd.Fields); err != nil {
 			return Command{}, err
 		}
-		cmd.Hashes = hashes
 	}
 	return cmd, nil
 }
@@ -573,6 +615,35 @@ func DefaultFingerprint(semanticHeaders ...string) FingerprintFunc {
 			doc = obj
 		}
 		return map[string]any{"method": r.Method, "route": route, "pathParams": params, "headers": headers, "body": doc}, nil
+	}
+}
+
+// DefaultRawHash returns the default Options.RawHash of operation, for the
+// default Fingerprint with the given semantic headers (none: Api-Version):
+// fingerprint.RawHash over the body and everything else that Fingerprint
+// reads: the method, the route pattern, the path (which holds the
+// pattern's path values), the Content-Type (which decides whether the body
+// is accepted) and the semantic headers present.
+func DefaultRawHash(operation string, semanticHeaders ...string) func(r *http.Request, body []byte) string {
+	if len(semanticHeaders) == 0 {
+		semanticHeaders = []string{"Api-Version"}
+	}
+	names := make([]string, len(semanticHeaders))
+	for i, h := range semanticHeaders {
+		names[i] = http.CanonicalHeaderKey(h)
+	}
+	return func(r *http.Request, body []byte) string {
+		var buf [16]string
+		in := append(buf[:0], "method", r.Method, "route", r.Pattern, "path", r.URL.EscapedPath())
+		if ct, ok := r.Header["Content-Type"]; ok {
+			in = append(in, "Content-Type", strings.Join(ct, ","))
+		}
+		for _, name := range names {
+			if v := r.Header.Values(name); len(v) > 0 {
+				in = append(in, name, strings.Join(v, ","))
+			}
+		}
+		return fingerprint.RawHash(operation, body, in...)
 	}
 }
 

@@ -80,7 +80,7 @@ func ParseCommand(body []byte, apiVersion string) (Command, error) {
 		apiVersion = DefaultAPIVersion
 	}
 	if !validAPIVersion(apiVersion) {
-		return Command{}, idem.Errorf(idem.ECodeAPIVersionUnsupported, "The Api-Version is not supported; supported: %s.", strings.Join(APIVersions, ", "))
+		return Command{}, errAPIVersion()
 	}
 	var w wireCommand
 	if err := strictjson.DecodeObject(body, &w); err != nil {
@@ -144,6 +144,10 @@ func asciiLower(s string) string {
 		}
 	}
 	return string(b)
+}
+
+func errAPIVersion() error {
+	return idem.Errorf(idem.ECodeAPIVersionUnsupported, "The Api-Version is not supported; supported: %s.", strings.Join(APIVersions, ", "))
 }
 
 func validAPIVersion(v string) bool {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/engine"
+	"github.com/idemcoord/idem/fingerprint"
 	"github.com/idemcoord/idem/store"
 )
 
@@ -45,36 +46,73 @@ type createCall struct {
 // Call is one create_payment request bound to its command, for a caller
 // that runs it through the engine itself, as the node's HTTP route does
 // through the idempotency middleware (idemhttp.Hooks.Command): the
-// command's fingerprint, the claim that writes the payment with the record,
-// the Recover of a client's takeover, and the Execute that charges. A Call
-// serves one request (and its attempts after an ambiguous commit); it is
-// not safe for concurrent use.
+// request's raw hash and the command's fingerprint, the claim that writes
+// the payment with the record, the Recover of a client's takeover, and the
+// Execute that charges. A Call serves one request (and its attempts after
+// an ambiguous commit); it is not safe for concurrent use.
 type Call struct {
-	c      *createCall
+	c          *createCall
+	body       []byte
+	apiVersion string
+	raw        string
+	// parsed says the command was parsed (into c.cmd, hashes) or failed
+	// to (err): a Call parses once, and only when the engine asks.
+	parsed bool
 	hashes []string
+	err    error
 }
 
-// Prepare parses req's command (Body, APIVersion) and binds it with
-// req.Uncertain into a Call; req's Tenant, Key and Wait are the engine
-// request's, not the Call's. Errors are Create's: nothing is stored for a
-// command that does not parse.
+// Prepare binds req's command (Body, APIVersion) with req.Uncertain into a
+// Call; req's Tenant, Key and Wait are the engine request's, not the
+// Call's. It checks the Api-Version and computes the request's raw hash
+// (RawHash), and parses the body only when the engine needs the command
+// (Hashes): a retry with the bytes and Api-Version of the request that
+// settled its key, answered from memory, is never parsed. Errors are
+// Create's, from Prepare or from Hashes: nothing is stored for a command
+// that does not parse.
 func (s *Service) Prepare(req Request) (*Call, error) {
-	cmd, err := ParseCommand(req.Body, req.APIVersion)
-	if err != nil {
-		return nil, err
+	apiVersion := req.APIVersion
+	if apiVersion == "" {
+		apiVersion = DefaultAPIVersion
 	}
-	hashes, err := cmd.Fingerprint()
-	if err != nil {
-		return nil, err
+	if !validAPIVersion(apiVersion) {
+		return nil, errAPIVersion()
 	}
-	return &Call{c: &createCall{s: s, cmd: cmd, uncertain: req.Uncertain}, hashes: s.requestHashes(req.Body, hashes)}, nil
+	return &Call{c: &createCall{s: s, uncertain: req.Uncertain}, body: req.Body, apiVersion: req.APIVersion,
+		raw: rawHash(req.Body, apiVersion)}, nil
 }
 
-// Hashes are the command's request hashes (engine.Request.RequestHashes).
-func (c *Call) Hashes() []string { return c.hashes }
+// rawHash is the raw hash of a body sent under apiVersion: ParseCommand
+// reads nothing else, and the operation's name is in the hash.
+func rawHash(body []byte, apiVersion string) string {
+	return fingerprint.RawHash(Operation, body, "Api-Version", apiVersion)
+}
+
+// RawHash is the request's raw hash (engine.Request.RawHash).
+func (c *Call) RawHash() string { return c.raw }
+
+// Hashes parses the command, once, and returns its request hashes
+// (engine.Request.Fingerprint), or the error that answers a command that
+// does not parse.
+func (c *Call) Hashes() ([]string, error) {
+	if !c.parsed {
+		c.parsed = true
+		c.c.cmd, c.err = ParseCommand(c.body, c.apiVersion)
+		if c.err == nil {
+			var hashes []string
+			hashes, c.err = c.c.cmd.Fingerprint()
+			c.hashes = c.c.s.requestHashes(c.body, hashes)
+		}
+	}
+	return c.hashes, c.err
+}
 
 // Claim claims the key together with the payment (engine.Request.Claim).
+// The engine has parsed the command by then (Hashes).
 func (c *Call) Claim(ctx context.Context, begin idem.BeginRequest) (engine.Claim, error) {
+	if _, err := c.Hashes(); err != nil {
+		return engine.Claim{}, err
+	}
 	return c.c.claimFunc()(ctx, begin)
 }
 
@@ -100,7 +138,7 @@ func (c *Call) ProviderKeyConflict() bool { return c.c.keyConflict }
 // Request is the engine request of call for req (its tenant, key and wait).
 func (c *Call) request(req Request) engine.Request {
 	return engine.Request{
-		Operation: Operation, Tenant: req.Tenant, Key: req.Key, RequestHashes: c.hashes, Wait: req.Wait,
+		Operation: Operation, Tenant: req.Tenant, Key: req.Key, RawHash: c.raw, Fingerprint: c.Hashes, Wait: req.Wait,
 		Claim: c.Claim, Recover: c.Recover, Execute: c.Execute, RetryOn: CommitUnknown,
 	}
 }

@@ -111,6 +111,36 @@ func fingerprintOf(rt Route) idemhttp.FingerprintFunc {
 	}
 }
 
+// rawHashOf is the raw hash of a request of rt (idemhttp.Options.RawHash):
+// fingerprint.RawHash over the body and everything else fingerprintOf
+// reads: the method, the path, the query, the Content-Type, the semantic
+// headers present, and the route's Ignore and KeyField, so that a route
+// whose fingerprint leaves out other fields after a restart does not
+// replay, as the same command, what the new fingerprint tells apart.
+func rawHashOf(rt Route) func(r *http.Request, body []byte) string {
+	headers := []string{"Api-Version"}
+	for _, h := range rt.Headers {
+		headers = append(headers, http.CanonicalHeaderKey(h))
+	}
+	route := []string{"key-field", rt.KeyField}
+	for _, f := range rt.Ignore {
+		route = append(route, "ignore", f)
+	}
+	return func(r *http.Request, body []byte) string {
+		var buf [24]string
+		in := append(append(buf[:0], route...), "method", r.Method, "path", r.URL.EscapedPath(), "query", r.URL.RawQuery)
+		if ct, ok := r.Header["Content-Type"]; ok {
+			in = append(in, "Content-Type", strings.Join(ct, ","))
+		}
+		for _, name := range headers {
+			if v := r.Header.Values(name); len(v) > 0 {
+				in = append(in, name, strings.Join(v, ","))
+			}
+		}
+		return fingerprint.RawHash(rt.Operation, body, in...)
+	}
+}
+
 // ignoresFormField reports whether a form field is left out of the
 // fingerprint: an Ignore entry or the KeyField names it (bare, or as a
 // one-token JSON pointer).

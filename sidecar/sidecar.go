@@ -214,6 +214,7 @@ func New(e *engine.Engine, opts Options) (*Proxy, error) {
 			Operation:       rt.Operation,
 			Tenant:          opts.Tenant,
 			Fingerprint:     fingerprintOf(rt),
+			RawHash:         rawHashOf(rt),
 			StoredHeaders:   r.replayHeaders,
 			LockFor:         rt.Timeout + lockMargin,
 			MaxWait:         opts.MaxWait,

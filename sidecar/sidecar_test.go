@@ -45,6 +45,12 @@ func newFixture(t *testing.T, options string) *fixture {
 
 func newFixtureTo(t *testing.T, up *upstream, upstreamURL, options string) *fixture {
 	t.Helper()
+	return newFixtureWith(t, up, upstreamURL, options, engine.Options{})
+}
+
+// newFixtureWith is newFixtureTo with an engine of eopts.
+func newFixtureWith(t *testing.T, up *upstream, upstreamURL, options string, eopts engine.Options) *fixture {
+	t.Helper()
 	st, _ := storetest.New(t)
 	routes, err := sidecar.ParseRoutes("POST /transfers=create_transfer@" + upstreamURL + strings.ReplaceAll(options, "{up}", up.url))
 	if err != nil {
@@ -55,7 +61,7 @@ func newFixtureTo(t *testing.T, up *upstream, upstreamURL, options string) *fixt
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng := engine.New(st, engine.Options{})
+	eng := engine.New(st, eopts)
 	p, err := sidecar.New(eng, sidecar.Options{
 		Routes:  routes,
 		Metrics: metrics,

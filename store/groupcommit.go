@@ -361,7 +361,8 @@ func (s *Store) claimBatch(ctx context.Context, batch []*groupItem[claimIn, clai
 		r := it.in.req
 		byScope[r.Scope] = it
 		args = append(args, r.Tenant, r.Operation, r.Key, r.RequestHashes[0], r.HashVersion,
-			r.Owner, r.LockFor.Milliseconds(), r.HomeRegion, r.Window.Milliseconds(), nullable(it.in.claim), string(r.StartCheckpoint()))
+			r.Owner, r.LockFor.Milliseconds(), r.HomeRegion, r.Window.Milliseconds(), nullable(it.in.claim), string(r.StartCheckpoint()),
+			nullable(r.RawHash))
 	}
 	return s.ExecOne(ctx, func(q Querier) error {
 		for _, it := range batch {
@@ -406,7 +407,7 @@ func (s *Store) claimBatch(ctx context.Context, batch []*groupItem[claimIn, clai
 }
 
 // claimColumns is how many parameters one claim of a batch takes.
-const claimColumns = 11
+const claimColumns = 12
 
 // claimBatchSQL is claimOrReadSQL for n keys at once: it inserts the free
 // keys and reads, as of the statement's snapshot, the
@@ -415,13 +416,13 @@ const claimColumns = 11
 // and two batches that wait on each other's keys cannot wait in a cycle.
 func claimBatchSQL(n int) string {
 	return cachedBatchSQL("claim", n, func(n int) string {
-		return `WITH v AS (SELECT * FROM (VALUES ` + valuesList(n, "TEXT", "TEXT", "TEXT", "TEXT", "INT4", "TEXT", "INT8", "TEXT", "INT8", "TEXT", "TEXT") + `)
-		AS v(v_t, v_o, v_k, v_h, v_hv, v_ow, v_lf, v_hr, v_w, v_cl, v_cp)),
+		return `WITH v AS (SELECT * FROM (VALUES ` + valuesList(n, "TEXT", "TEXT", "TEXT", "TEXT", "INT4", "TEXT", "INT8", "TEXT", "INT8", "TEXT", "TEXT", "TEXT") + `)
+		AS v(v_t, v_o, v_k, v_h, v_hv, v_ow, v_lf, v_hr, v_w, v_cl, v_cp, v_rh)),
 	ins AS (INSERT INTO idempotency_records
 		(tenant_id, operation_name, idempotency_key, request_hash, hash_version, status, checkpoint,
-		 owner, fencing_token, locked_until, home_region, created_at, updated_at, expires_at, claim_id)
+		 owner, fencing_token, locked_until, home_region, created_at, updated_at, expires_at, claim_id, raw_hash)
 		SELECT v_t, v_o, v_k, v_h, v_hv, 'IN_PROGRESS', v_cp, v_ow, 1,
-		 now() + v_lf * INTERVAL '1 millisecond', v_hr, now(), now(), now() + v_w * INTERVAL '1 millisecond', v_cl
+		 now() + v_lf * INTERVAL '1 millisecond', v_hr, now(), now(), now() + v_w * INTERVAL '1 millisecond', v_cl, v_rh
 		FROM v ORDER BY v_t, v_o, v_k
 		ON CONFLICT DO NOTHING
 		RETURNING ` + recordColumns + `)

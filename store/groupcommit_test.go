@@ -140,8 +140,10 @@ func TestGroupClaims(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			req := beginReq(j.key, j.hash)
+			req.RawHash = "r1:" + j.key
 			verbs := statements(t, func(ctx context.Context) {
-				got[i], errs[i] = st.Begin(ctx, beginReq(j.key, j.hash))
+				got[i], errs[i] = st.Begin(ctx, req)
 			})
 			sentMu.Lock()
 			sent = append(sent, verbs...)
@@ -159,8 +161,9 @@ func TestGroupClaims(t *testing.T) {
 		}
 	}
 	for i := range 3 {
-		if got[i].Lease.Token != 1 || got[i].Record == nil || got[i].Record.RequestHash != jobs[i].hash || got[i].Record.Status != idem.StatusInProgress {
-			t.Errorf("claim of %s = %+v; want its own IN_PROGRESS record with token 1", jobs[i].key, got[i])
+		if got[i].Lease.Token != 1 || got[i].Record == nil || got[i].Record.RequestHash != jobs[i].hash || got[i].Record.Status != idem.StatusInProgress ||
+			got[i].Record.RawHash != "r1:"+jobs[i].key {
+			t.Errorf("claim of %s = %+v; want its own IN_PROGRESS record with token 1 and its raw hash", jobs[i].key, got[i])
 		}
 	}
 	if r := got[3].Record; r == nil || string(r.Response.Body) != `{"k":"gc-done"}` {

@@ -104,12 +104,12 @@ func insertRecord(ctx context.Context, q Querier, r *idem.Record) (bool, error) 
 		return false, err
 	}
 	tag, err := q.Exec(ctx, `INSERT INTO idempotency_records (`+recordColumns+`)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25)
 		ON CONFLICT DO NOTHING`,
 		r.Tenant, r.Operation, r.Key, r.RequestHash, r.HashVersion, string(r.Status), string(r.Checkpoint), r.Owner, r.FencingToken,
 		r.LockedUntil, r.Attempts, r.Generation, resp.status, resp.headers, resp.body, resp.schema,
 		nullable(r.ResourceType), nullable(r.ResourceID), nullable(r.ErrorCode), r.HomeRegion, r.CreatedAt, r.UpdatedAt, r.ExpiresAt,
-		resp.byReference)
+		resp.byReference, nullable(r.RawHash))
 	if err != nil {
 		return false, err
 	}

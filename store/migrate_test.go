@@ -257,7 +257,7 @@ func TestUserSetBesideEngineAndPayments(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []store.SetStatus{
-		{Name: "engine", Applied: []int{1, 4, 6, 7, 8, 10, 11}},
+		{Name: "engine", Applied: []int{1, 4, 6, 7, 8, 10, 11, 12}},
 		{Name: "payments", Applied: []int{2, 3, 5, 9}},
 		{Name: "orders", Applied: []int{1, 11}},
 		{Name: "audit", Applied: []int{11}},
@@ -390,7 +390,7 @@ func TestPreviousReleaseRowsWaitForTheirSet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := fmt.Sprint(status); got != "[{engine [1 4 6 7 8 10 11] [] []} {payments [2 3 5 9] [] []}]" {
+	if got := fmt.Sprint(status); got != "[{engine [1 4 6 7 8 10 11 12] [] []} {payments [2 3 5 9] [] []}]" {
 		t.Errorf("MigrationStatus = %s", got)
 	}
 	if err := payments.Migrate(ctx, st); err != nil {
@@ -567,7 +567,7 @@ func TestMigrationStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := fmt.Sprint(status); got != "[{engine [] [1 4 6 7 8 10 11] []} {payments [] [2 3 5 9] []}]" {
+	if got := fmt.Sprint(status); got != "[{engine [] [1 4 6 7 8 10 11 12] []} {payments [] [2 3 5 9] []}]" {
 		t.Errorf("MigrationStatus of a new database = %s", got)
 	}
 	if err := st.Migrate(ctx); err != nil {
@@ -580,7 +580,7 @@ func TestMigrationStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := fmt.Sprint(status); got != "[{engine [1 4 6 7 8 10 11] [] [99]} {payments [] [2 3 5 9] []}]" {
+	if got := fmt.Sprint(status); got != "[{engine [1 4 6 7 8 10 11 12] [] [99]} {payments [] [2 3 5 9] []}]" {
 		t.Errorf("MigrationStatus after the engine's Migrate = %s", got)
 	}
 }

@@ -32,7 +32,7 @@ const recordColumns = `tenant_id, operation_name, idempotency_key, request_hash,
 	status, checkpoint, owner, fencing_token, locked_until, attempts, generation,
 	response_status, response_headers, response_body, response_schema_version,
 	resource_type, resource_id, error_code, home_region, created_at, updated_at, expires_at,
-	response_by_reference`
+	response_by_reference, raw_hash`
 
 type rowScanner interface{ Scan(dest ...any) error }
 
@@ -47,7 +47,7 @@ func scanRecord(row rowScanner, extra ...any) (*idem.Record, error) {
 		respHeaders             []byte
 		respBody                []byte
 		schema, resType, resID  pgtype.Text
-		errCode                 pgtype.Text
+		errCode, rawHash        pgtype.Text
 		lockedUntil             pgtype.Timestamptz
 		attempts, generation, v int32
 		byReference             bool
@@ -55,7 +55,7 @@ func scanRecord(row rowScanner, extra ...any) (*idem.Record, error) {
 	dest := []any{&r.Tenant, &r.Operation, &r.Key, &r.RequestHash, &v,
 		&status, &checkpoint, &r.Owner, &r.FencingToken, &lockedUntil, &attempts, &generation,
 		&respStatus, &respHeaders, &respBody, &schema,
-		&resType, &resID, &errCode, &r.HomeRegion, &r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt, &byReference}
+		&resType, &resID, &errCode, &r.HomeRegion, &r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt, &byReference, &rawHash}
 	if err := row.Scan(append(dest, extra...)...); err != nil {
 		return nil, err
 	}
@@ -64,7 +64,7 @@ func scanRecord(row rowScanner, extra ...any) (*idem.Record, error) {
 	if lockedUntil.Valid {
 		r.LockedUntil = &lockedUntil.Time
 	}
-	r.ResourceType, r.ResourceID, r.ErrorCode = resType.String, resID.String, errCode.String
+	r.ResourceType, r.ResourceID, r.ErrorCode, r.RawHash = resType.String, resID.String, errCode.String, rawHash.String
 	if respStatus.Valid {
 		r.Response = &idem.Response{Status: int(respStatus.Int32), Body: respBody, SchemaVersion: schema.String, ByReference: byReference}
 		if len(respHeaders) > 0 {
@@ -297,9 +297,9 @@ func decideOrClaim(ctx context.Context, tx Querier, req idem.BeginRequest, claim
 // transaction), with the store's time. The first column says which.
 const claimOrReadSQL = `WITH ins AS (INSERT INTO idempotency_records
 		(tenant_id, operation_name, idempotency_key, request_hash, hash_version, status, checkpoint,
-		 owner, fencing_token, locked_until, home_region, created_at, updated_at, expires_at, claim_id)
+		 owner, fencing_token, locked_until, home_region, created_at, updated_at, expires_at, claim_id, raw_hash)
 		VALUES ($1, $2, $3, $4, $5, 'IN_PROGRESS', $11, $6, 1,
-		 now() + $7::INT8 * INTERVAL '1 millisecond', $8, now(), now(), now() + $9::INT8 * INTERVAL '1 millisecond', $10)
+		 now() + $7::INT8 * INTERVAL '1 millisecond', $8, now(), now(), now() + $9::INT8 * INTERVAL '1 millisecond', $10, $12)
 		ON CONFLICT DO NOTHING
 		RETURNING ` + recordColumns + `)
 	SELECT ` + recordColumns + `, now(), true FROM ins
@@ -323,7 +323,8 @@ func (s *Store) claimOrRead(ctx context.Context, q Querier, req idem.BeginReques
 	)
 	rec, err := scanRecord(q.QueryRow(ctx, claimOrReadSQL,
 		req.Tenant, req.Operation, req.Key, req.RequestHashes[0], req.HashVersion,
-		req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds(), nullable(claim), string(req.StartCheckpoint())), &now, &inserted)
+		req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds(), nullable(claim), string(req.StartCheckpoint()),
+		nullable(req.RawHash)), &now, &inserted)
 	switch {
 	case err == nil && inserted:
 		return idem.Decision{Outcome: idem.OutcomeExecute, Lease: leaseOf(rec), Record: rec}, true, nil
@@ -339,13 +340,14 @@ func (s *Store) claimOrRead(ctx context.Context, q Querier, req idem.BeginReques
 func insertClaim(ctx context.Context, tx Querier, req idem.BeginRequest, claim string) (d idem.Decision, ok bool, err error) {
 	row := tx.QueryRow(ctx, `INSERT INTO idempotency_records
 		(tenant_id, operation_name, idempotency_key, request_hash, hash_version, status, checkpoint,
-		 owner, fencing_token, locked_until, home_region, created_at, updated_at, expires_at, claim_id)
+		 owner, fencing_token, locked_until, home_region, created_at, updated_at, expires_at, claim_id, raw_hash)
 		VALUES ($1, $2, $3, $4, $5, 'IN_PROGRESS', $11, $6, 1,
-		 now() + $7::INT8 * INTERVAL '1 millisecond', $8, now(), now(), now() + $9::INT8 * INTERVAL '1 millisecond', $10)
+		 now() + $7::INT8 * INTERVAL '1 millisecond', $8, now(), now(), now() + $9::INT8 * INTERVAL '1 millisecond', $10, $12)
 		ON CONFLICT DO NOTHING
 		RETURNING `+recordColumns,
 		req.Tenant, req.Operation, req.Key, req.RequestHashes[0], req.HashVersion,
-		req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds(), nullable(claim), string(req.StartCheckpoint()))
+		req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds(), nullable(claim), string(req.StartCheckpoint()),
+		nullable(req.RawHash))
 	rec, err := scanRecord(row)
 	switch {
 	case err == nil:
@@ -412,11 +414,11 @@ func decideExisting(ctx context.Context, tx Querier, req idem.BeginRequest, clai
 			response_status = NULL, response_headers = NULL, response_body = NULL, response_schema_version = NULL,
 			response_by_reference = false, resource_type = NULL, resource_id = NULL, error_code = NULL, home_region = $9,
 			created_at = now(), updated_at = now(), expires_at = now() + $10::INT8 * INTERVAL '1 millisecond',
-			claim_id = $11
+			claim_id = $11, raw_hash = $12
 			WHERE tenant_id = $1 AND operation_name = $2 AND idempotency_key = $3 AND fencing_token = $4
 			RETURNING `+recordColumns,
 			req.Tenant, req.Operation, req.Key, rec.FencingToken, req.RequestHashes[0], req.HashVersion,
-			req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds(), nullable(claim)))
+			req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds(), nullable(claim), nullable(req.RawHash)))
 	default:
 		d := idem.Decision{Outcome: outcome, Record: rec}
 		if answered(d) {

@@ -40,14 +40,14 @@ func TestMigrateStatus(t *testing.T) {
 		}
 	}
 	status(
-		"engine    applied none; pending 0001 0004 0006 0007 0008 0010 0011",
+		"engine    applied none; pending 0001 0004 0006 0007 0008 0010 0011 0012",
 		"payments  applied none; pending 0002 0003 0005 0009",
 	)
 	if code, out := idemctlRun(t, nil, "migrate", "--database-url", url); code != 0 || out != "migrations applied\n" {
 		t.Fatalf("idemctl migrate: exit %d\n%s", code, out)
 	}
 	status(
-		"engine    applied 0001 0004 0006 0007 0008 0010 0011; pending none",
+		"engine    applied 0001 0004 0006 0007 0008 0010 0011 0012; pending none",
 		"payments  applied 0002 0003 0005 0009; pending none",
 	)
 	for _, args := range [][]string{

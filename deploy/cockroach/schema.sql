@@ -145,6 +145,12 @@ USE idem;
 -- `idemctl migrate` like every migration after 0001: they follow the row's
 -- crdb_region, rewrite no rows, and change nothing above; a settled record
 -- goes at the same time as any other, its audit with it.
+--
+-- The raw hash of the request that claimed a record (raw_hash: its body's
+-- bytes with what else its command is parsed from, for a byte-equal retry
+-- to replay from memory unparsed) is one more nullable column, the engine's
+-- migration 0012, applied the same way: it follows the row's crdb_region,
+-- rewrites no rows, and changes nothing above.
 CREATE TABLE IF NOT EXISTS idempotency_records (
     tenant_id               TEXT        NOT NULL,
     operation_name          TEXT        NOT NULL,

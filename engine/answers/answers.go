@@ -66,6 +66,10 @@ type Entry struct {
 	// RequestHash is the record's request hash: a request whose hashes
 	// hold it is replayed, any other is refused (idem.Decide).
 	RequestHash string
+	// RawHash is the raw hash of a request known to be the record's
+	// command (fingerprint.RawHash), or "": a request with the same raw
+	// hash is replayed without being parsed.
+	RawHash string
 	// Generation is the record's generation (idem.Record.Generation): an
 	// entry never replaces a live one of a later generation.
 	Generation int
@@ -299,13 +303,13 @@ func (c *Cache) toFront(n *node) {
 // clone copies what e refers to, so that the cache holds only memory of
 // its own (a string cut from a larger buffer would hold all of it).
 func clone(e Entry) Entry {
-	e.RequestHash = strings.Clone(e.RequestHash)
+	e.RequestHash, e.RawHash = strings.Clone(e.RequestHash), strings.Clone(e.RawHash)
 	e.Status = idem.Status(strings.Clone(string(e.Status)))
 	e.Response = cloneResponse(e.Response)
 	if e.Record != nil {
 		r := *e.Record
 		r.Scope = idem.Scope{Tenant: strings.Clone(r.Tenant), Operation: strings.Clone(r.Operation), Key: strings.Clone(r.Key)}
-		r.RequestHash, r.Owner = strings.Clone(r.RequestHash), strings.Clone(r.Owner)
+		r.RequestHash, r.RawHash, r.Owner = strings.Clone(r.RequestHash), strings.Clone(r.RawHash), strings.Clone(r.Owner)
 		r.Status, r.Checkpoint = idem.Status(strings.Clone(string(r.Status))), idem.Checkpoint(strings.Clone(string(r.Checkpoint)))
 		r.ResourceType, r.ResourceID = strings.Clone(r.ResourceType), strings.Clone(r.ResourceID)
 		r.ErrorCode, r.HomeRegion = strings.Clone(r.ErrorCode), strings.Clone(r.HomeRegion)
@@ -356,9 +360,9 @@ const (
 
 // sizeOf is what an entry is counted for against the bound.
 func sizeOf(k key, e Entry) int64 {
-	n := nodeCost + strs(k.Tenant, k.Operation, k.Key, e.RequestHash, string(e.Status)) + responseSize(e.Response)
+	n := nodeCost + strs(k.Tenant, k.Operation, k.Key, e.RequestHash, e.RawHash, string(e.Status)) + responseSize(e.Response)
 	if r := e.Record; r != nil {
-		n += recordCost + strs(r.Tenant, r.Operation, r.Key, r.RequestHash, string(r.Status), string(r.Checkpoint),
+		n += recordCost + strs(r.Tenant, r.Operation, r.Key, r.RequestHash, r.RawHash, string(r.Status), string(r.Checkpoint),
 			r.Owner, r.ResourceType, r.ResourceID, r.ErrorCode, r.HomeRegion)
 		if r.Response != nil {
 			n += responseSize(*r.Response)

@@ -132,7 +132,11 @@ func createPaymentHandler(s *region.Server, pay *payments.Service, keyConflicts 
 				if pr := paymentRequestOf(r.Context()); pr != nil {
 					pr.call = call
 				}
-				return idemhttp.Command{Hashes: call.Hashes(), Claim: call.Claim, Recover: call.Recover, Value: call}, nil
+				// The command is parsed only when the engine needs it: not
+				// for a retry with the bytes of the answer it keeps. The
+				// Content-Type above is checked on every request, so the
+				// raw hash needs none.
+				return idemhttp.Command{RawHash: call.RawHash(), Fingerprint: call.Hashes, Claim: call.Claim, Recover: call.Recover, Value: call}, nil
 			},
 			RetryOn: payments.CommitUnknown,
 			Observe: func(r *http.Request, ans engine.Answer, err error, d time.Duration) {

@@ -1,0 +1,9 @@
+package payments
+
+import "github.com/idemcoord/idem/engine"
+
+// Parsed reports whether the call parsed its command.
+func (c *Call) Parsed() bool { return c.parsed }
+
+// Request is the engine request of the call for req.
+func (c *Call) Request(req Request) engine.Request { return c.request(req) }

@@ -1,0 +1,4 @@
+package sidecar
+
+// RawHashOf and FingerprintOf are a route's raw hash and fingerprint.
+var RawHashOf, FingerprintOf = rawHashOf, fingerprintOf
