@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/internal/telemetry"
 )
 
 // Recovery outcomes, counted by RecoverStale.
@@ -67,7 +68,9 @@ func (e *Engine) RecoverStale(ctx context.Context, limit int) (map[string]int, e
 		for _, rec := range recs {
 			outcome, err := e.recoverOne(ctx, op, rec)
 			if err != nil {
-				errs = append(errs, fmt.Errorf("engine: recover %s/%s: %w", name, rec.Key, err))
+				// The key is a client's: its hash, never the key, reaches
+				// the log line this error ends up in.
+				errs = append(errs, fmt.Errorf("engine: recover %s key_hash=%s: %w", name, telemetry.KeyHash(rec.Key), err))
 				continue
 			}
 			out[outcome]++
