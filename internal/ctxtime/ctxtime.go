@@ -1,5 +1,5 @@
 // Package ctxtime waits for a duration or a context, whichever ends first:
-// the one sleep every retry loop and clock of the module uses.
+// the sleep that retry loops and clocks of the module use.
 package ctxtime
 
 import (
