@@ -242,8 +242,9 @@ type middleware struct {
 
 // Middleware returns a wrapper that makes a handler idempotent as operation
 // opts.Operation, which it registers with e. It fails when the options
-// cannot work (no operation, no tenant source, a duplicate operation, a
-// metric already registered with another shape).
+// cannot work (no operation, no tenant source, an operation the engine
+// has already with another Recover, Window or LockFor). It registers no
+// metric: the caller makes Options.Metrics (idemprom.New).
 func Middleware(e *engine.Engine, opts Options) (func(http.Handler) http.Handler, error) {
 	if opts.Operation == "" {
 		return nil, errors.New("idemhttp: Options.Operation is required")
