@@ -7,14 +7,10 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/engine"
@@ -25,27 +21,8 @@ import (
 	"github.com/idemcoord/idem/payments"
 )
 
-// statements runs fn under a recorded span and returns the verbs of the
-// store statements it sent (the store gives each statement a span named
-// "db <verb>").
-func statements(t testing.TB, fn func(ctx context.Context)) []string {
-	t.Helper()
-	exp := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	ctx, root := tp.Tracer("test").Start(ctx, "root")
-	fn(ctx)
-	root.End()
-	var verbs []string
-	for _, s := range exp.GetSpans() {
-		if v, ok := strings.CutPrefix(s.Name, "db "); ok {
-			verbs = append(verbs, v)
-		}
-	}
-	return verbs
-}
+// statements are the store statements fn sent (storetest.Statements).
+var statements = storetest.Statements
 
 // manualClock is the engine's Clock over a fakeclock.Manual: the answer
 // cache reads it, a wait really sleeps.

@@ -78,21 +78,14 @@ func TestProviderClaimRoundTrips(t *testing.T) {
 	f := newFixture(t, payments.Config{})
 	statements := func(fn func(ctx context.Context) (payments.Result, error)) ([]string, payments.Result) {
 		t.Helper()
-		exp := tracetest.NewInMemoryExporter()
-		tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-		ctx, root := tp.Tracer("test").Start(context.Background(), "root")
-		res, err := fn(ctx)
-		root.End()
+		var (
+			res payments.Result
+			err error
+		)
+		got := storetest.Statements(t, func(ctx context.Context) { res, err = fn(ctx) })
 		if err != nil {
 			t.Fatal(err)
 		}
-		var got []string
-		for _, s := range exp.GetSpans() {
-			if v, ok := strings.CutPrefix(s.Name, "db "); ok {
-				got = append(got, v)
-			}
-		}
-		_ = tp.Shutdown(context.Background())
 		return got, res
 	}
 	create := func(ctx context.Context) (payments.Result, error) {

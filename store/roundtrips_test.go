@@ -4,37 +4,17 @@ import (
 	"context"
 	"errors"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/store"
 )
 
-// statements runs fn under a recorded span and returns the verbs of the
-// statements it sent, in order (the store gives each statement a span).
-func statements(t *testing.T, fn func(ctx context.Context)) []string {
-	t.Helper()
-	exp := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	ctx, root := tp.Tracer("test").Start(context.Background(), "root")
-	fn(ctx)
-	root.End()
-	var verbs []string
-	for _, s := range exp.GetSpans() {
-		if v, ok := strings.CutPrefix(s.Name, "db "); ok {
-			verbs = append(verbs, v)
-		}
-	}
-	// Spans are exported as they end; statements end in the order sent.
-	return verbs
-}
+// statements are the store statements fn sent (storetest.Statements).
+var statements = storetest.Statements
 
 // TestRoundTrips pins the statements of the hot path on PostgreSQL: a
 // fresh key's claim is one statement (the insert, which also reads a

@@ -4,8 +4,12 @@ package storetest
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/internal/pgtest"
@@ -132,4 +136,28 @@ func SetSyncStandbys(t testing.TB, st *store.Store, names string) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// Statements runs fn under a recorded span and returns the verbs of the
+// store statements it sent, in order: the store gives each round trip a
+// span named "db <verb>" (a batch is one, named for its statement). fn's
+// context ends after a minute.
+func Statements(tb testing.TB, fn func(ctx context.Context)) []string {
+	tb.Helper()
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	tb.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ctx, root := tp.Tracer("test").Start(ctx, "root")
+	fn(ctx)
+	root.End()
+	var verbs []string
+	for _, s := range exp.GetSpans() {
+		if v, ok := strings.CutPrefix(s.Name, "db "); ok {
+			verbs = append(verbs, v)
+		}
+	}
+	// Spans are exported as they end; statements end in the order sent.
+	return verbs
 }
