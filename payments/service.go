@@ -17,13 +17,14 @@ import (
 	"github.com/idemcoord/idem/store"
 )
 
-// Defaults of Config.
+// Defaults of Config: the engine's, so that payments and every other
+// operation of a node answer alike.
 const (
-	DefaultWindow        = 24 * time.Hour
-	DefaultLockFor       = 30 * time.Second
+	DefaultWindow        = engine.DefaultWindow
+	DefaultLockFor       = engine.DefaultLockFor
 	DefaultSchemaVersion = "v2"
-	// MaxWait caps a client's Prefer: wait.
-	MaxWait = 60 * time.Second
+	// MaxWait caps a client's Prefer: wait (engine.DefaultMaxWait).
+	MaxWait = engine.DefaultMaxWait
 )
 
 // Config configures a Service.

@@ -18,7 +18,8 @@ type WorkerConfig struct {
 	// registered in the node's engine that nobody is working on (stale or
 	// unknown) are recovered by its Recover. Suggested: 5s.
 	RecoveryInterval time.Duration
-	// RecoveryBatch bounds one recovery pass, per operation. Default 50.
+	// RecoveryBatch bounds one recovery pass, per operation. Default
+	// engine.DefaultRecoveryBatch (50).
 	RecoveryBatch int
 	// CleanupInterval is how often expired records are pruned and deleted.
 	// Suggested: 1m.
@@ -83,7 +84,7 @@ func newWorkerMetrics(reg prometheus.Registerer, ops []Operation) (*workerMetric
 // the server is closed; Close waits for them.
 func (s *Server) StartWorkers(ctx context.Context, cfg WorkerConfig) {
 	if cfg.RecoveryBatch <= 0 {
-		cfg.RecoveryBatch = 50
+		cfg.RecoveryBatch = engine.DefaultRecoveryBatch
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	s.stopWorkers = cancel
