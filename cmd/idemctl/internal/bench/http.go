@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/payments/paymentsnode"
 	"github.com/idemcoord/idem/region"
@@ -129,10 +130,18 @@ func post(client *http.Client, url, token string, w *writer, prefix string) func
 	}
 }
 
+// answerCacheBytes is the answer cache of the HTTP suite's node: idemd's
+// default.
+const answerCacheBytes = 64 << 20
+
 func runHTTP(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, error) {
 	w := newWriter(SuiteHTTP, cfg)
-	node, err := region.NewServer(region.Config{Addr: "127.0.0.1:0", Region: "bench", Tokens: map[string]string{benchToken: w.tenant}},
-		st, paymentsnode.Operation(payments.NewService(st, payments.Config{Region: "bench"}), paymentsnode.Outbox{}))
+	// The node keeps settled answers in memory as idemd does by default
+	// (--answer-cache-bytes, 64 MiB): a replay is answered from there.
+	cache := engine.AnswerCache{Bytes: answerCacheBytes}
+	node, err := region.NewServer(region.Config{Addr: "127.0.0.1:0", Region: "bench", Tokens: map[string]string{benchToken: w.tenant},
+		AnswerCacheBytes: answerCacheBytes},
+		st, paymentsnode.Operation(payments.NewService(st, payments.Config{Region: "bench", AnswerCache: cache}), paymentsnode.Outbox{}))
 	if err != nil {
 		return SuiteReport{}, err
 	}
