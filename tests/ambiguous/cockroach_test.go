@@ -140,23 +140,7 @@ func TestClaimCommitAnsweredAmbiguous(t *testing.T) {
 			if !log.has(tc.resolve) {
 				t.Errorf("the store never logged %q: the ambiguous commit was not resolved as one", tc.resolve)
 			}
-			if n := c.n.Load(); n != 1 {
-				t.Fatalf("executions = %d, want 1", n)
-			}
-			if ans.Replayed || ans.Status != idem.StatusCompleted || string(ans.Response.Body) != `{"id":"tr_1","token":1}` {
-				t.Errorf("answer = replayed %v status %s body %s, want the first execution's", ans.Replayed, ans.Status, ans.Response.Body)
-			}
-			rec := record(t, direct, "k-"+tc.name)
-			if rec.Status != idem.StatusCompleted || rec.Response == nil || !bytes.Equal(rec.Response.Body, ans.Response.Body) {
-				t.Errorf("record = %s %v, want COMPLETED with the answer given", rec.Status, rec.Response)
-			}
-			again, err := e.Do(ctx, request("k-"+tc.name, h))
-			if err != nil || !again.Replayed || !bytes.Equal(again.Response.Body, ans.Response.Body) {
-				t.Errorf("retry = %+v, %v; want a replay of the first answer", again, err)
-			}
-			if n := c.n.Load(); n != 1 {
-				t.Errorf("executions after the retry = %d, want 1", n)
-			}
+			executedOnce(ctx, t, e, direct, &c, "k-"+tc.name, h, ans)
 		})
 	}
 }

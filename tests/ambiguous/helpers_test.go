@@ -1,6 +1,7 @@
 package ambiguous_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"sync/atomic"
@@ -71,4 +72,29 @@ func record(t *testing.T, st *store.Store, key string) *idem.Record {
 		t.Fatalf("get %s: %v", key, err)
 	}
 	return rec
+}
+
+// executedOnce checks the end of a request whose commit was ambiguous: the
+// operation ran once, ans is that execution's answer (not a replay), the
+// record holds it COMPLETED, and a retry replays it without running the
+// operation again.
+func executedOnce(ctx context.Context, t *testing.T, e *engine.Engine, direct *store.Store, c *counting, key string, h []string, ans engine.Answer) {
+	t.Helper()
+	if n := c.n.Load(); n != 1 {
+		t.Fatalf("executions = %d, want 1", n)
+	}
+	if ans.Replayed || ans.Status != idem.StatusCompleted || string(ans.Response.Body) != `{"id":"tr_1","token":1}` {
+		t.Errorf("answer = replayed %v status %s body %s, want the first execution's", ans.Replayed, ans.Status, ans.Response.Body)
+	}
+	rec := record(t, direct, key)
+	if rec.Status != idem.StatusCompleted || rec.Response == nil || !bytes.Equal(rec.Response.Body, ans.Response.Body) {
+		t.Errorf("record = %s %v, want COMPLETED with the answer given", rec.Status, rec.Response)
+	}
+	again, err := e.Do(ctx, request(key, h))
+	if err != nil || !again.Replayed || !bytes.Equal(again.Response.Body, ans.Response.Body) {
+		t.Errorf("retry = %+v, %v; want a replay of the first answer", again, err)
+	}
+	if n := c.n.Load(); n != 1 {
+		t.Errorf("executions after the retry = %d, want 1", n)
+	}
 }
