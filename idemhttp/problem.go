@@ -53,7 +53,17 @@ type Problem struct {
 type Errors struct {
 	classes  map[string]ErrorClass
 	typeBase string
+	envelope Envelope
 }
+
+// Envelope renders an error answer's body in the shape a surface's clients
+// parse errors from, when that is not problem+json: an SDK of the API a
+// sidecar route stands in front of reads only that API's own error object.
+// It returns the body and its Content-Type. The status and Retry-After stay
+// the table's, and every member of p (its code, its type URI) keeps its
+// meaning; the type URI is also sent as a Link header (rel="type", RFC
+// 9457's member as a link), whatever the envelope holds.
+type Envelope func(p Problem) (contentType string, body []byte)
 
 // defaultClasses are the codes of the engine, the middleware and the node
 // (package idem's codes).
@@ -98,7 +108,7 @@ func DefaultErrors() *Errors {
 // A code already in t may be given again only with the same class, so that
 // no operation changes how another's (or the engine's) codes answer.
 func (t *Errors) With(codes map[string]ErrorClass) (*Errors, error) {
-	out := &Errors{classes: maps.Clone(t.classes), typeBase: t.typeBase}
+	out := &Errors{classes: maps.Clone(t.classes), typeBase: t.typeBase, envelope: t.envelope}
 	for _, code := range slices.Sorted(maps.Keys(codes)) {
 		c := codes[code]
 		if !validCode(code) || c.Status < 200 || c.Status > 599 || c.RetryAfter < 0 || c.Title == "" {
@@ -118,7 +128,7 @@ func (t *Errors) With(codes map[string]ErrorClass) (*Errors, error) {
 // success answers OUTCOME_UNKNOWN as a retryable 503). Unlike With, it may
 // change a code's class; it never adds one.
 func (t *Errors) WithStatus(code string, c ErrorClass) *Errors {
-	out := &Errors{classes: maps.Clone(t.classes), typeBase: t.typeBase}
+	out := &Errors{classes: maps.Clone(t.classes), typeBase: t.typeBase, envelope: t.envelope}
 	if _, ok := out.classes[code]; ok {
 		out.classes[code] = c
 	}
@@ -129,7 +139,13 @@ func (t *Errors) WithStatus(code string, c ErrorClass) *Errors {
 // code in lower case, for an operator who serves the documentation
 // elsewhere.
 func (t *Errors) WithTypeBase(base string) *Errors {
-	return &Errors{classes: t.classes, typeBase: base}
+	return &Errors{classes: t.classes, typeBase: base, envelope: t.envelope}
+}
+
+// WithEnvelope returns a copy of t whose answers are rendered by env
+// instead of as problem+json; nil renders problem+json again.
+func (t *Errors) WithEnvelope(env Envelope) *Errors {
+	return &Errors{classes: t.classes, typeBase: t.typeBase, envelope: env}
 }
 
 func validCode(code string) bool {
@@ -184,8 +200,15 @@ func (t *Errors) Problem(code, message string) (Problem, http.Header) {
 
 // Render returns the status, headers and body of the answer of code with
 // message: what Write sends, for an answer that is stored and replayed.
+// With an Envelope, the body and Content-Type are the envelope's.
 func (t *Errors) Render(code, message string) (int, http.Header, []byte) {
 	p, h := t.Problem(code, message)
+	if t.envelope != nil {
+		ct, b := t.envelope(p)
+		h.Set("Content-Type", ct)
+		h.Set("Link", "<"+p.Type+`>; rel="type"`)
+		return p.Status, h, b
+	}
 	b, err := json.Marshal(p)
 	if err != nil {
 		b = []byte(`{"errorCode":"INTERNAL","message":"Internal error."}`)

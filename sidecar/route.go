@@ -83,6 +83,15 @@ type Route struct {
 	// package documentation). Default 0: the proxy's
 	// Options.MaxResponseBody.
 	MaxResponse int
+	// ErrorEnvelope is the shape of the route's own error answers (not the
+	// upstream's, which pass as they are): EnvelopeProblem (""), RFC 9457
+	// problem+json, or EnvelopeStripe, Stripe's error object, for clients
+	// that parse only their API's own errors. Status, Retry-After and the
+	// errorCode are the same in every envelope (see idemhttp.Envelope).
+	ErrorEnvelope string
+	// ErrorEnvelopeFile, instead of ErrorEnvelope, is a JSON template of
+	// the route's error answers (ParseEnvelopeTemplate), read by New.
+	ErrorEnvelopeFile string
 }
 
 // MaxMaxResponse bounds Route.MaxResponse: 64 MiB, CockroachDB's largest
@@ -102,7 +111,8 @@ const DefaultTimeout = 30 * time.Second
 // with the options lookup=URL (containing {derivedKey}), idempotent-upstream,
 // header=NAME (repeatable), timeout=DURATION, wait=DURATION, ignore=FIELD
 // (repeatable), key-field=FIELD, replay-header=NAME (repeatable),
-// pass-authorization and max-response=BYTES (see Route's fields). Spaces around routes are
+// pass-authorization, max-response=BYTES, error-envelope=problem|stripe and
+// error-envelope-file=PATH (see Route's fields). Spaces around routes are
 // ignored; an empty string is no route. Two routes may not share an
 // operation or a method and prefix.
 func ParseRoutes(s string) ([]Route, error) {
@@ -237,8 +247,24 @@ func parseRoute(s string) (Route, error) {
 				return rt, fmt.Errorf("max-response %q: want a number of bytes from 1 to %d", val, MaxMaxResponse)
 			}
 			rt.MaxResponse = n
+		case name == "error-envelope" && hasVal:
+			if rt.ErrorEnvelope != "" || rt.ErrorEnvelopeFile != "" {
+				return rt, errors.New("error-envelope or error-envelope-file given twice")
+			}
+			if val != EnvelopeProblem && val != EnvelopeStripe {
+				return rt, fmt.Errorf("error-envelope %q: want %s or %s", val, EnvelopeProblem, EnvelopeStripe)
+			}
+			rt.ErrorEnvelope = val
+		case name == "error-envelope-file" && hasVal:
+			if rt.ErrorEnvelope != "" || rt.ErrorEnvelopeFile != "" {
+				return rt, errors.New("error-envelope or error-envelope-file given twice")
+			}
+			if !validField(val) {
+				return rt, fmt.Errorf("error-envelope-file %q: want a path of visible ASCII characters without ',' or ';'", val)
+			}
+			rt.ErrorEnvelopeFile = val
 		default:
-			return rt, fmt.Errorf("option %q: want lookup=URL, idempotent-upstream, header=NAME, timeout=DURATION, wait=DURATION, ignore=FIELD, key-field=FIELD, replay-header=NAME, unknown-status=202|503, pass-authorization or max-response=BYTES", name)
+			return rt, fmt.Errorf("option %q: want lookup=URL, idempotent-upstream, header=NAME, timeout=DURATION, wait=DURATION, ignore=FIELD, key-field=FIELD, replay-header=NAME, unknown-status=202|503, pass-authorization, max-response=BYTES, error-envelope=problem|stripe or error-envelope-file=PATH", name)
 		}
 	}
 	if rt.Timeout == 0 {
@@ -362,6 +388,12 @@ func (rt Route) String() string {
 	}
 	if rt.MaxResponse != 0 {
 		b.WriteString(";max-response=" + strconv.Itoa(rt.MaxResponse))
+	}
+	if rt.ErrorEnvelope != "" {
+		b.WriteString(";error-envelope=" + rt.ErrorEnvelope)
+	}
+	if rt.ErrorEnvelopeFile != "" {
+		b.WriteString(";error-envelope-file=" + rt.ErrorEnvelopeFile)
 	}
 	return b.String()
 }

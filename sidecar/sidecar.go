@@ -81,7 +81,8 @@ type Options struct {
 	// engine.DefaultMaxWait.
 	MaxWait time.Duration
 	// Errors is the table the proxy's own error answers are written by
-	// (problem+json; the upstream's answers are passed on as they are).
+	// (problem+json, or a route's ErrorEnvelope; the upstream's answers are
+	// passed on as they are).
 	// Default idemhttp.DefaultErrors().
 	Errors *idemhttp.Errors
 	// Logger receives upstream failures. Default: discard.
@@ -141,7 +142,7 @@ type route struct {
 	// maxResponse is Route.MaxResponse or Options.MaxResponseBody.
 	maxResponse int
 	// errors is Options.Errors, with OUTCOME_UNKNOWN as Route.UnknownStatus
-	// says.
+	// says, in the route's ErrorEnvelope.
 	errors *idemhttp.Errors
 }
 
@@ -203,6 +204,13 @@ func New(e *engine.Engine, opts Options) (*Proxy, error) {
 			r.errors = opts.Errors.WithStatus(idem.ECodeOutcomeUnknown, idemhttp.ErrorClass{
 				Status: http.StatusServiceUnavailable, RetryAfter: 1, Title: opts.Errors.Class(idem.ECodeOutcomeUnknown).Title})
 		}
+		env, err := loadEnvelope(rt)
+		if err != nil {
+			return nil, fmt.Errorf("sidecar: route %s %s: %w", rt.Method, rt.Prefix, err)
+		}
+		if env != nil {
+			r.errors = r.errors.WithEnvelope(env)
+		}
 		if r.maxResponse <= 0 {
 			r.maxResponse = opts.MaxResponseBody
 		}
@@ -258,6 +266,19 @@ func (p *Proxy) Handler(operation string) http.Handler {
 	for _, r := range p.routes {
 		if r.Operation == operation {
 			return r.handler
+		}
+	}
+	return nil
+}
+
+// Errors returns the table the route of operation answers its own errors
+// by (Options.Errors, with the route's UnknownStatus and ErrorEnvelope), or
+// nil: for a server that answers errors of the route's requests before
+// they reach the proxy (authentication, routing).
+func (p *Proxy) Errors(operation string) *idemhttp.Errors {
+	for _, r := range p.routes {
+		if r.Operation == operation {
+			return r.errors
 		}
 	}
 	return nil
@@ -328,7 +349,7 @@ func (p *Proxy) keepRequest(rt *route, next http.Handler) http.Handler {
 			if rt.KeyField != "" {
 				key, err := keyFromBody(rt.Route, r.Header.Get("Content-Type"), body)
 				if err != nil {
-					p.opts.Errors.Write(w, r, p.opts.Logger, err)
+					rt.errors.Write(w, r, p.opts.Logger, err)
 					return
 				}
 				r.Header.Set(idemhttp.HeaderKey, quoteKey(key))
@@ -373,7 +394,7 @@ func (p *Proxy) execute(w http.ResponseWriter, r *http.Request, rt *route) {
 	o, _ := r.Context().Value(originalKey{}).(*original)
 	if a == nil || o == nil {
 		idemhttp.Classify(w, idem.StatusFailedRetryable)
-		p.opts.Errors.Write(w, r, p.opts.Logger, idem.Errorf(idem.ECodeInternal, "Internal error."))
+		rt.errors.Write(w, r, p.opts.Logger, idem.Errorf(idem.ECodeInternal, "Internal error."))
 		return
 	}
 	// The body the middleware read is the one kept.
