@@ -110,7 +110,7 @@ run single_key.RAW_BODY_HASH    single_key safety fail -DRAW_BODY_HASH
 run failover.EARLY_FAILOVER     failover   safety fail -DEARLY_FAILOVER
 run failover.NO_LOCAL_DEADLINE  failover   safety fail -DNO_LOCAL_DEADLINE
 run failover.NO_CATCHUP         failover   safety fail -DNO_CATCHUP
-# Bugs of docs/chaos.md's table: 2, 3 and 5.
+# Bugs of docs/chaos-history.md's table: 2, 3 and 5.
 run failover.KEY_DERIVED_ID     failover   safety fail -DKEY_DERIVED_ID
 run failover.REGIONAL_EFFECTS   failover   safety fail -DREGIONAL_EFFECTS
 run failover.FAILOVER_GIVES_UP  failover   ltl    fail -DLIVENESS -DFAILOVER_GIVES_UP

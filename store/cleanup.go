@@ -17,7 +17,7 @@ import (
 // PostgreSQL, estimating many more such records than there were (79,277
 // against 4,500 beside 10^7 records), chose a sequential scan that stops
 // at the limit, and each batch read the table from its start until it
-// found enough (133 records pruned per second, docs/benchmarks.md).
+// found enough (133 records pruned per second, docs/benchmarks-history.md).
 const (
 	pruneBodiesSQL = `UPDATE idempotency_records SET response_body = NULL, response_headers = NULL,
 			status = 'EXPIRED', updated_at = now()

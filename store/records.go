@@ -742,7 +742,7 @@ var staleRecordsSQL = `SELECT ` + recordColumns + ` FROM idempotency_records
 // and retryable records) marks nothing: it visited every record settled since
 // the table's last vacuum, which comes after a fifth of the table has
 // changed, so each poll cost more the larger the table (424 ms per poll with
-// 450,000 records, docs/chaos.md "Soak").
+// 450,000 records, docs/chaos-history.md "What slowed the 50-minute soak down").
 func StaleRecords(ctx context.Context, q Querier, operation string, limit int) ([]*idem.Record, error) {
 	rows, err := q.Query(ctx, staleRecordsSQL, operation, limit)
 	if err != nil {
