@@ -63,6 +63,11 @@ const (
 	// UNKNOWN_REQUIRES_RECOVERY record, or an IN_PROGRESS one whose lock
 	// has run out, is settled by hand.
 	ECodeRecordNotStuck = "IDEMPOTENCY_RECORD_NOT_STUCK"
+	// ECodeWebhookSignatureInvalid: a delivery to a sidecar webhook route
+	// whose signature is missing, does not verify with the route's
+	// secrets, or was made at a time outside the route's tolerance; it
+	// is refused before anything is stored or sent on.
+	ECodeWebhookSignatureInvalid = "WEBHOOK_SIGNATURE_INVALID"
 
 	// Infrastructure.
 	ECodeStoreUnavailable = "STORE_UNAVAILABLE"

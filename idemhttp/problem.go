@@ -93,6 +93,7 @@ var defaultClasses = map[string]ErrorClass{
 	idem.ECodeResponseTooLarge:           {http.StatusInternalServerError, 0, "Response too large to store"},
 	idem.ECodeResponseNotStored:          {http.StatusGone, 0, "Response not stored"},
 	idem.ECodeRecordNotStuck:             {http.StatusConflict, 0, "Idempotency record not stuck"},
+	idem.ECodeWebhookSignatureInvalid:    {http.StatusUnauthorized, 0, "Webhook signature invalid"},
 	idem.ECodeStoreUnavailable:           {http.StatusServiceUnavailable, 1, "Store unavailable"},
 	idem.ECodeUnavailable:                {http.StatusServiceUnavailable, 1, "Service unavailable"},
 	idem.ECodeInternal:                   {http.StatusInternalServerError, 0, "Internal error"},

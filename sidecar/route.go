@@ -92,6 +92,29 @@ type Route struct {
 	// ErrorEnvelopeFile, instead of ErrorEnvelope, is a JSON template of
 	// the route's error answers (ParseEnvelopeTemplate), read by New.
 	ErrorEnvelopeFile string
+	// Window is the replay window: how long the key's record answers
+	// retries, 1s to MaxWindow. Default 0: engine.DefaultWindow (24h), or
+	// DefaultWebhookWindow for a webhook route.
+	Window time.Duration
+	// Webhook, when set, makes the route a receiver of events that their
+	// sender signs and redelivers (see webhook.go): WebhookStandard
+	// (Standard Webhooks: the key is the webhook-id header) or
+	// WebhookStripe (the key is the event's "id"). The signature is
+	// verified before anything is stored; the route needs
+	// WebhookSecretFile and WebhookTenant, and takes POST only.
+	Webhook string
+	// WebhookSecretFile is a webhook route's file of signing secrets, one
+	// a line (two during a rotation; blank lines and lines starting with
+	// # are skipped), read by New.
+	WebhookSecretFile string
+	// WebhookTenant is the tenant a webhook route's events belong to:
+	// senders carry no credentials of the node, their signature
+	// authenticates them.
+	WebhookTenant string
+	// WebhookTolerance bounds how far a webhook's signed timestamp may be
+	// from the node's clock, either way, 1s to MaxWebhookTolerance.
+	// Default DefaultWebhookTolerance (5m).
+	WebhookTolerance time.Duration
 }
 
 // MaxMaxResponse bounds Route.MaxResponse: 64 MiB, CockroachDB's largest
@@ -111,8 +134,10 @@ const DefaultTimeout = 30 * time.Second
 // with the options lookup=URL (containing {derivedKey}), idempotent-upstream,
 // header=NAME (repeatable), timeout=DURATION, wait=DURATION, ignore=FIELD
 // (repeatable), key-field=FIELD, replay-header=NAME (repeatable),
-// pass-authorization, max-response=BYTES, error-envelope=problem|stripe and
-// error-envelope-file=PATH (see Route's fields). Spaces around routes are
+// pass-authorization, max-response=BYTES, error-envelope=problem|stripe,
+// error-envelope-file=PATH, window=DURATION, webhook=standard|stripe,
+// webhook-secret-file=PATH, webhook-tenant=TENANT and
+// webhook-tolerance=DURATION (see Route's fields). Spaces around routes are
 // ignored; an empty string is no route. Two routes may not share an
 // operation or a method and prefix.
 func ParseRoutes(s string) ([]Route, error) {
@@ -263,9 +288,22 @@ func parseRoute(s string) (Route, error) {
 				return rt, fmt.Errorf("error-envelope-file %q: want a path of visible ASCII characters without ',' or ';'", val)
 			}
 			rt.ErrorEnvelopeFile = val
+		case name == "window" && hasVal:
+			d, err := time.ParseDuration(val)
+			if err != nil || d < time.Second || d > MaxWindow {
+				return rt, fmt.Errorf("window %q: want a duration from 1s to %v", val, MaxWindow)
+			}
+			rt.Window = d
+		case strings.HasPrefix(name, "webhook") && hasVal:
+			if err := rt.webhookOption(name, val); err != nil {
+				return rt, err
+			}
 		default:
-			return rt, fmt.Errorf("option %q: want lookup=URL, idempotent-upstream, header=NAME, timeout=DURATION, wait=DURATION, ignore=FIELD, key-field=FIELD, replay-header=NAME, unknown-status=202|503, pass-authorization, max-response=BYTES, error-envelope=problem|stripe or error-envelope-file=PATH", name)
+			return rt, fmt.Errorf("option %q: want lookup=URL, idempotent-upstream, header=NAME, timeout=DURATION, wait=DURATION, ignore=FIELD, key-field=FIELD, replay-header=NAME, unknown-status=202|503, pass-authorization, max-response=BYTES, error-envelope=problem|stripe, error-envelope-file=PATH, window=DURATION, webhook=standard|stripe, webhook-secret-file=PATH, webhook-tenant=TENANT or webhook-tolerance=DURATION", name)
 		}
+	}
+	if err := rt.checkWebhook(); err != nil {
+		return rt, err
 	}
 	if rt.Timeout == 0 {
 		rt.Timeout = DefaultTimeout
@@ -389,6 +427,10 @@ func (rt Route) String() string {
 	if rt.MaxResponse != 0 {
 		b.WriteString(";max-response=" + strconv.Itoa(rt.MaxResponse))
 	}
+	if rt.Window != 0 {
+		b.WriteString(";window=" + rt.Window.String())
+	}
+	b.WriteString(rt.webhookString())
 	if rt.ErrorEnvelope != "" {
 		b.WriteString(";error-envelope=" + rt.ErrorEnvelope)
 	}

@@ -141,6 +141,8 @@ type route struct {
 	replayHeaders []string
 	// maxResponse is Route.MaxResponse or Options.MaxResponseBody.
 	maxResponse int
+	// webhook verifies the deliveries of a webhook route; nil for others.
+	webhook *verifier
 	// errors is Options.Errors, with OUTCOME_UNKNOWN as Route.UnknownStatus
 	// says, in the route's ErrorEnvelope.
 	errors *idemhttp.Errors
@@ -195,6 +197,7 @@ func New(e *engine.Engine, opts Options) (*Proxy, error) {
 		requests = opts.Metrics
 	}
 	for _, rt := range opts.Routes {
+		rt = rt.served()
 		if opts.Metrics != nil {
 			p.calls[rt.Operation] = opts.Metrics.UpstreamCalls(rt.Operation)
 		}
@@ -214,17 +217,26 @@ func New(e *engine.Engine, opts Options) (*Proxy, error) {
 		if r.maxResponse <= 0 {
 			r.maxResponse = opts.MaxResponseBody
 		}
+		tenant := opts.Tenant
+		if rt.Webhook != "" {
+			if r.webhook, err = newVerifier(rt, opts.Logger, opts.Metrics); err != nil {
+				return nil, fmt.Errorf("sidecar: route %s %s: %w", rt.Method, rt.Prefix, err)
+			}
+			// The signature, verified first, authenticates the sender.
+			tenant = func(*http.Request) (string, error) { return rt.WebhookTenant, nil }
+		}
 		var recover engine.ExecuteFunc
 		if rt.Lookup != "" || rt.IdempotentUpstream {
 			recover = func(ctx context.Context, a *engine.Attempt) (engine.Result, error) { return p.recover(ctx, r, a) }
 		}
 		mw, err := idemhttp.Middleware(e, idemhttp.Options{
 			Operation:       rt.Operation,
-			Tenant:          opts.Tenant,
+			Tenant:          tenant,
 			Fingerprint:     fingerprintOf(rt),
 			RawHash:         rawHashOf(rt),
 			StoredHeaders:   r.replayHeaders,
 			LockFor:         rt.Timeout + lockMargin,
+			Window:          rt.window(),
 			MaxWait:         opts.MaxWait,
 			Wait:            rt.Wait,
 			MaxRequestBody:  opts.MaxRequestBody,
@@ -237,7 +249,7 @@ func New(e *engine.Engine, opts Options) (*Proxy, error) {
 		if err != nil {
 			return nil, fmt.Errorf("sidecar: route %s %s: %w", rt.Method, rt.Prefix, err)
 		}
-		r.handler = p.insideRoute(r, p.keepRequest(r, mw(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) { p.execute(w, req, r) }))))
+		r.handler = p.insideRoute(r, p.checkWebhook(r, p.keepRequest(r, mw(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) { p.execute(w, req, r) })))))
 		p.routes = append(p.routes, r)
 	}
 	return p, nil

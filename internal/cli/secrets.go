@@ -75,6 +75,42 @@ func ReadKeyFile(path string) (key, warn string, err error) {
 	return key, warn, nil
 }
 
+// ReadSecretsFile reads secrets from the file at path, one a line (a
+// webhook route's signing secrets: two while a rotation is under way);
+// blank lines and lines starting with # are skipped, and spaces around a
+// secret trimmed. A secret holds no white space, a secret appears once,
+// and the file holds at least one. Errors name the line, never its
+// content. warn is as for ReadTokensFile.
+func ReadSecretsFile(path string) (secrets []string, warn string, err error) {
+	b, warn, err := readSecretFile(path)
+	if err != nil {
+		return nil, "", err
+	}
+	sc := bufio.NewScanner(strings.NewReader(string(b)))
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if strings.ContainsAny(line, " \t") {
+			return nil, "", fmt.Errorf("secrets file %s, line %d: want one secret, without spaces", path, n)
+		}
+		for _, s := range secrets {
+			if s == line {
+				return nil, "", fmt.Errorf("secrets file %s, line %d: secret given twice", path, n)
+			}
+		}
+		secrets = append(secrets, line)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, "", fmt.Errorf("secrets file %s: %w", path, err)
+	}
+	if len(secrets) == 0 {
+		return nil, "", fmt.Errorf("secrets file %s holds no secret", path)
+	}
+	return secrets, warn, nil
+}
+
 // readSecretFile reads a file holding secrets and checks its permissions.
 func readSecretFile(path string) ([]byte, string, error) {
 	f, err := os.Open(path)
