@@ -22,17 +22,20 @@ import (
 	"github.com/idemcoord/idem/sidecar"
 )
 
-// Metrics holds the counters idemhttp_requests_total{operation,outcome}
-// and idem_sidecar_upstream_calls_total{operation,call,result}. One value
-// serves any number of middlewares and proxies.
+// Metrics holds the counters idemhttp_requests_total{operation,outcome},
+// idem_sidecar_upstream_calls_total{operation,call,result} and
+// idem_sidecar_webhook_rejected_total{operation,reason}. One value serves
+// any number of middlewares and proxies.
 type Metrics struct {
 	requests *prometheus.CounterVec
 	calls    *prometheus.CounterVec
+	rejected *prometheus.CounterVec
 }
 
 var (
-	_ idemhttp.Metrics = (*Metrics)(nil)
-	_ sidecar.Metrics  = (*Metrics)(nil)
+	_ idemhttp.Metrics       = (*Metrics)(nil)
+	_ sidecar.Metrics        = (*Metrics)(nil)
+	_ sidecar.WebhookMetrics = (*Metrics)(nil)
 )
 
 // New registers the counters with reg and returns them. A counter reg has
@@ -52,7 +55,14 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Metrics{requests: requests, calls: calls}, nil
+	rejected, err := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "idem_sidecar_webhook_rejected_total",
+		Help: "Deliveries refused by sidecar webhook routes with 401 WEBHOOK_SIGNATURE_INVALID, by operation and reason (unsigned, malformed, mismatch, stale).",
+	}, []string{"operation", "reason"}))
+	if err != nil {
+		return nil, err
+	}
+	return &Metrics{requests: requests, calls: calls, rejected: rejected}, nil
 }
 
 func register(reg prometheus.Registerer, cv *prometheus.CounterVec) (*prometheus.CounterVec, error) {
@@ -101,5 +111,20 @@ func (m *Metrics) UpstreamCalls(operation string) func(call, result string) {
 			return
 		}
 		m.calls.WithLabelValues(operation, call, result).Inc()
+	}
+}
+
+// WebhookRejections implements sidecar.WebhookMetrics: it creates
+// operation's series for every reason, at 0. A reason outside
+// sidecar.WebhookRejectReasons() is not counted.
+func (m *Metrics) WebhookRejections(operation string) func(reason string) {
+	byReason := make(map[string]prometheus.Counter)
+	for _, r := range sidecar.WebhookRejectReasons() {
+		byReason[r] = m.rejected.WithLabelValues(operation, r)
+	}
+	return func(reason string) {
+		if c, ok := byReason[reason]; ok {
+			c.Inc()
+		}
 	}
 }

@@ -22,18 +22,24 @@ func TestSeriesExistBeforeTheFirstCount(t *testing.T) {
 	}
 	requests := m.Requests("create_transfer")
 	calls := m.UpstreamCalls("create_transfer")
-	want := len(idemhttp.Outcomes()) + len(sidecar.CallKinds())*len(sidecar.CallResults())
+	rejected := m.WebhookRejections("receive_event")
+	want := len(idemhttp.Outcomes()) + len(sidecar.CallKinds())*len(sidecar.CallResults()) + len(sidecar.WebhookRejectReasons())
 	if n, err := testutil.GatherAndCount(reg); err != nil || n != want {
 		t.Fatalf("series before any count = %d, %v; want %d", n, err, want)
 	}
 	requests("replay")
 	requests("replay")
 	calls("lookup", "unknown")
+	rejected("stale")
+	rejected("not a reason") // not counted, no series
 	m2, err := idemprom.New(reg) // the same registry: shares the counters
 	if err != nil {
 		t.Fatalf("second New on the same registry: %v", err)
 	}
 	m2.Requests("create_transfer")("execute")
+	if n, err := testutil.GatherAndCount(reg); err != nil || n != want {
+		t.Errorf("series after counting = %d, %v; want %d", n, err, want)
+	}
 	for _, c := range []struct {
 		metric string
 		labels map[string]string
@@ -44,6 +50,8 @@ func TestSeriesExistBeforeTheFirstCount(t *testing.T) {
 		{"idemhttp_requests_total", map[string]string{"operation": "create_transfer", "outcome": "conflict"}, 0},
 		{"idem_sidecar_upstream_calls_total", map[string]string{"operation": "create_transfer", "call": "lookup", "result": "unknown"}, 1},
 		{"idem_sidecar_upstream_calls_total", map[string]string{"operation": "create_transfer", "call": "execute", "result": "completed"}, 0},
+		{"idem_sidecar_webhook_rejected_total", map[string]string{"operation": "receive_event", "reason": "stale"}, 1},
+		{"idem_sidecar_webhook_rejected_total", map[string]string{"operation": "receive_event", "reason": "mismatch"}, 0},
 	} {
 		if got := value(t, reg, c.metric, c.labels); got != c.want {
 			t.Errorf("%s%v = %v, want %v", c.metric, c.labels, got, c.want)
