@@ -1,6 +1,7 @@
 package region
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -32,10 +33,29 @@ func (s *Server) WriteError(w http.ResponseWriter, r *http.Request, err error) {
 	s.writeError(w, r, err)
 }
 
-// writeError answers err as problem+json (RFC 9457) by the node's table.
-// Internal details are logged, never sent.
+// writeError answers err as problem+json (RFC 9457) by the node's table,
+// or by the table a proxied route put in the request's context (its error
+// envelope: withErrors). Internal details are logged, never sent.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
-	s.errors.Write(w, r, s.logger, err)
+	t := s.errors
+	if rt, ok := r.Context().Value(errorsKey{}).(*idemhttp.Errors); ok {
+		t = rt
+	}
+	t.Write(w, r, s.logger, err)
+}
+
+type errorsKey struct{}
+
+// withErrors answers the errors the node writes for next's requests
+// (authentication, routing) by t: a proxied route's table, so that its
+// clients get every error in the route's envelope.
+func withErrors(t *idemhttp.Errors, next http.HandlerFunc) http.HandlerFunc {
+	if t == nil {
+		return next
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		next(w, r.WithContext(context.WithValue(r.Context(), errorsKey{}, t)))
+	}
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

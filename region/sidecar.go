@@ -43,6 +43,11 @@ func (s *Server) registerSidecar(mux *routeMux) error {
 			// The node would cut the answer before the upstream gave it.
 			return fmt.Errorf("region: proxied route %s %s: timeout %v is not below the write timeout %v", rt.Method, rt.Prefix, rt.Timeout, s.cfg.WriteTimeout)
 		}
+		if rt.Webhook != "" && !s.knowsTenant(rt.WebhookTenant) {
+			// A peer forwards the route's deliveries to the tenant's home
+			// region only for a tenant of the cluster's token table.
+			return fmt.Errorf("region: webhook route %s %s: tenant %q has no token on this node", rt.Method, rt.Prefix, rt.WebhookTenant)
+		}
 		if _, own := s.own[rt.Operation]; own || s.operations[rt.Operation] {
 			return fmt.Errorf("region: proxied route %s %s: operation %q is the node's own or the coordination API's", rt.Method, rt.Prefix, rt.Operation)
 		}
@@ -60,8 +65,11 @@ func (s *Server) registerSidecar(mux *routeMux) error {
 		serve := s.authenticated(func(w http.ResponseWriter, r *http.Request, tenant string) {
 			h.ServeHTTP(w, r.WithContext(sidecar.WithTenant(r.Context(), tenant)))
 		})
+		if rt.Webhook != "" {
+			serve = s.webhookRoute(p, rt, h)
+		}
 		for _, pattern := range rt.Patterns() {
-			mux.HandleFunc(pattern, s.insideRoute(serve))
+			mux.HandleFunc(pattern, withErrors(p.Errors(rt.Operation), s.insideRoute(serve)))
 		}
 	}
 	return nil

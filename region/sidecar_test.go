@@ -1,6 +1,7 @@
 package region_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/idemhttp"
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/payments/paymentsnode"
@@ -210,5 +212,40 @@ func TestSidecarRouteUnderV1(t *testing.T) {
 	}
 	if a := n.do(http.MethodPost, "/v1/refunds", "tok-a", form, "amount=1"); a.status != http.StatusNotFound {
 		t.Errorf("an unrouted /v1 path: %d %s", a.status, a.body)
+	}
+}
+
+// TestSidecarErrorEnvelopeCoversTheNode: a route with error-envelope=stripe
+// gets the errors the node itself writes for its requests (a bad token, a
+// path outside the route) in that envelope too, with the same status; the
+// node's own endpoints keep problem+json.
+func TestSidecarErrorEnvelopeCoversTheNode(t *testing.T) {
+	st, _ := storetest.New(t)
+	routes, err := sidecar.ParseRoutes("POST /v1/charges=create_charge@http://127.0.0.1:1;error-envelope=stripe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := startNode(t, st, payments.NewService(st, payments.Config{Region: "test"}), region.Config{Sidecar: region.SidecarConfig{Routes: routes}})
+	form := map[string]string{"Idempotency-Key": "ch-1", "Content-Type": "application/x-www-form-urlencoded"}
+	for _, tc := range []struct {
+		name, path, token string
+		status            int
+		code, typ         string
+	}{
+		{"bad token", "/v1/charges", "nope", http.StatusUnauthorized, idem.ECodeUnauthenticated, "invalid_request_error"},
+		{"path outside the route", "/v1/charges/%2e%2e/x", "tok-a", http.StatusBadRequest, idem.ECodePathInvalid, "invalid_request_error"},
+		{"upstream unreachable", "/v1/charges", "tok-a", http.StatusServiceUnavailable, idem.ECodeUnavailable, "api_error"},
+	} {
+		a := n.do(http.MethodPost, tc.path, tc.token, form, "amount=1")
+		var e struct {
+			Error struct{ Type, Code string } `json:"error"`
+		}
+		if err := json.Unmarshal(a.body, &e); err != nil || a.status != tc.status || e.Error.Code != tc.code || e.Error.Type != tc.typ ||
+			a.header.Get("Content-Type") != "application/json" {
+			t.Errorf("%s: %d %s %s, want %d and a Stripe error %s %s", tc.name, a.status, a.header.Get("Content-Type"), a.body, tc.status, tc.typ, tc.code)
+		}
+	}
+	if a := n.do(http.MethodGet, "/v1/idempotency/records/create_charge/ch-1", "nope", nil, ""); a.status != http.StatusUnauthorized || a.header.Get("Content-Type") != idemhttp.ProblemContentType {
+		t.Errorf("the node's own endpoint: %d %s %s, want 401 problem+json", a.status, a.header.Get("Content-Type"), a.body)
 	}
 }
