@@ -189,7 +189,7 @@ func TestParseEnvelopeTemplate(t *testing.T) {
 	}{
 		{`{"error":{"code":"{{code}}","message":"{{detail}}"}}`, true},
 		{`{"code":"{{code}}","status":"{{status}}"}`, true},
-		{`{"message":"{{detail}}"}`, false},                  // no errorCode
+		{`{"message":"{{detail}}"}`, false},                   // no errorCode
 		{`{"code":"{{code}}","message":"{{detial}}"}`, false}, // a typo
 		{`["{{code}}"]`, false},                               // not an object
 		{`{"code":"{{code}}","code":"x"}`, false},             // duplicate name
