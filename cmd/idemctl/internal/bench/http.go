@@ -26,6 +26,7 @@ const (
 	OpHTTPIdempotent = "http idempotent"
 	OpHTTPReplay     = "http replay"
 	OpHTTPGet        = "http get"
+	OpHTTPFixed      = "http fixed answer"
 )
 
 const benchToken = "bench-token"
@@ -33,13 +34,12 @@ const benchToken = "bench-token"
 // baselineHandler serves POST /payments without the idempotency layer: the
 // same bearer-token check (SHA-256, constant-time), media type check, bounded
 // body read, strict command decode, business write (payments.InsertPaymentOnly
-// in a SERIALIZABLE transaction) and v2 render as the node's handler.
+// in a SERIALIZABLE transaction) and v2 render as the node's handler, for
+// the payment the node writes for the same command (its id a hash).
 type baselineHandler struct {
 	st     *store.Store
 	token  [sha256.Size]byte
 	tenant string
-	run    string
-	seq    atomic.Int64
 }
 
 // v2Payment is the v2 body of a payment, as the node renders it.
@@ -68,7 +68,39 @@ func (h *baselineHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, `{"errorCode":"UNSUPPORTED_MEDIA_TYPE"}`, http.StatusUnsupportedMediaType)
 		return
 	}
-	writePayment(w, r, h.st, h.tenant, fmt.Sprintf("pay_http_%s_%d", h.run, h.seq.Add(1)))
+	writePayment(w, r, h.st, h.tenant, "")
+}
+
+// fixedAnswerHandler answers POST /payments with one fixed payment, as a
+// replay does, after the same checks as baselineHandler and the same bounded
+// body read, with no idempotency layer and no store: the floor of a replay
+// over HTTP on the machine that runs the suite (the same client, server and
+// connection work; none of the layer's).
+type fixedAnswerHandler struct {
+	baseline *baselineHandler
+	body     []byte
+}
+
+func (h *fixedAnswerHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	token, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	sum := sha256.Sum256([]byte(token))
+	if r.Method != http.MethodPost || subtle.ConstantTimeCompare(sum[:], h.baseline.token[:]) != 1 {
+		http.Error(w, `{"errorCode":"UNAUTHENTICATED"}`, http.StatusUnauthorized)
+		return
+	}
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+		http.Error(w, `{"errorCode":"UNSUPPORTED_MEDIA_TYPE"}`, http.StatusUnsupportedMediaType)
+		return
+	}
+	if _, err := io.ReadAll(http.MaxBytesReader(w, r.Body, region.DefaultMaxBodyBytes)); err != nil {
+		http.Error(w, `{"errorCode":"VALIDATION_FAILED"}`, http.StatusBadRequest)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Location", "/payments/pay_fixed")
+	w.Header().Set("Idempotent-Replayed", "true")
+	w.WriteHeader(http.StatusCreated)
+	_, _ = w.Write(h.body)
 }
 
 // writePayment reads the bounded body, does the business write under id
@@ -150,7 +182,8 @@ func runHTTP(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, err
 	}
 	defer func() { _ = node.Close(context.WithoutCancel(ctx)) }()
 
-	baseURL, stopBase, err := serve(&baselineHandler{st: st, token: sha256.Sum256([]byte(benchToken)), tenant: w.tenant, run: w.run})
+	base := &baselineHandler{st: st, token: sha256.Sum256([]byte(benchToken)), tenant: w.tenant}
+	baseURL, stopBase, err := serve(base)
 	if err != nil {
 		return SuiteReport{}, err
 	}
@@ -164,17 +197,29 @@ func runHTTP(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, err
 	if err != nil {
 		return SuiteReport{}, err
 	}
+	// The fixed answer is a seeded payment's body as the node renders it.
+	fixed, err := fixedAnswer(ctx, client, node.URL(), seeded[0])
+	if err != nil {
+		return SuiteReport{}, err
+	}
+	fixedURL, stopFixed, err := serve(&fixedAnswerHandler{baseline: base, body: fixed})
+	if err != nil {
+		return SuiteReport{}, err
+	}
+	defer stopFixed(context.WithoutCancel(ctx))
 	results, err := alternate(ctx, cfg, SuiteHTTP, []op{
 		{OpHTTPBaseline, poster(client, baseURL, w, "b")},
 		{OpHTTPIdempotent, poster(client, node.URL(), w, "i")},
 		{OpHTTPReplay, httpReplayer(client, node.URL(), w, "r", seeded)},
 		{OpHTTPGet, httpGetter(client, node.URL(), seeded)},
+		{OpHTTPFixed, httpReplayer(client, fixedURL, w, "r", seeded)},
 	})
 	if err != nil {
 		return SuiteReport{}, err
 	}
 	rep := SuiteReport{Suite: SuiteHTTP, Concurrency: cfg.Concurrency, Results: results, Seeded: len(seeded),
-		Ratios: []Ratio{ratio(results, OpHTTPIdempotent, OpHTTPBaseline), ratio(results, OpHTTPReplay, OpHTTPGet)}}
+		Ratios: []Ratio{ratio(results, OpHTTPIdempotent, OpHTTPBaseline), ratio(results, OpHTTPReplay, OpHTTPGet),
+			ratio(results, OpHTTPReplay, OpHTTPIdempotent), ratio(results, OpHTTPFixed, OpHTTPIdempotent), ratio(results, OpHTTPReplay, OpHTTPFixed)}}
 	rep.Payments, rep.Records, err = countRows(ctx, st, w.tenant)
 	return rep, err
 }
@@ -231,6 +276,25 @@ func httpReplayer(client *http.Client, base string, w *writer, prefix string, se
 		}
 		return err
 	}
+}
+
+// fixedAnswer is the body of GET /payments/{id} at base.
+func fixedAnswer(ctx context.Context, client *http.Client, base, id string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/payments/"+id, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+benchToken)
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("%w: GET /payments/%s: %d", errUnexpected, id, resp.StatusCode)
+	}
+	return b, err
 }
 
 // httpGetter reads the seeded payments in turn (GET /payments/{id}) and

@@ -13,6 +13,7 @@ import (
 // Operation names of the store and replay suites.
 const (
 	OpBaseline             = "baseline"
+	OpBaselineSequential   = "baseline sequential ids"
 	OpIdempotent           = "idempotent"
 	OpIdempotentClaimFirst = "idempotent claim-first"
 	OpIdempotentStoredBody = "idempotent stored-body"
@@ -57,8 +58,24 @@ func (w *writer) key(prefix string, n int64) string {
 // baseline is the business write without the layer: parse and validate the
 // command, then the payment row and its outbox event in one statement, sent
 // as a SERIALIZABLE transaction of its own in one round trip (store.Store.ExecOne),
-// as the layer sends its claim of a fresh key.
+// as the layer sends its claim of a fresh key. The payment is the one the
+// layer writes for the same command (payments.PaymentID: an id spread over
+// the key space as a hash), so that the two differ by the layer's writes
+// alone.
 func (w *writer) baseline(st *store.Store) func(context.Context) error {
+	return func(ctx context.Context) error {
+		n := w.seq.Add(1)
+		_, err := baselineWrite(ctx, st, w.tenant, "", body(w.run, n))
+		return err
+	}
+}
+
+// baselineSequential is baseline with payment ids numbered in order
+// ("pay_base_<run>_<n>"), as the suite's baseline wrote them before: each
+// insert lands at the right edge of the payments' and events' primary
+// keys, where the layer's ids (hashes) and keys (random) land anywhere.
+// It shows what the ids' order alone is worth.
+func (w *writer) baselineSequential(st *store.Store) func(context.Context) error {
 	return func(ctx context.Context) error {
 		n := w.seq.Add(1)
 		_, err := baselineWrite(ctx, st, w.tenant, fmt.Sprintf("pay_base_%s_%d", w.run, n), body(w.run, n))
@@ -66,11 +83,16 @@ func (w *writer) baseline(st *store.Store) func(context.Context) error {
 	}
 }
 
-// baselineWrite parses body and writes its payment and event under id.
+// baselineWrite parses body and writes its payment and event under id, or
+// when id is empty, under the id the layer gives the same command
+// (payments.PaymentID).
 func baselineWrite(ctx context.Context, st *store.Store, tenant, id string, b []byte) (payments.Payment, error) {
 	cmd, err := payments.ParseCommand(b, "")
 	if err != nil {
 		return payments.Payment{}, err
+	}
+	if id == "" {
+		id = payments.PaymentID(tenant, cmd.AccountID, cmd.MerchantReference)
 	}
 	p := payments.Payment{Tenant: tenant, ID: id, AccountID: cmd.AccountID,
 		AmountMinor: cmd.AmountMinor, Currency: cmd.Currency, MerchantReference: cmd.MerchantReference,
@@ -101,6 +123,7 @@ func runStore(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, er
 	w := newWriter(SuiteStore, cfg)
 	ops := []op{
 		{OpBaseline, w.baseline(st)},
+		{OpBaselineSequential, w.baselineSequential(st)},
 		{OpIdempotent, w.idempotent(payments.NewService(st, payments.Config{Region: "bench"}))},
 		{OpIdempotentStoredBody, w.idempotent(payments.NewService(st, storedBodies))},
 		{OpIdempotentReadFirst, w.idempotent(payments.NewService(st, payments.Config{Region: "bench", ClaimOrder: payments.ReadFirst}))},
@@ -113,7 +136,8 @@ func runStore(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, er
 		return SuiteReport{}, err
 	}
 	rep := SuiteReport{Suite: SuiteStore, Concurrency: cfg.Concurrency, Results: results,
-		Ratios: []Ratio{ratio(results, OpIdempotent, OpBaseline), ratio(results, OpIdempotentStoredBody, OpBaseline),
+		Ratios: []Ratio{ratio(results, OpIdempotent, OpBaseline), ratio(results, OpIdempotent, OpBaselineSequential),
+			ratio(results, OpIdempotentStoredBody, OpBaseline),
 			ratio(results, OpIdempotentReadFirst, OpBaseline)}}
 	if cfg.ClaimFirst != nil {
 		rep.Ratios = append(rep.Ratios, ratio(results, OpIdempotentClaimFirst, OpBaseline))
