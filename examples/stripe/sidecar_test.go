@@ -37,10 +37,31 @@ const (
 // route is the sidecar route of the walkthrough for an upstream at base:
 // the upstream call may take 10s, a retry that finds the first call still
 // running waits up to 10s for its answer, the upstream's Request-Id is
-// stored and replayed with the answer, and Stripe-Version is part of the
-// request's meaning.
+// stored and replayed with the answer, Stripe-Version is part of the
+// request's meaning, an unknown outcome is a 503 (an error to the SDK, not
+// an empty charge), and the sidecar's own errors are Stripe error objects,
+// which stripe-go returns as *stripe.Error with the status.
 func route(base string) string {
-	return "POST /v1/charges=" + operation + "@" + base + ";timeout=10s;wait=10s;replay-header=Request-Id;header=Stripe-Version"
+	return "POST /v1/charges=" + operation + "@" + base +
+		";timeout=10s;wait=10s;replay-header=Request-Id;header=Stripe-Version;unknown-status=503;error-envelope=stripe"
+}
+
+// sidecarError checks that err is the *stripe.Error of the sidecar's own
+// answer status with code, of Stripe error type typ, and returns it.
+func sidecarError(t *testing.T, err error, status int, typ stripe.ErrorType, code string) *stripe.Error {
+	t.Helper()
+	var se *stripe.Error
+	if !errors.As(err, &se) {
+		t.Fatalf("%T %v: want *stripe.Error", err, err)
+	}
+	if se.HTTPStatusCode != status || se.Type != typ || string(se.Code) != code || se.Msg == "" ||
+		!strings.HasPrefix(se.DocURL, "https://") || !strings.HasSuffix(se.DocURL, "#"+strings.ToLower(code)) {
+		t.Errorf("%+v: want HTTP %d, type %s, code %s, a message and the code's documentation as doc_url", se, status, typ, code)
+	}
+	if ct := se.LastResponse.Header.Get("Content-Type"); ct != "application/json" {
+		t.Errorf("Content-Type %q, want application/json", ct)
+	}
+	return se
 }
 
 // TestStripeSDKThroughSidecar builds idemd, idemctl and etcd, starts the
@@ -255,7 +276,7 @@ func TestStripeSDKThroughSidecar(t *testing.T) {
 		if ids[0] != ids[1] {
 			t.Errorf("charges %s then %s, want one replayed", ids[0], ids[1])
 		}
-		if code, out := runCharge(t, walkthrough.charge, statePath, "-key", key, "-amount", "2500", "-retries", "0"); code != 1 || !strings.Contains(out, keyReused) {
+		if code, out := runCharge(t, walkthrough.charge, statePath, "-key", key, "-amount", "2500", "-retries", "0"); code != 1 || !strings.Contains(out, "HTTP 409 type=idempotency_error code="+keyReused) {
 			t.Errorf("changed amount: exit %d, want 1 and %s:\n%s", code, keyReused, out)
 		}
 		checkUpstream(t, fake, key, 1)
@@ -298,6 +319,67 @@ func TestStripeSDKThroughSidecar(t *testing.T) {
 		}
 	})
 
+	t.Run("f: a key still in progress is a 409 the SDK returns as *stripe.Error", func(t *testing.T) {
+		key := "order-f-in-progress"
+		p := chargeParams(6000, "tok_visa", "order_id", "f", fakestripe.MetaDelay, "2000")
+		p.SetIdempotencyKey(key)
+		first := make(chan error, 1)
+		go func() {
+			sc, _ := client(t, 30*time.Second, 0, 0)
+			_, err := sc.V1Charges.Create(ctx, p)
+			first <- err
+		}()
+		derived := sidecar.DerivedKey(tenant, operation, key, 0)
+		for deadline := time.Now().Add(10 * time.Second); fake.Count(derived) == 0; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the first call never reached the upstream")
+			}
+		}
+		sc, rec := client(t, 30*time.Second, 2, 0)
+		again := chargeParams(6000, "tok_visa", "order_id", "f", fakestripe.MetaDelay, "2000")
+		again.SetIdempotencyKey(key)
+		// Prefer: wait=0 asks for the answer at once instead of the
+		// route's wait.
+		again.Headers = http.Header{"Prefer": {"wait=0"}}
+		_, err := sc.V1Charges.Create(ctx, again)
+		se := sidecarError(t, err, http.StatusConflict, stripe.ErrorTypeIdempotency, "IDEMPOTENCY_REQUEST_IN_PROGRESS")
+		if ra := se.LastResponse.Header.Get("Retry-After"); ra != "1" {
+			t.Errorf("Retry-After %q, want 1", ra)
+		}
+		if at := rec.Attempts(); len(at) != 1 {
+			t.Errorf("attempts %v: want one (the SDK does not retry a Stripe error object)", at)
+		}
+		if err := <-first; err != nil {
+			t.Errorf("the first call: %v", err)
+		}
+		checkUpstream(t, fake, key, 1)
+	})
+
+	t.Run("g: an answer lost after the upstream charged is a 503 the SDK returns as *stripe.Error", func(t *testing.T) {
+		sc, rec := client(t, 30*time.Second, 2, 0)
+		key := "order-g-unknown"
+		p := chargeParams(7000, "tok_visa", "order_id", "g", fakestripe.MetaFailOnce, fakestripe.FailDrop)
+		p.SetIdempotencyKey(key)
+		for i := range 2 {
+			rec.Reset()
+			_, err := sc.V1Charges.Create(ctx, p)
+			se := sidecarError(t, err, http.StatusServiceUnavailable, stripe.ErrorTypeAPI, "OUTCOME_UNKNOWN")
+			if ra := se.LastResponse.Header.Get("Retry-After"); ra != "1" {
+				t.Errorf("call %d: Retry-After %q, want 1", i+1, ra)
+			}
+			if at := rec.Attempts(); len(at) != 1 {
+				t.Errorf("call %d: attempts %v, want one", i+1, at)
+			}
+		}
+		// The charge was made once; the application's repeat with the key
+		// does not charge again: the outcome waits for an operator (or a
+		// route's lookup) to settle it.
+		derived := checkUpstream(t, fake, key, 1)
+		if reqs := fake.RequestsWithKey(derived); len(reqs) != 1 || !reqs[0].Dropped || reqs[0].ChargeID == "" {
+			t.Errorf("upstream %+v: want one charge whose answer was dropped", reqs)
+		}
+	})
+
 	t.Run("e: the same key with another amount is refused with 409", func(t *testing.T) {
 		sc, rec := client(t, 30*time.Second, 2, 0)
 		key := "order-e-amount"
@@ -314,29 +396,14 @@ func TestStripeSDKThroughSidecar(t *testing.T) {
 		if err == nil {
 			t.Fatal("a changed amount under the same key succeeded")
 		}
-		at := rec.Attempts()
-		if len(at) == 0 {
-			t.Fatal("no attempt recorded")
+		se := sidecarError(t, err, http.StatusConflict, stripe.ErrorTypeIdempotency, keyReused)
+		var ie *stripe.IdempotencyError
+		if !errors.As(err, &ie) {
+			t.Errorf("%T: want a *stripe.IdempotencyError inside", se.Err)
 		}
-		for _, a := range at {
-			if a.Status != http.StatusConflict || !strings.Contains(a.ResponseBody, keyReused) {
-				t.Errorf("attempt %v: %s; want 409 %s", a, a.ResponseBody, keyReused)
-			}
-		}
-		var se *stripe.Error
-		if errors.As(err, &se) {
-			if se.HTTPStatusCode != http.StatusConflict {
-				t.Errorf("*stripe.Error with HTTPStatusCode %d, want 409", se.HTTPStatusCode)
-			}
-			t.Logf("the SDK sees a *stripe.Error (type %q) and made %d attempt(s)", se.Type, len(at))
-		} else {
-			if !strings.Contains(err.Error(), keyReused) {
-				t.Errorf("error %v lacks %s", err, keyReused)
-			}
-			if len(at) != 3 {
-				t.Errorf("%d attempts: a 409 without a Stripe error object is retried by the SDK until its budget (1 + 2) is spent", len(at))
-			}
-			t.Logf("the SDK sees a plain error (the 409's body holds no Stripe error object, so HTTPStatusCode is not available) and made %d attempts: %v", len(at), err)
+		// A Stripe error object is not retried by the SDK.
+		if at := rec.Attempts(); len(at) != 1 || at[0].Status != http.StatusConflict {
+			t.Errorf("attempts %v: want one 409", at)
 		}
 		checkUpstream(t, fake, key, 1)
 

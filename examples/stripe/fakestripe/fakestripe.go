@@ -52,8 +52,8 @@ const DeclinedSource = "tok_chargeDeclined"
 const (
 	// MetaDelay delays the answer by its value in milliseconds.
 	MetaDelay = "delay_ms"
-	// MetaFailOnce makes the first request of an Idempotency-Key answer 500:
-	// FailPlain or FailAPIError.
+	// MetaFailOnce makes the first request of an Idempotency-Key fail:
+	// FailPlain or FailAPIError (a 500), or FailDrop (no answer).
 	MetaFailOnce = "fail_once"
 )
 
@@ -63,6 +63,9 @@ const (
 	FailPlain = "plain"
 	// FailAPIError answers a 500 with Stripe's api_error body.
 	FailAPIError = "api_error"
+	// FailDrop makes the charge and then closes the connection without an
+	// answer: the caller cannot know that the card was charged.
+	FailDrop = "drop"
 )
 
 // MaxDelay bounds MetaDelay.
@@ -84,6 +87,8 @@ type Request struct {
 	// Status is the status answered, ChargeID the charge made (200 only).
 	Status   int    `json:"status"`
 	ChargeID string `json:"chargeId,omitempty"`
+	// Dropped: the charge was made and its answer dropped (FailDrop).
+	Dropped bool `json:"dropped,omitempty"`
 }
 
 // Server serves the API. Its zero value is not usable: call New.
@@ -178,6 +183,10 @@ func (s *Server) createCharge(w http.ResponseWriter, r *http.Request) {
 	s.requests[i] = rec
 	s.mu.Unlock()
 
+	if rec.Dropped {
+		// net/http closes the connection without an answer.
+		panic(http.ErrAbortHandler)
+	}
 	w.Header().Set("Request-Id", "req_"+randomID(14))
 	if plain {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -222,10 +231,14 @@ func (s *Server) charge(r *http.Request, key string, rec *Request) (status int, 
 		s.failed[key] = true
 		s.mu.Unlock()
 		if first {
-			if c.failOnce == FailPlain {
+			switch c.failOnce {
+			case FailDrop:
+				rec.Dropped = true
+			case FailPlain:
 				return http.StatusInternalServerError, nil, true
+			default:
+				return http.StatusInternalServerError, stripeError("api_error", "", "An unknown error occurred while processing the charge.", ""), false
 			}
-			return http.StatusInternalServerError, stripeError("api_error", "", "An unknown error occurred while processing the charge.", ""), false
 		}
 	}
 	if c.source == DeclinedSource {
@@ -312,8 +325,8 @@ func parseCharge(form url.Values) (c chargeParams, param, msg string) {
 		c.delay = time.Duration(ms) * time.Millisecond
 	}
 	if v, ok := c.metadata[MetaFailOnce]; ok {
-		if v != FailPlain && v != FailAPIError {
-			return c, "metadata[" + MetaFailOnce + "]", "metadata[fail_once]: want plain or api_error."
+		if v != FailPlain && v != FailAPIError && v != FailDrop {
+			return c, "metadata[" + MetaFailOnce + "]", "metadata[fail_once]: want plain, api_error or drop."
 		}
 		c.failOnce = v
 	}

@@ -153,6 +153,30 @@ func TestFailOnce(t *testing.T) {
 	}
 }
 
+// TestFailDrop: the charge is made and its answer never sent.
+func TestFailDrop(t *testing.T) {
+	s, base := start(t)
+	f := charge("metadata["+fakestripe.MetaFailOnce+"]", fakestripe.FailDrop)
+	req, err := http.NewRequest(http.MethodPost, base+"/v1/charges", strings.NewReader(f.Encode()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Idempotency-Key", "k6")
+	resp, err := http.DefaultClient.Do(req)
+	if err == nil {
+		resp.Body.Close()
+		t.Fatalf("first: %s, want the connection closed without an answer", resp.Status)
+	}
+	reqs := s.RequestsWithKey("k6")
+	if len(reqs) != 1 || !reqs[0].Dropped || reqs[0].ChargeID == "" || reqs[0].Status != http.StatusOK {
+		t.Errorf("requests %+v: want one charge made and its answer dropped", reqs)
+	}
+	if a := post(t, base, "k6", f); a.status != http.StatusOK {
+		t.Errorf("second: %d %s, want 200", a.status, a.body)
+	}
+}
+
 func TestDelayOutlivesTheClient(t *testing.T) {
 	s, base := start(t)
 	req, _ := http.NewRequest(http.MethodPost, base+"/v1/charges", strings.NewReader(charge("metadata[delay_ms]", "400").Encode()))

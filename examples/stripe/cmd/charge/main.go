@@ -56,7 +56,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	source := fs.String("source", "tok_visa", "payment source (tok_chargeDeclined: a declined card)")
 	description := fs.String("description", "walkthrough order", "description")
 	delay := fs.Int("delay-ms", 0, "ask the fake upstream to answer this many milliseconds late (metadata[delay_ms])")
-	failOnce := fs.String("fail-once", "", "ask the fake upstream to answer 500 to this key's first call: plain or api_error (metadata[fail_once])")
+	failOnce := fs.String("fail-once", "", "ask the fake upstream to fail this key's first call: plain or api_error (a 500), or drop (charge, then close the connection unanswered) (metadata[fail_once])")
 	timeout := fs.Duration("timeout", 80*time.Second, "the SDK's HTTP client timeout, per attempt")
 	retries := fs.Int64("retries", 2, "the SDK's MaxNetworkRetries")
 	verbose := fs.Bool("v", false, "print the SDK's own log lines too")
