@@ -169,6 +169,40 @@ func (o Outcome) String() string {
 	return "unknown"
 }
 
+// Outcome labels of a request the engine did not decide, beside each
+// Outcome's String: every surface (the middleware, the sidecar, the node,
+// the gRPC interceptor) counts its requests by these labels alone.
+const (
+	// LabelRejected: the request was refused before the engine decided
+	// (no key, a bad key, a body too large, an unknown tenant, a bad
+	// command).
+	LabelRejected = "rejected"
+	// LabelError: the engine could not give an answer (the store
+	// unavailable, say).
+	LabelError = "error"
+)
+
+// OutcomeLabels returns every outcome label a request is counted by: the
+// outcomes' own, LabelRejected and LabelError. Metrics create their series
+// from it, so that no label value comes from anywhere else.
+func OutcomeLabels() []string {
+	return []string{OutcomeExecute.String(), OutcomeReplay.String(), OutcomeConflict.String(), OutcomeInProgress.String(),
+		OutcomeRecover.String(), OutcomeExpired.String(), LabelRejected, LabelError}
+}
+
+// ErrorLabel is the outcome label of a request answered with err instead
+// of a decision: a key reused with another command is a conflict, a key
+// another owner holds in progress, anything else LabelError.
+func ErrorLabel(err error) string {
+	switch ErrorCode(err) {
+	case ECodeKeyReused:
+		return OutcomeConflict.String()
+	case ECodeInProgress:
+		return OutcomeInProgress.String()
+	}
+	return LabelError
+}
+
 // Decide says what a request whose command hashes to one of requestHashes may
 // do with the existing record rec, at the store's time now. requestHashes holds
 // the request's fingerprint under every hash version the node supports, so a

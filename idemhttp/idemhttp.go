@@ -334,28 +334,28 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, h http.Handle
 func (m *middleware) answer(w http.ResponseWriter, r *http.Request, h http.Handler, ans *engine.Answer, sent *bool) error {
 	w.Header().Set(HeaderWindow, m.window)
 	if err := CheckContentLength(r, m.opts.MaxRequestBody); err != nil {
-		m.count("rejected")
+		m.count(idem.LabelRejected)
 		return err
 	}
 	tenant, err := m.opts.Tenant(r)
 	if err != nil || tenant == "" {
-		m.count("rejected")
+		m.count(idem.LabelRejected)
 		w.Header().Set("WWW-Authenticate", "Bearer")
 		return &idem.Error{Code: idem.ECodeUnauthenticated, Message: "A valid credential is required.", Err: err}
 	}
 	key, err := KeyFromHeader(r.Header)
 	if err != nil {
-		m.count("rejected")
+		m.count(idem.LabelRejected)
 		return err
 	}
 	body, err := readBody(w, r, m.opts.MaxRequestBody)
 	if err != nil {
-		m.count("rejected")
+		m.count(idem.LabelRejected)
 		return err
 	}
 	cmd, err := m.command(r, body)
 	if err != nil {
-		m.count("rejected")
+		m.count(idem.LabelRejected)
 		return clientError(err)
 	}
 	// rejected says the engine's call of cmd.Fingerprint failed: the
@@ -400,10 +400,10 @@ func (m *middleware) answer(w http.ResponseWriter, r *http.Request, h http.Handl
 	})
 	switch {
 	case err != nil && rejected:
-		m.count("rejected")
+		m.count(idem.LabelRejected)
 		return err
 	case err != nil:
-		m.count(errOutcome(err))
+		m.count(idem.ErrorLabel(err))
 		return err
 	}
 	switch {
@@ -501,16 +501,6 @@ func writeStored(w http.ResponseWriter, resp idem.Response, replayed bool) error
 	w.WriteHeader(status)
 	_, _ = w.Write(resp.Body)
 	return nil
-}
-
-func errOutcome(err error) string {
-	switch idem.ErrorCode(err) {
-	case idem.ECodeKeyReused:
-		return "conflict"
-	case idem.ECodeInProgress:
-		return "in_progress"
-	}
-	return "error"
 }
 
 // result classifies the handler's answer.

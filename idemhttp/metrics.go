@@ -1,6 +1,6 @@
 package idemhttp
 
-import "slices"
+import "github.com/idemcoord/idem"
 
 // Metrics counts what the middleware answers. Package idemprom implements
 // it (and sidecar.Metrics) with Prometheus counters registered on a
@@ -15,11 +15,9 @@ type Metrics interface {
 	Requests(operation string) func(outcome string)
 }
 
-// outcomes label what Metrics counts: the engine's outcome for a request
-// it answered, "rejected" for a request refused before it (no key, a bad
-// key, a body too large, an unknown tenant), "error" for an answer the
-// engine could not give.
-var outcomes = []string{"execute", "replay", "conflict", "in_progress", "recover", "expired", "rejected", "error"}
-
-// Outcomes returns the outcomes Metrics counts requests by.
-func Outcomes() []string { return slices.Clone(outcomes) }
+// Outcomes returns the outcomes Metrics counts requests by
+// (idem.OutcomeLabels): the engine's outcome for a request it answered,
+// "rejected" for a request refused before it (no key, a bad key, a body too
+// large, an unknown tenant), "error" for an answer the engine could not
+// give.
+func Outcomes() []string { return idem.OutcomeLabels() }

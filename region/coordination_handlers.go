@@ -202,7 +202,7 @@ func (s *Server) coordNoContent(w http.ResponseWriter, r *http.Request, err erro
 // Only begins of a declared operation (Config.Operations) get here, so no
 // label value comes from a request.
 func (s *Server) observeCoordination(operation string, d idem.Decision, err error, elapsed time.Duration) {
-	outcome := outcomeRejected
+	outcome := refusedLabel(err)
 	if err == nil {
 		outcome = outcomeLabel(d.Outcome)
 		switch d.Outcome {

@@ -28,14 +28,21 @@ type metrics struct {
 	store             *store.Store
 }
 
-// outcomeRejected labels a keyed request refused before a decision (a bad
-// body, an unavailable store).
-const outcomeRejected = "rejected"
+// requestOutcomes are every outcome label of the keyed-request metrics
+// (idem.OutcomeLabels): a request refused before a decision (a bad body, an
+// unavailable store) is idem.LabelRejected.
+var requestOutcomes = idem.OutcomeLabels()
 
-// requestOutcomes are every outcome label of the keyed-request metrics.
-var requestOutcomes = []string{
-	idem.OutcomeExecute.String(), idem.OutcomeReplay.String(), idem.OutcomeConflict.String(),
-	idem.OutcomeInProgress.String(), idem.OutcomeRecover.String(), idem.OutcomeExpired.String(), outcomeRejected,
+// refusedLabel is the outcome label of a request answered with err before
+// a decision: idem.LabelError when the node could not decide (its store
+// unavailable, an internal error), else idem.LabelRejected (the request
+// itself was refused).
+func refusedLabel(err error) string {
+	switch idem.ErrorCode(err) {
+	case idem.ECodeStoreUnavailable, idem.ECodeUnavailable, idem.ECodeInternal:
+		return idem.LabelError
+	}
+	return idem.LabelRejected
 }
 
 // outcomeLabel returns o's label, or "rejected" for a request that reached no
@@ -44,7 +51,7 @@ func outcomeLabel(o idem.Outcome) string {
 	if s := o.String(); slices.Contains(requestOutcomes, s) {
 		return s
 	}
-	return outcomeRejected
+	return idem.LabelRejected
 }
 
 // newMetrics registers the node's metrics on reg. Every labelled series of
@@ -149,7 +156,7 @@ func (s *Server) Observe(operation string, o Observation, err error, d time.Dura
 		s.metrics.inProgress.WithLabelValues(operation).Inc()
 	default:
 		if o.Outcome == 0 {
-			outcome = outcomeRejected
+			outcome = refusedLabel(err)
 		}
 	}
 	if o.Replayed {

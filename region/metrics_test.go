@@ -98,7 +98,7 @@ func TestMetricsExistAtZero(t *testing.T) {
 	got := n.series()
 	var want []string
 	for _, op := range append([]string{"create_payment"}, testOperations...) {
-		for _, outcome := range []string{"execute", "replay", "conflict", "in_progress", "recover", "expired", "rejected"} {
+		for _, outcome := range []string{"execute", "replay", "conflict", "in_progress", "recover", "expired", "rejected", "error"} {
 			want = append(want, fmt.Sprintf(`idempotency_requests_total{operation=%q,outcome=%q}`, op, outcome))
 		}
 		for _, name := range []string{"idempotency_replay_total", "idempotency_conflict_different_request_total",
