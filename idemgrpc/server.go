@@ -132,9 +132,9 @@ type Options struct {
 type Metrics interface {
 	// Requests is called once per operation with its name and returns
 	// what counts that operation's calls by outcome (one of
-	// idemhttp.Outcomes(): the engine's outcome, "rejected" for a call
-	// refused before it, "error" for an answer it could not give), once
-	// per call, concurrently.
+	// idem.OutcomeLabels(): the engine's outcome, idem.LabelRejected for a
+	// call refused before it, idem.LabelError for an answer it could not
+	// give), once per call, concurrently.
 	Requests(operation string) func(outcome string)
 }
 
@@ -300,7 +300,7 @@ func (ic *Interceptor) unary(ctx context.Context, req any, info *grpc.UnaryServe
 		if code := ErrorCode(err); code != "" {
 			span.SetAttributes(attribute.String("idem.error_code", code))
 		}
-		if outcome == "error" {
+		if outcome == idem.LabelError {
 			span.SetStatus(otelcodes.Error, "call failed")
 		}
 	}
@@ -316,12 +316,12 @@ func (ic *Interceptor) serve(ctx context.Context, op *operation, req any, info *
 	}
 	tenant, err := ic.opts.Tenant(ctx)
 	if err != nil || tenant == "" {
-		return fail("rejected", &idem.Error{Code: idem.ECodeUnauthenticated, Message: "A valid credential is required.", Err: err})
+		return fail(idem.LabelRejected, &idem.Error{Code: idem.ECodeUnauthenticated, Message: "A valid credential is required.", Err: err})
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	key, err := KeyFromMetadata(md)
 	if err != nil {
-		return fail("rejected", err)
+		return fail(idem.LabelRejected, err)
 	}
 	var rejected bool
 	// c is the last execution's call: the one that answered when
@@ -372,11 +372,11 @@ func (ic *Interceptor) serve(ctx context.Context, op *operation, req any, info *
 	})
 	switch {
 	case err != nil && rejected:
-		return fail("rejected", err)
+		return fail(idem.LabelRejected, err)
 	case err != nil && encoded != nil:
-		return fail("error", err)
+		return fail(idem.LabelError, err)
 	case err != nil:
-		return fail(errOutcome(err), err)
+		return fail(idem.ErrorLabel(err), err)
 	}
 	switch {
 	case ans.Replayed:
@@ -384,7 +384,7 @@ func (ic *Interceptor) serve(ctx context.Context, op *operation, req any, info *
 	case ans.Executed && tooBig:
 		ic.opts.Logger.ErrorContext(ctx, "answer larger than MaxResponseBytes; record left for recovery",
 			"method", info.FullMethod, "limit", ic.opts.MaxResponseBytes)
-		return fail("error", idem.Errorf(idem.ECodeResponseTooLarge, "The answer is too large to be stored for replay; retry with the same key later."))
+		return fail(idem.LabelError, idem.Errorf(idem.ECodeResponseTooLarge, "The answer is too large to be stored for replay; retry with the same key later."))
 	case ans.Executed:
 		// The first answer, with all the metadata the handler set.
 		c.mu.Lock()
@@ -419,7 +419,7 @@ func (ic *Interceptor) replay(ctx context.Context, ans engine.Answer, replayed b
 	if err != nil {
 		ic.opts.Logger.ErrorContext(ctx, "stored answer cannot be replayed", "err", err)
 		st, trailer := codeStatus(ic.opts.Errors, idem.ECodeInternal, "Internal error.")
-		return nil, "error", answerError(ctx, st, trailer)
+		return nil, idem.LabelError, answerError(ctx, st, trailer)
 	}
 	header := s.header
 	if replayed {
@@ -435,16 +435,6 @@ func (ic *Interceptor) replay(ctx context.Context, ans engine.Answer, replayed b
 		return nil, outcome, s.err
 	}
 	return s.resp, outcome, nil
-}
-
-func errOutcome(err error) string {
-	switch idem.ErrorCode(err) {
-	case idem.ECodeKeyReused:
-		return "conflict"
-	case idem.ECodeInProgress:
-		return "in_progress"
-	}
-	return "error"
 }
 
 // DefaultFingerprint is the default Options.Fingerprint: the full method
@@ -525,7 +515,7 @@ func (ic *Interceptor) Stream() grpc.StreamServerInterceptor {
 			op := ic.ops[info.FullMethod]
 			ic.mu.Unlock()
 			if op != nil && op.count != nil {
-				op.count("rejected")
+				op.count(idem.LabelRejected)
 			}
 			st, _ := codeStatus(ic.opts.Errors, idem.ECodeMethodNotAllowed,
 				"Idempotency keys are not supported on streaming methods: a stream's answer cannot be stored and replayed.")

@@ -3,7 +3,7 @@ package idemprom
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/idemcoord/idem/idemhttp"
+	"github.com/idemcoord/idem"
 )
 
 // GRPCMetrics holds the counter idemgrpc_requests_total{operation,outcome}:
@@ -29,11 +29,11 @@ func NewGRPC(reg prometheus.Registerer) (*GRPCMetrics, error) {
 }
 
 // Requests implements idemgrpc.Metrics: it creates operation's series for
-// every outcome (idemhttp.Outcomes(), which idemgrpc counts by too), at 0.
+// every outcome (idem.OutcomeLabels()), at 0.
 // An outcome outside them is not counted.
 func (m *GRPCMetrics) Requests(operation string) func(outcome string) {
 	byOutcome := make(map[string]prometheus.Counter)
-	for _, o := range idemhttp.Outcomes() {
+	for _, o := range idem.OutcomeLabels() {
 		byOutcome[o] = m.requests.WithLabelValues(operation, o)
 	}
 	return func(outcome string) {
