@@ -1,5 +1,5 @@
 // Package depcheck has no code of its own: its tests check that the
-// library packages (the root package idem, engine, idemhttp, idemprom, store,
+// library packages (the root package idem, engine, idemhttp, idemgrpc, idemprom, store,
 // memcoord, fingerprint, coordclient, fencing, sidecar) change nothing in
 // the programs that import them and pull only the dependencies they need
 // (the root package and memcoord: the standard library alone).

@@ -28,8 +28,8 @@ var toolingModules = []string{
 }
 
 // TestConsumerBuildList builds examples/consumer, a module of its own that
-// requires the library module and imports store, engine, idemhttp and
-// fencing, out of the workspace (as a user's module builds), and checks
+// requires the library module and imports store, engine, idemhttp,
+// idemgrpc and fencing, out of the workspace (as a user's module builds), and checks
 // that none of the tooling modules is in its build list, nor in the
 // library module's own requirements.
 func TestConsumerBuildList(t *testing.T) {

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	// The library packages whose dependencies register nothing. fencing
-	// (gRPC: /debug/requests, /debug/events) and idemprom (client_golang:
+	// and idemgrpc (gRPC: /debug/requests, /debug/events) and idemprom (client_golang:
 	// expvar's /debug/vars) are left out: see registersVia in
 	// deps_test.go.
 	_ "github.com/idemcoord/idem"
