@@ -86,4 +86,18 @@
 // with an Idempotency-Key and no body for one it may resend; the proxy
 // gives every request a body it cannot rewind, so a failed connection is
 // an unknown outcome, settled as above, never a silent second execution.
+//
+// A webhook route (Route.Webhook: WebhookStandard or WebhookStripe)
+// receives signed events that their sender redelivers. Its deliveries
+// carry no credentials of the node: the sender's signature, verified with
+// the Standard Webhooks Go library or stripe-go's webhook package (with
+// the route's secrets and the timestamp within Route.WebhookTolerance)
+// before anything is stored, authenticates them, and the route names their
+// tenant (Route.WebhookTenant). The key is the event's id (the webhook-id
+// header, or a Stripe event's "id"); the signature headers, new on every
+// delivery, are not part of the fingerprint, so a redelivery gets the
+// first answer, within a window as long as the sender retries
+// (DefaultWebhookWindow). A delivery that does not verify answers 401
+// WEBHOOK_SIGNATURE_INVALID and stores nothing ([Proxy.VerifyWebhook],
+// [WebhookMetrics]).
 package sidecar
