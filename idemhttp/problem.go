@@ -52,7 +52,6 @@ type Problem struct {
 // DefaultErrors and add an operation's own codes with With.
 type Errors struct {
 	classes  map[string]ErrorClass
-	typeBase string
 	envelope Envelope
 }
 
@@ -102,14 +101,14 @@ var defaultClasses = map[string]ErrorClass{
 // DefaultErrors returns the table of package idem's codes, with type URIs
 // under DefaultTypeBase.
 func DefaultErrors() *Errors {
-	return &Errors{classes: maps.Clone(defaultClasses), typeBase: DefaultTypeBase}
+	return &Errors{classes: maps.Clone(defaultClasses)}
 }
 
 // With returns a copy of t that also answers an operation's own codes.
 // A code already in t may be given again only with the same class, so that
 // no operation changes how another's (or the engine's) codes answer.
 func (t *Errors) With(codes map[string]ErrorClass) (*Errors, error) {
-	out := &Errors{classes: maps.Clone(t.classes), typeBase: t.typeBase, envelope: t.envelope}
+	out := &Errors{classes: maps.Clone(t.classes), envelope: t.envelope}
 	for _, code := range slices.Sorted(maps.Keys(codes)) {
 		c := codes[code]
 		if !validCode(code) || c.Status < 200 || c.Status > 599 || c.RetryAfter < 0 || c.Title == "" {
@@ -129,24 +128,17 @@ func (t *Errors) With(codes map[string]ErrorClass) (*Errors, error) {
 // success answers OUTCOME_UNKNOWN as a retryable 503). Unlike With, it may
 // change a code's class; it never adds one.
 func (t *Errors) WithStatus(code string, c ErrorClass) *Errors {
-	out := &Errors{classes: maps.Clone(t.classes), typeBase: t.typeBase, envelope: t.envelope}
+	out := &Errors{classes: maps.Clone(t.classes), envelope: t.envelope}
 	if _, ok := out.classes[code]; ok {
 		out.classes[code] = c
 	}
 	return out
 }
 
-// WithTypeBase returns a copy of t whose type URIs are base followed by the
-// code in lower case, for an operator who serves the documentation
-// elsewhere.
-func (t *Errors) WithTypeBase(base string) *Errors {
-	return &Errors{classes: t.classes, typeBase: base, envelope: t.envelope}
-}
-
 // WithEnvelope returns a copy of t whose answers are rendered by env
 // instead of as problem+json; nil renders problem+json again.
 func (t *Errors) WithEnvelope(env Envelope) *Errors {
-	return &Errors{classes: t.classes, typeBase: t.typeBase, envelope: env}
+	return &Errors{classes: t.classes, envelope: env}
 }
 
 func validCode(code string) bool {
@@ -181,7 +173,7 @@ func (t *Errors) TypeURI(code string) string {
 	if _, ok := t.classes[code]; !ok {
 		code = idem.ECodeInternal
 	}
-	return t.typeBase + strings.ToLower(code)
+	return DefaultTypeBase + strings.ToLower(code)
 }
 
 // Problem returns the answer of code with message, and the headers it

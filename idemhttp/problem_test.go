@@ -109,7 +109,4 @@ func TestErrorsWith(t *testing.T) {
 		t.Errorf("WithStatus: %d in the copy, %d in the base, %d for an unknown code", pending.Status(idem.ECodeOutcomeUnknown),
 			base.Status(idem.ECodeOutcomeUnknown), pending.Status("NO_SUCH_CODE"))
 	}
-	if got := base.WithTypeBase("https://docs.example/errors/").TypeURI(idem.ECodeKeyMissing); got != "https://docs.example/errors/idempotency_key_missing" {
-		t.Errorf("TypeURI = %q", got)
-	}
 }

@@ -80,7 +80,7 @@ func Handover(ctx context.Context, from, to *Store, tenant string, own ...Handov
 				copied = ok
 				return err
 			}
-			existing, err = GetTx(ctx, tx, rec.Scope)
+			existing, err = getTx(ctx, tx, rec.Scope)
 			return err
 		})
 		if err != nil {

@@ -188,7 +188,7 @@ func (s *Store) ReadSettled(ctx context.Context, req idem.BeginRequest) (d idem.
 	// On a connection of its own: a read that answers is made durable on
 	// the server it read (durable).
 	err = s.pool.AcquireFunc(ctx, func(c *pgxpool.Conn) (err error) {
-		d, ok, err = ReadSettledTx(ctx, c, req)
+		d, ok, err = readSettledTx(ctx, c, req)
 		return err
 	})
 	if err != nil {
@@ -221,8 +221,8 @@ func fallThrough(err error) bool {
 	return false
 }
 
-// ReadSettledTx is ReadSettled through q, whatever the store's options.
-func ReadSettledTx(ctx context.Context, q Querier, req idem.BeginRequest) (idem.Decision, bool, error) {
+// readSettledTx is ReadSettled through q, whatever the store's options.
+func readSettledTx(ctx context.Context, q Querier, req idem.BeginRequest) (idem.Decision, bool, error) {
 	if len(req.RequestHashes) == 0 {
 		return idem.Decision{}, false, nil
 	}
@@ -593,7 +593,7 @@ func (s *Store) fencedWriteFirst(ctx context.Context, what string, lease idem.Le
 			break
 		}
 		s.logger.WarnContext(ctx, "record write commit outcome unknown; reading it back", "write", what, "attempt", attempt)
-		rec, rerr := GetTx(ctx, s.pool, lease.Scope)
+		rec, rerr := getTx(ctx, s.pool, lease.Scope)
 		switch {
 		case errors.Is(rerr, idem.ErrRecordNotFound):
 			err = idem.ErrFenced
@@ -632,7 +632,7 @@ func (s *Store) Get(ctx context.Context, scope idem.Scope) (*idem.Record, error)
 	// concurrent writers (40001): retried as every read is (Read).
 	var rec *idem.Record
 	err := s.Read(ctx, func(q Querier) (err error) {
-		rec, err = GetTx(ctx, q, scope)
+		rec, err = getTx(ctx, q, scope)
 		return err
 	})
 	if err != nil {
@@ -641,8 +641,8 @@ func (s *Store) Get(ctx context.Context, scope idem.Scope) (*idem.Record, error)
 	return rec, nil
 }
 
-// GetTx reads the record of scope through q.
-func GetTx(ctx context.Context, q Querier, scope idem.Scope) (*idem.Record, error) {
+// getTx reads the record of scope through q.
+func getTx(ctx context.Context, q Querier, scope idem.Scope) (*idem.Record, error) {
 	rec, err := scanRecord(q.QueryRow(ctx, `SELECT `+recordColumns+` FROM idempotency_records
 		WHERE tenant_id = $1 AND operation_name = $2 AND idempotency_key = $3`, scope.Tenant, scope.Operation, scope.Key))
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -712,7 +712,7 @@ const inProgressAgeSQL = `SELECT COALESCE(EXTRACT(EPOCH FROM now() - (
 
 // InProgressAgeMax returns the age, by the store's clock, of the oldest record
 // in IN_PROGRESS (0 when there is none). It walks the index of open records
-// from its oldest entry (see StaleRecords for why an ordered walk).
+// from its oldest entry (see staleRecords for why an ordered walk).
 func InProgressAgeMax(ctx context.Context, q Querier) (time.Duration, error) {
 	var ms float64
 	err := q.QueryRow(ctx, inProgressAgeSQL).Scan(&ms)
@@ -722,13 +722,13 @@ func InProgressAgeMax(ctx context.Context, q Querier) (time.Duration, error) {
 	return time.Duration(ms * float64(time.Millisecond)), nil
 }
 
-// staleRecordsSQL is StaleRecords' query.
+// staleRecordsSQL is staleRecords' query.
 var staleRecordsSQL = `SELECT ` + recordColumns + ` FROM idempotency_records
 	WHERE operation_name = $1 AND status IN ('IN_PROGRESS', 'UNKNOWN_REQUIRES_RECOVERY')
 	  AND (locked_until IS NULL OR locked_until < now())
 	ORDER BY created_at LIMIT $2`
 
-// StaleRecords returns up to limit records of operation that nobody is
+// staleRecords returns up to limit records of operation that nobody is
 // working on: IN_PROGRESS past their lock, or UNKNOWN_REQUIRES_RECOVERY with
 // no lock held, whatever their age (an unsettled record is never forgotten).
 // Oldest (by creation) first.
@@ -743,7 +743,7 @@ var staleRecordsSQL = `SELECT ` + recordColumns + ` FROM idempotency_records
 // the table's last vacuum, which comes after a fifth of the table has
 // changed, so each poll cost more the larger the table (424 ms per poll with
 // 450,000 records, docs/chaos-history.md "What slowed the 50-minute soak down").
-func StaleRecords(ctx context.Context, q Querier, operation string, limit int) ([]*idem.Record, error) {
+func staleRecords(ctx context.Context, q Querier, operation string, limit int) ([]*idem.Record, error) {
 	rows, err := q.Query(ctx, staleRecordsSQL, operation, limit)
 	if err != nil {
 		return nil, fmt.Errorf("store: stale records: %w", Classify(err))

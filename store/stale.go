@@ -7,8 +7,8 @@ import (
 )
 
 // ListStale returns up to limit records of operation that nobody is working
-// on (see StaleRecords), oldest first. It lets a recovery worker of any
+// on (see staleRecords), oldest first. It lets a recovery worker of any
 // operation find its records without knowing the store's tables.
 func (s *Store) ListStale(ctx context.Context, operation string, limit int) ([]*idem.Record, error) {
-	return StaleRecords(ctx, s.pool, operation, limit)
+	return staleRecords(ctx, s.pool, operation, limit)
 }

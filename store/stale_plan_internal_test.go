@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// TestOpenRecordPollsWalkTheStaleIndex: the recovery poll (StaleRecords) and
+// TestOpenRecordPollsWalkTheStaleIndex: the recovery poll (staleRecords) and
 // the in-progress age gauge walk idempotency_records_stale in order, under
 // both plan modes, on a table full of records settled since its last vacuum.
 // Their earlier queries were planned as bitmap scans of
@@ -41,8 +41,8 @@ func TestOpenRecordPollsWalkTheStaleIndex(t *testing.T) {
 	}
 	ctx := context.Background()
 	// And they still answer: key-7 is open, its lock not yet expired.
-	if recs, err := StaleRecords(ctx, s.pool, "op", 10); err != nil || len(recs) != 0 {
-		t.Errorf("StaleRecords = %d records, %v; want none (key-7 is locked)", len(recs), err)
+	if recs, err := staleRecords(ctx, s.pool, "op", 10); err != nil || len(recs) != 0 {
+		t.Errorf("staleRecords = %d records, %v; want none (key-7 is locked)", len(recs), err)
 	}
 	if age, err := InProgressAgeMax(ctx, s.pool); err != nil || age < 0 {
 		t.Errorf("InProgressAgeMax = %v, %v", age, err)

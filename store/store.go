@@ -90,16 +90,6 @@ func (s Server) String() string {
 	return "detect"
 }
 
-// ParseServer parses a Server from its String form.
-func ParseServer(name string) (Server, error) {
-	for _, s := range []Server{ServerDetect, ServerPostgres, ServerCockroach} {
-		if s.String() == name {
-			return s, nil
-		}
-	}
-	return 0, fmt.Errorf("store: unknown server %q (want detect, postgres or cockroach)", name)
-}
-
 // Store is a connection pool to the idempotency store. It is safe for
 // concurrent use. Close it when done.
 type Store struct {
