@@ -20,7 +20,7 @@ import (
 	"github.com/idemcoord/idem/internal/testbin"
 )
 
-var idemdBin, upstreamBin string
+var idemdBin, upstreamBin, grpcServerBin, grpcClientBin string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "idem-examples-")
@@ -29,7 +29,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	idemdBin, upstreamBin = filepath.Join(dir, "idemd"), filepath.Join(dir, "upstream")
-	for bin, pkg := range map[string]string{idemdBin: "github.com/idemcoord/idem/cmd/idemd", upstreamBin: "github.com/idemcoord/idem/examples/sidecar/upstream"} {
+	grpcServerBin, grpcClientBin = filepath.Join(dir, "grpc-server"), filepath.Join(dir, "grpc-client")
+	for bin, pkg := range map[string]string{idemdBin: "github.com/idemcoord/idem/cmd/idemd", upstreamBin: "github.com/idemcoord/idem/examples/sidecar/upstream",
+		grpcServerBin: "github.com/idemcoord/idem/examples/grpc/server", grpcClientBin: "github.com/idemcoord/idem/examples/grpc/client"} {
 		if err := testbin.Build(bin, pkg); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
@@ -181,4 +183,42 @@ func TestSidecarWalkthrough(t *testing.T) {
 func TestCoordinationWalkthrough(t *testing.T) {
 	node := startIdemd(t, "--operations", "create_transfer")
 	runScript(t, filepath.Join("coordination", "walkthrough.sh"), "IDEM_URL="+node, "IDEM_TOKEN=dev-token")
+}
+
+// TestGRPCWalkthrough runs examples/grpc's server on a new database, losing
+// the first answer of each key, and its client, as README.md starts them:
+// the client checks what it got and prints "walkthrough passed".
+func TestGRPCWalkthrough(t *testing.T) {
+	addr := freeAddr(t)
+	pr, pw := io.Pipe()
+	t.Cleanup(func() { _ = pw.Close() })
+	cmd := exec.Command(grpcServerBin, "--listen", addr, "--lose", "1")
+	cmd.Env = append(os.Environ(), "API_TOKEN=dev-token", "DATABASE_URL="+pgtest.NewDatabase(t))
+	log := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = io.MultiWriter(log, pw), log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("server output:\n%s", log)
+		}
+	})
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "listening on ") {
+		t.Fatalf("server printed %q (%v)", line, err)
+	}
+	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	for range 2 {
+		client := exec.Command(grpcClientBin, "--target", addr, "--calls", "12", "--parallel", "4")
+		client.Env = append(os.Environ(), "API_TOKEN=dev-token")
+		out, err := client.CombinedOutput()
+		t.Logf("client:\n%s", out)
+		if err != nil || !strings.Contains(string(out), "walkthrough passed") {
+			t.Fatalf("client: %v", err)
+		}
+	}
 }

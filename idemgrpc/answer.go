@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 
+	rpccode "google.golang.org/genproto/googleapis/rpc/code"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 
 	"github.com/idemcoord/idem"
@@ -165,9 +166,18 @@ func encode(resp any, err error, class idem.Status, storedHeaders, storedTrailer
 	}
 	res := engine.Result{Status: class, Response: idem.Response{Status: httpStatus(code), Headers: headers, Body: body, SchemaVersion: SchemaVersion}}
 	if class == idem.StatusFailedReplayable || class == idem.StatusFailedRetryable {
-		res.ErrorCode = "GRPC_" + strings.ToUpper(code.String())
+		res.ErrorCode = "GRPC_" + CodeName(code)
 	}
 	return res, nil
+}
+
+// CodeName returns the canonical name of a gRPC code, as google.rpc.Code
+// and service configs spell it (INVALID_ARGUMENT, CANCELLED).
+func CodeName(c codes.Code) string {
+	if n, ok := rpccode.Code_name[int32(c)]; ok {
+		return n
+	}
+	return "UNKNOWN"
 }
 
 // storedValue is how a metadata value is kept: a binary one (-bin)
