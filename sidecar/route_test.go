@@ -20,7 +20,7 @@ func TestParseRoutes(t *testing.T) {
 	}
 	r := routes[1]
 	if r.Method != "PUT" || r.Prefix != "/v2/orders" || r.Operation != "put_order" || r.Upstream.String() != "https://up.example/base" ||
-		r.Lookup != "https://up.example/orders/by-key/{derivedKey}?full=1" || !reflect.DeepEqual(r.Headers, []string{"Api-Tenant-Version"}) ||
+		r.Lookup != "https://up.example/orders/by-key/{derivedKey}?full=1" || !reflect.DeepEqual(r.SemanticHeaders, []string{"Api-Tenant-Version"}) ||
 		r.Timeout != 5*time.Second || r.IdempotentUpstream {
 		t.Errorf("route = %+v", r)
 	}
@@ -113,6 +113,7 @@ func FuzzParseRoutes(f *testing.F) {
 		"POST /t=op@http://h;lookup=http://h/{derivedKey}%zz",
 		"PATCH /a.b/~c=a.b-c_d@http://[::1]:80/p/",
 		"POST /t=op@http://h;max-response=0001048576;pass-authorization",
+		"POST /hooks=receive@http://h;webhook=stripe;webhook-secret-file=/s;webhook-tenant=acme;webhook-tolerance=90s;window=72h",
 	} {
 		f.Add(s)
 	}

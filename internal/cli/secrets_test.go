@@ -65,3 +65,40 @@ func TestReadTokensFile(t *testing.T) {
 		})
 	}
 }
+
+// TestReadSecretsFile: a secrets file gives its secrets in order, skipping
+// blank lines and comments; a line with a space, a secret given twice or a
+// file with none stops the read with an error that never quotes a secret;
+// a file others may read comes with a warning.
+func TestReadSecretsFile(t *testing.T) {
+	dir := t.TempDir()
+	write := func(content string, mode os.FileMode) string {
+		t.Helper()
+		p := filepath.Join(dir, "secrets")
+		if err := os.WriteFile(p, []byte(content), mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	got, warn, err := ReadSecretsFile(write("# rotation under way\n\n  whsec_old  \r\nwhsec_new\n", 0o600))
+	if err != nil || warn != "" || len(got) != 2 || got[0] != "whsec_old" || got[1] != "whsec_new" {
+		t.Errorf("ReadSecretsFile = %q, %q, %v", got, warn, err)
+	}
+	if _, warn, err := ReadSecretsFile(write("whsec_a\n", 0o644)); err != nil || warn == "" {
+		t.Errorf("a file others may read: warn %q, %v", warn, err)
+	}
+	for _, content := range []string{"", "# nothing\n\n", "whsec_a b\n", "whsec_same\nwhsec_same\n"} {
+		_, _, err := ReadSecretsFile(write(content, 0o600))
+		if err == nil {
+			t.Errorf("ReadSecretsFile(%q) accepted", content)
+		} else if strings.Contains(err.Error(), "whsec_") {
+			t.Errorf("the error quotes a secret: %v", err)
+		}
+	}
+	if _, _, err := ReadSecretsFile(filepath.Join(dir, "absent")); err == nil {
+		t.Error("a missing file accepted")
+	}
+}
