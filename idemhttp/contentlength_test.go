@@ -32,14 +32,14 @@ func TestCheckContentLength(t *testing.T) {
 }
 
 // TestDeclaredBodyOverLimitAnsweredAtOnce: behind the middleware, a request
-// whose Content-Length is over MaxRequestBody, with Expect: 100-continue,
+// whose Content-Length is over MaxBodyBytes, with Expect: 100-continue,
 // reads 413 REQUEST_BODY_TOO_LARGE as the first line of its answer, never
 // 100 Continue (which the middleware used to invite by reading the body),
 // and neither the handler nor the store sees it. A body within the limit
 // is still invited and served.
 func TestDeclaredBodyOverLimitAnsweredAtOnce(t *testing.T) {
 	var n atomic.Int32
-	f := newFixture(t, created(&n), engine.Options{}, idemhttp.Options{MaxRequestBody: 1024})
+	f := newFixture(t, created(&n), engine.Options{}, idemhttp.Options{MaxBodyBytes: 1024})
 	send := func(length int, body string) (string, *http.Response) {
 		t.Helper()
 		conn, err := net.Dial("tcp", strings.TrimPrefix(f.url, "http://"))

@@ -68,7 +68,7 @@ import (
 
 // Defaults of Options.
 const (
-	DefaultMaxRequestBody  = 1 << 20
+	DefaultMaxBodyBytes    = 1 << 20
 	DefaultMaxResponseBody = 1 << 20
 )
 
@@ -116,10 +116,10 @@ type Options struct {
 	// Fingerprint, DefaultRawHash with the same SemanticHeaders; with
 	// another, none (every request is fingerprinted).
 	RawHash func(r *http.Request, body []byte) string
-	// StoredHeaders are the response headers stored and replayed (the
+	// ReplayHeaders are the response headers stored and replayed (the
 	// first value of each; Set-Cookie only when named). Default:
 	// Content-Type, Content-Encoding and Location.
-	StoredHeaders []string
+	ReplayHeaders []string
 	// Window is the replay window. Default engine.DefaultWindow (24h).
 	Window time.Duration
 	// LockFor bounds one execution of the handler (its context ends
@@ -139,11 +139,11 @@ type Options struct {
 	// (most SDKs) then get the answer instead. Capped by MaxWait. Default
 	// 0: 409 IDEMPOTENCY_REQUEST_IN_PROGRESS at once.
 	Wait time.Duration
-	// MaxRequestBody bounds the request body: larger answers 413
+	// MaxBodyBytes bounds the request body: larger answers 413
 	// REQUEST_BODY_TOO_LARGE and stores nothing, at once, before anything
 	// is read, when its Content-Length says so (CheckContentLength).
 	// Default 1 MiB.
-	MaxRequestBody int64
+	MaxBodyBytes int64
 	// MaxResponseBody bounds the answer the middleware stores. A handler
 	// that writes more has acted but its answer cannot be replayed: the
 	// client gets 500 IDEMPOTENCY_RESPONSE_TOO_LARGE, and the record is
@@ -261,11 +261,11 @@ func Middleware(e *engine.Engine, opts Options) (func(http.Handler) http.Handler
 			opts.RawHash = DefaultRawHash(opts.Operation, opts.SemanticHeaders...)
 		}
 	}
-	if opts.StoredHeaders == nil {
-		opts.StoredHeaders = httpanswer.DefaultStoredHeaders()
+	if opts.ReplayHeaders == nil {
+		opts.ReplayHeaders = httpanswer.DefaultReplayHeaders()
 	}
-	if opts.MaxRequestBody <= 0 {
-		opts.MaxRequestBody = DefaultMaxRequestBody
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	if opts.MaxResponseBody <= 0 {
 		opts.MaxResponseBody = DefaultMaxResponseBody
@@ -333,7 +333,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, h http.Handle
 // handler passed its answer through to w.
 func (m *middleware) answer(w http.ResponseWriter, r *http.Request, h http.Handler, ans *engine.Answer, sent *bool) error {
 	w.Header().Set(HeaderWindow, m.window)
-	if err := CheckContentLength(r, m.opts.MaxRequestBody); err != nil {
+	if err := CheckContentLength(r, m.opts.MaxBodyBytes); err != nil {
 		m.count(idem.LabelRejected)
 		return err
 	}
@@ -348,7 +348,7 @@ func (m *middleware) answer(w http.ResponseWriter, r *http.Request, h http.Handl
 		m.count(idem.LabelRejected)
 		return err
 	}
-	body, err := readBody(w, r, m.opts.MaxRequestBody)
+	body, err := readBody(w, r, m.opts.MaxBodyBytes)
 	if err != nil {
 		m.count(idem.LabelRejected)
 		return err
@@ -516,7 +516,7 @@ func (m *middleware) result(rec *recorder) engine.Result {
 		return engine.Result{Status: class, ErrorCode: idem.ECodeResponseTooLarge}
 	}
 	res := httpanswer.Answer{Status: rec.status, Header: rec.header, Body: rec.buf.Bytes(), Class: rec.class, NotStored: rec.passing}.
-		Result(m.opts.StoredHeaders)
+		Result(m.opts.ReplayHeaders)
 	// A handler that recorded its answer itself (Stored) has written the
 	// record: the engine writes nothing of res.
 	res.Stored = rec.stored

@@ -412,11 +412,11 @@ func TestFailureClasses(t *testing.T) {
 	}
 }
 
-// TestStoredHeaders: by default Content-Type, Content-Encoding (the
+// TestReplayHeaders: by default Content-Type, Content-Encoding (the
 // stored bytes keep their encoding) and Location are stored and replayed;
-// Options.StoredHeaders replaces them, in any spelling, and the record
+// Options.ReplayHeaders replaces them, in any spelling, and the record
 // keeps canonical names. Set-Cookie is stored only when named.
-func TestStoredHeaders(t *testing.T) {
+func TestReplayHeaders(t *testing.T) {
 	handler := func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
 		h.Set("Content-Type", "application/json")
@@ -434,18 +434,18 @@ func TestStoredHeaders(t *testing.T) {
 		{nil, map[string]string{"Content-Type": "application/json", "Content-Encoding": "br", "Location": "/transfers/tr_1"}},
 		{[]string{"x-request-id", "CONTENT-TYPE", "X-Absent"}, map[string]string{"X-Request-Id": "req-1", "Content-Type": "application/json"}},
 	} {
-		f := newFixture(t, handler, engine.Options{}, idemhttp.Options{StoredHeaders: c.stored})
+		f := newFixture(t, handler, engine.Options{}, idemhttp.Options{ReplayHeaders: c.stored})
 		first := f.post(t, "tok-a", "kh", `{}`)
 		replay := f.post(t, "tok-a", "kh", `{}`)
 		if rec := f.record(t, "tenant-a", "kh"); rec.Response == nil || !maps.Equal(rec.Response.Headers, c.want) {
-			t.Errorf("StoredHeaders %q: record's headers %v, want %v", c.stored, rec.Response, c.want)
+			t.Errorf("ReplayHeaders %q: record's headers %v, want %v", c.stored, rec.Response, c.want)
 		}
 		if replay.header.Get("Idempotent-Replayed") != "true" || replay.body != first.body || replay.header.Get("Set-Cookie") != "" {
-			t.Errorf("StoredHeaders %q: replay %+v of %+v", c.stored, replay, first)
+			t.Errorf("ReplayHeaders %q: replay %+v of %+v", c.stored, replay, first)
 		}
 		for name, v := range c.want {
 			if got := replay.header.Get(name); got != v {
-				t.Errorf("StoredHeaders %q: replayed %s %q, want %q", c.stored, name, got, v)
+				t.Errorf("ReplayHeaders %q: replayed %s %q, want %q", c.stored, name, got, v)
 			}
 		}
 	}
@@ -453,7 +453,7 @@ func TestStoredHeaders(t *testing.T) {
 
 func TestBadRequestsAreNever5xx(t *testing.T) {
 	var n atomic.Int32
-	f := newFixture(t, created(&n), engine.Options{}, idemhttp.Options{MaxRequestBody: 1024})
+	f := newFixture(t, created(&n), engine.Options{}, idemhttp.Options{MaxBodyBytes: 1024})
 	cases := []struct {
 		name, token, key, body string
 		extra                  []string

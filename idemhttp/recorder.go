@@ -96,7 +96,7 @@ func (r *recorder) FlushError() error {
 //
 // The record is settled by the answer's class (Classify, or DefaultClass
 // of its status) as a buffered answer's would be, but stores the status
-// and Options.StoredHeaders without the body (Response.SchemaVersion
+// and Options.ReplayHeaders without the body (Response.SchemaVersion
 // NotStoredSchema): a retry with the same key gets 410
 // IDEMPOTENCY_RESPONSE_NOT_STORED, and the handler does not run again. A
 // FAILED_RETRYABLE answer is not stored, as always, so its retry executes

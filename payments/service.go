@@ -23,8 +23,6 @@ const (
 	DefaultWindow        = engine.DefaultWindow
 	DefaultLockFor       = engine.DefaultLockFor
 	DefaultSchemaVersion = "v2"
-	// MaxWait caps a client's Prefer: wait (engine.DefaultMaxWait).
-	MaxWait = engine.DefaultMaxWait
 )
 
 // Config configures a Service.
@@ -164,7 +162,7 @@ func NewService(st *store.Store, cfg Config) *Service {
 	}
 	s := &Service{store: st, cfg: cfg, logger: cfg.Logger}
 	opts := s.EngineOptions()
-	opts.Clock, opts.MaxWait, opts.AnswerCache = sleepClock{cfg.Sleep}, MaxWait, cfg.AnswerCache
+	opts.Clock, opts.MaxWait, opts.AnswerCache = sleepClock{cfg.Sleep}, engine.DefaultMaxWait, cfg.AnswerCache
 	s.engine = engine.New(st, opts)
 	// A fresh engine has no operation yet, and this one has a name.
 	_ = s.engine.Register(s.EngineOperation())

@@ -30,7 +30,7 @@ const (
 	maxResourceTypeLen  = 64
 	maxResourceIDLen    = 255
 	maxSchemaVersionLen = 32
-	maxStoredHeaders    = 64
+	maxReplayHeaders    = 64
 	maxHeaderNameLen    = 256
 	maxHeaderValueLen   = 8 << 10
 

@@ -107,8 +107,8 @@ func responseFrom(in *coordapi.ResponseInput) (*idem.Response, error) {
 	if in.Status == nil || *in.Status < 100 || *in.Status > 599 {
 		return nil, idem.Errorf(idem.ECodeValidationFailed, "Field \"response.status\" must be an HTTP status code (100-599).")
 	}
-	if len(in.Headers) > maxStoredHeaders {
-		return nil, idem.Errorf(idem.ECodeValidationFailed, "Field \"response.headers\" holds more than %d headers.", maxStoredHeaders)
+	if len(in.Headers) > maxReplayHeaders {
+		return nil, idem.Errorf(idem.ECodeValidationFailed, "Field \"response.headers\" holds more than %d headers.", maxReplayHeaders)
 	}
 	for k, v := range in.Headers {
 		if !validHeaderName(k) {

@@ -56,7 +56,7 @@ func (s *Server) registerSidecar(mux *routeMux) error {
 	if err != nil {
 		return fmt.Errorf("region: %w", err)
 	}
-	p, err := sidecar.New(s.engine, sidecar.Options{Routes: cfg.Routes, MaxRequestBody: s.cfg.MaxBodyBytes, Errors: s.errors, Logger: s.logger, Metrics: metrics})
+	p, err := sidecar.New(s.engine, sidecar.Options{Routes: cfg.Routes, MaxBodyBytes: s.cfg.MaxBodyBytes, Errors: s.errors, Logger: s.logger, Metrics: metrics})
 	if err != nil {
 		return fmt.Errorf("region: %w", err)
 	}

@@ -47,7 +47,7 @@ func bodyKind(ct string) (kind, mediaType string, err error) {
 // fingerprintOf: the method, the path, the query (decoded, sorted), the
 // semantic headers and the body (see bodyFields).
 func fingerprintOf(rt Route) idemhttp.FingerprintFunc {
-	base := idemhttp.DefaultFingerprint(append([]string{"Api-Version"}, rt.Headers...)...)
+	base := idemhttp.DefaultFingerprint(append([]string{"Api-Version"}, rt.SemanticHeaders...)...)
 	return func(r *http.Request, body []byte) (map[string]any, error) {
 		kind, mediaType, err := bodyKind(r.Header.Get("Content-Type"))
 		if err != nil {
@@ -119,7 +119,7 @@ func fingerprintOf(rt Route) idemhttp.FingerprintFunc {
 // replay, as the same command, what the new fingerprint tells apart.
 func rawHashOf(rt Route) func(r *http.Request, body []byte) string {
 	headers := []string{"Api-Version"}
-	for _, h := range rt.Headers {
+	for _, h := range rt.SemanticHeaders {
 		headers = append(headers, http.CanonicalHeaderKey(h))
 	}
 	route := []string{"key-field", rt.KeyField}

@@ -9,7 +9,7 @@
 // draft's sf-string form ("8e03978e-..."; idemhttp.KeyFromHeader), or a
 // body field the route names (Route.KeyField). Its fingerprint is its
 // method, path, query (decoded and sorted), the route's semantic headers
-// (Api-Version and Route.Headers) and its body, by media type:
+// (Api-Version and Route.SemanticHeaders) and its body, by media type:
 //
 //   - JSON (application/json, any +json type, or no Content-Type): one
 //     strict JSON object (package strictjson's rules, numbers exact; empty
@@ -37,7 +37,7 @@
 // The path goes to the upstream as it came, so a path that an upstream
 // which decodes it could resolve outside the route ("/transfers/%2e%2e/admin")
 // is refused with 400 REQUEST_PATH_INVALID ([CheckPath]), and a body that
-// its Content-Length declares over Options.MaxRequestBody with 413
+// its Content-Length declares over Options.MaxBodyBytes with 413
 // REQUEST_BODY_TOO_LARGE and no 100 Continue, both before anything is read,
 // stored or sent on.
 //

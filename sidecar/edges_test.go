@@ -59,7 +59,7 @@ func TestProxyRefusesPathsOutsideTheRoute(t *testing.T) {
 }
 
 // TestProxyDeclaredBodyOverLimit: a request whose Content-Length is over
-// Options.MaxRequestBody, with Expect: 100-continue, is answered 413
+// Options.MaxBodyBytes, with Expect: 100-continue, is answered 413
 // REQUEST_BODY_TOO_LARGE at once: the first line the client reads is the
 // 413, never 100 Continue (which the proxy used to send by reading the
 // body to keep it).

@@ -21,9 +21,9 @@ import (
 // KeyField, each request has its own raw hash.
 func TestRawHashCoversTheFingerprint(t *testing.T) {
 	routes := []sidecar.Route{
-		{Method: "POST", Prefix: "/transfers", Operation: "create_transfer", Headers: []string{"X-Mode"}, Ignore: []string{"/meta/sent_at"}},
-		{Method: "POST", Prefix: "/transfers", Operation: "create_transfer", Headers: []string{"X-Mode"}},
-		{Method: "POST", Prefix: "/transfers", Operation: "create_transfer", Headers: []string{"X-Mode"}, Ignore: []string{"/meta/sent_at"}, KeyField: "/key"},
+		{Method: "POST", Prefix: "/transfers", Operation: "create_transfer", SemanticHeaders: []string{"X-Mode"}, Ignore: []string{"/meta/sent_at"}},
+		{Method: "POST", Prefix: "/transfers", Operation: "create_transfer", SemanticHeaders: []string{"X-Mode"}},
+		{Method: "POST", Prefix: "/transfers", Operation: "create_transfer", SemanticHeaders: []string{"X-Mode"}, Ignore: []string{"/meta/sent_at"}, KeyField: "/key"},
 	}
 	const body = `{"amount":"10.00","meta":{"sent_at":"1"}}`
 	type variant struct {

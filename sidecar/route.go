@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/engine"
 )
 
 // Route is one route made idempotent: requests of Method whose path is
@@ -36,9 +37,9 @@ type Route struct {
 	// written is settled by sending the request again with the same
 	// derived key, when the client retries.
 	IdempotentUpstream bool
-	// Headers are request headers that change a request's meaning, part of
+	// SemanticHeaders are request headers that change a request's meaning, part of
 	// its fingerprint (besides Api-Version).
-	Headers []string
+	SemanticHeaders []string
 	// Timeout bounds one upstream call and is the operation's lock timeout
 	// (how long a crashed owner blocks a retry). Default DefaultTimeout.
 	// The call runs to its end (or Timeout) even when the client hangs up
@@ -120,9 +121,6 @@ type Route struct {
 // MaxMaxResponse bounds Route.MaxResponse: 64 MiB, CockroachDB's largest
 // write by default (kv.raft.command.max_size); stored answers are rows.
 const MaxMaxResponse = 64 << 20
-
-// MaxWait bounds Route.Wait.
-const MaxWait = time.Minute
 
 // DefaultTimeout is a Route's default Timeout.
 const DefaultTimeout = 30 * time.Second
@@ -221,7 +219,7 @@ func parseRoute(s string) (Route, error) {
 			if !validToken(val) {
 				return rt, fmt.Errorf("header %q: want a header name", val)
 			}
-			rt.Headers = append(rt.Headers, http.CanonicalHeaderKey(val))
+			rt.SemanticHeaders = append(rt.SemanticHeaders, http.CanonicalHeaderKey(val))
 		case name == "timeout" && hasVal:
 			d, err := time.ParseDuration(val)
 			if err != nil || d <= 0 || d > time.Hour {
@@ -230,8 +228,8 @@ func parseRoute(s string) (Route, error) {
 			rt.Timeout = d
 		case name == "wait" && hasVal:
 			d, err := time.ParseDuration(val)
-			if err != nil || d < 0 || d > MaxWait {
-				return rt, fmt.Errorf("wait %q: want a duration from 0 to %v", val, MaxWait)
+			if err != nil || d < 0 || d > engine.DefaultMaxWait {
+				return rt, fmt.Errorf("wait %q: want a duration from 0 to %v", val, engine.DefaultMaxWait)
 			}
 			rt.Wait = d
 		case name == "ignore" && hasVal:
@@ -400,7 +398,7 @@ func (rt Route) String() string {
 	if rt.IdempotentUpstream {
 		b.WriteString(";idempotent-upstream")
 	}
-	for _, h := range rt.Headers {
+	for _, h := range rt.SemanticHeaders {
 		b.WriteString(";header=" + h)
 	}
 	if rt.Timeout != DefaultTimeout {

@@ -20,7 +20,7 @@ func TestParseRoutes(t *testing.T) {
 	}
 	r := routes[1]
 	if r.Method != "PUT" || r.Prefix != "/v2/orders" || r.Operation != "put_order" || r.Upstream.String() != "https://up.example/base" ||
-		r.Lookup != "https://up.example/orders/by-key/{derivedKey}?full=1" || !reflect.DeepEqual(r.Headers, []string{"Api-Tenant-Version"}) ||
+		r.Lookup != "https://up.example/orders/by-key/{derivedKey}?full=1" || !reflect.DeepEqual(r.SemanticHeaders, []string{"Api-Tenant-Version"}) ||
 		r.Timeout != 5*time.Second || r.IdempotentUpstream {
 		t.Errorf("route = %+v", r)
 	}

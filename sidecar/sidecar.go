@@ -68,10 +68,10 @@ type Options struct {
 	// client, the proxy never lets its transport send a request twice (see
 	// the package documentation).
 	Client *http.Client
-	// MaxRequestBody bounds a request's body (413 past it; at once, before
+	// MaxBodyBytes bounds a request's body (413 past it; at once, before
 	// anything is read, when its Content-Length says so). Default
-	// idemhttp.DefaultMaxRequestBody.
-	MaxRequestBody int64
+	// idemhttp.DefaultMaxBodyBytes.
+	MaxBodyBytes int64
 	// MaxResponseBody bounds the upstream answer stored for replay, for
 	// routes without a MaxResponse of their own. Default
 	// idemhttp.DefaultMaxResponseBody.
@@ -107,9 +107,9 @@ type Metrics interface {
 
 // DefaultReplayHeaders are the upstream answer's headers stored and
 // replayed for every route (Route.ReplayHeaders adds to them): the
-// middleware's default Options.StoredHeaders, Content-Type,
+// middleware's default Options.ReplayHeaders, Content-Type,
 // Content-Encoding and Location.
-var DefaultReplayHeaders = httpanswer.DefaultStoredHeaders()
+var DefaultReplayHeaders = httpanswer.DefaultReplayHeaders()
 
 // Call kinds and results Metrics counts upstream calls by.
 var (
@@ -178,8 +178,8 @@ func New(e *engine.Engine, opts Options) (*Proxy, error) {
 		tr.MaxIdleConnsPerHost = 64
 		opts.Client = &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	}
-	if opts.MaxRequestBody <= 0 {
-		opts.MaxRequestBody = idemhttp.DefaultMaxRequestBody
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = idemhttp.DefaultMaxBodyBytes
 	}
 	if opts.MaxResponseBody <= 0 {
 		opts.MaxResponseBody = idemhttp.DefaultMaxResponseBody
@@ -234,12 +234,12 @@ func New(e *engine.Engine, opts Options) (*Proxy, error) {
 			Tenant:          tenant,
 			Fingerprint:     fingerprintOf(rt),
 			RawHash:         rawHashOf(rt),
-			StoredHeaders:   r.replayHeaders,
+			ReplayHeaders:   r.replayHeaders,
 			LockFor:         rt.Timeout + lockMargin,
 			Window:          rt.window(),
 			MaxWait:         opts.MaxWait,
 			Wait:            rt.Wait,
-			MaxRequestBody:  opts.MaxRequestBody,
+			MaxBodyBytes:    opts.MaxBodyBytes,
 			MaxResponseBody: max(r.maxResponse, ownAnswerRoom),
 			Errors:          r.errors,
 			Recover:         recover,
@@ -343,13 +343,13 @@ type originalKey struct{}
 // and no 100 Continue.
 func (p *Proxy) keepRequest(rt *route, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if idemhttp.CheckContentLength(r, p.opts.MaxRequestBody) != nil {
+		if idemhttp.CheckContentLength(r, p.opts.MaxBodyBytes) != nil {
 			next.ServeHTTP(w, r)
 			return
 		}
 		var body []byte
 		if r.Body != nil {
-			b, err := io.ReadAll(io.LimitReader(r.Body, p.opts.MaxRequestBody+1))
+			b, err := io.ReadAll(io.LimitReader(r.Body, p.opts.MaxBodyBytes+1))
 			body = b
 			var rest io.Reader = bytes.NewReader(b)
 			if err != nil {
@@ -357,7 +357,7 @@ func (p *Proxy) keepRequest(rt *route, next http.Handler) http.Handler {
 			}
 			r.Body = io.NopCloser(rest)
 		}
-		if int64(len(body)) <= p.opts.MaxRequestBody {
+		if int64(len(body)) <= p.opts.MaxBodyBytes {
 			if rt.KeyField != "" {
 				key, err := keyFromBody(rt.Route, r.Header.Get("Content-Type"), body)
 				if err != nil {

@@ -338,7 +338,7 @@ type webhookVerifiedKey struct{}
 
 // VerifyWebhook checks the signature of r, a delivery to the webhook route
 // of operation, before anything is stored: it reads the body (bounded by
-// Options.MaxRequestBody) and returns r with the body readable again, the
+// Options.MaxBodyBytes) and returns r with the body readable again, the
 // event's id as its idempotency key, and a mark that the route's handler
 // finds, so that it does not check it again. Its error is the answer: 401
 // WEBHOOK_SIGNATURE_INVALID (counted by WebhookMetrics and logged with
@@ -357,12 +357,12 @@ func (p *Proxy) VerifyWebhook(operation string, r *http.Request) (*http.Request,
 }
 
 func (p *Proxy) verifyWebhook(rt *route, r *http.Request) (*http.Request, error) {
-	if err := idemhttp.CheckContentLength(r, p.opts.MaxRequestBody); err != nil {
+	if err := idemhttp.CheckContentLength(r, p.opts.MaxBodyBytes); err != nil {
 		return nil, err
 	}
 	var body []byte
 	if r.Body != nil {
-		b, err := io.ReadAll(io.LimitReader(r.Body, p.opts.MaxRequestBody+1))
+		b, err := io.ReadAll(io.LimitReader(r.Body, p.opts.MaxBodyBytes+1))
 		var ie *idem.Error
 		switch {
 		case errors.As(err, &ie):
@@ -370,8 +370,8 @@ func (p *Proxy) verifyWebhook(rt *route, r *http.Request) (*http.Request, error)
 			return nil, ie
 		case err != nil:
 			return nil, &idem.Error{Code: idem.ECodeRequestMalformed, Message: "The body could not be read.", Err: err}
-		case int64(len(b)) > p.opts.MaxRequestBody:
-			return nil, idem.Errorf(idem.ECodeBodyTooLarge, "The body is larger than %d bytes.", p.opts.MaxRequestBody)
+		case int64(len(b)) > p.opts.MaxBodyBytes:
+			return nil, idem.Errorf(idem.ECodeBodyTooLarge, "The body is larger than %d bytes.", p.opts.MaxBodyBytes)
 		}
 		body = b
 	}

@@ -157,7 +157,7 @@ func newHookFixture(t *testing.T, up *eventUpstream, st *store.Store, routes str
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := sidecar.New(engine.New(st, engine.Options{}), sidecar.Options{Routes: rts, Metrics: metrics, MaxRequestBody: 4 << 10})
+	p, err := sidecar.New(engine.New(st, engine.Options{}), sidecar.Options{Routes: rts, Metrics: metrics, MaxBodyBytes: 4 << 10})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,7 @@
 //
 //   - its class ([DefaultClass] of its status, unless the caller says),
 //   - which of its headers are kept and replayed (those the caller names,
-//     under their canonical names; [DefaultStoredHeaders]),
+//     under their canonical names; [DefaultReplayHeaders]),
 //   - the marker of an answer kept without its body ([NotStoredSchema]),
 //   - the error code of a failed answer's record ([ErrorCode]).
 package httpanswer
@@ -23,10 +23,10 @@ import (
 // a retry answers 410 IDEMPOTENCY_RESPONSE_NOT_STORED instead of a replay.
 const NotStoredSchema = "not-stored"
 
-// DefaultStoredHeaders returns the answer headers kept and replayed when
+// DefaultReplayHeaders returns the answer headers kept and replayed when
 // the caller adds none: Content-Type, Content-Encoding (the stored body is
 // the bytes as written, so their encoding goes with them) and Location.
-func DefaultStoredHeaders() []string {
+func DefaultReplayHeaders() []string {
 	return []string{"Content-Type", "Content-Encoding", "Location"}
 }
 

@@ -49,7 +49,7 @@ func TestResult(t *testing.T) {
 		schema  string
 		code    string
 	}{
-		{name: "created", a: httpanswer.Answer{Status: 201, Header: header, Body: body}, stored: httpanswer.DefaultStoredHeaders(),
+		{name: "created", a: httpanswer.Answer{Status: 201, Header: header, Body: body}, stored: httpanswer.DefaultReplayHeaders(),
 			status: 201, class: idem.StatusCompleted, headers: map[string]string{"Content-Type": "application/json", "Location": "/a/1"}, body: string(body)},
 		{name: "nothing written", a: httpanswer.Answer{},
 			status: 200, class: idem.StatusCompleted, headers: map[string]string{}},
@@ -87,10 +87,10 @@ func TestErrorCode(t *testing.T) {
 	}
 }
 
-func TestDefaultStoredHeadersAreFresh(t *testing.T) {
-	a := httpanswer.DefaultStoredHeaders()
+func TestDefaultReplayHeadersAreFresh(t *testing.T) {
+	a := httpanswer.DefaultReplayHeaders()
 	a[0] = "X-Changed"
-	if b := httpanswer.DefaultStoredHeaders(); b[0] != "Content-Type" || len(b) != 3 {
-		t.Errorf("DefaultStoredHeaders() = %q after a caller changed its copy", b)
+	if b := httpanswer.DefaultReplayHeaders(); b[0] != "Content-Type" || len(b) != 3 {
+		t.Errorf("DefaultReplayHeaders() = %q after a caller changed its copy", b)
 	}
 }

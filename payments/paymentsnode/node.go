@@ -114,10 +114,10 @@ func createPaymentHandler(s *region.Server, pay *payments.Service, keyConflicts 
 			}
 			return "", errors.New("payments: no authenticated tenant")
 		},
-		MaxRequestBody: s.MaxBodyBytes(),
-		MaxWait:        engine.DefaultMaxWait,
-		Logger:         s.Logger(),
-		Errors:         s.Errors(),
+		MaxBodyBytes: s.MaxBodyBytes(),
+		MaxWait:      engine.DefaultMaxWait,
+		Logger:       s.Logger(),
+		Errors:       s.Errors(),
 		Hooks: &idemhttp.Hooks{
 			Command: func(r *http.Request, body []byte) (idemhttp.Command, error) {
 				if ct := r.Header.Get("Content-Type"); ct != "" {
