@@ -38,6 +38,10 @@ const (
 	// the sidecar scenario's route (skipped elsewhere).
 	CheckSidecarSingleExecution  = "sidecar-single-execution"
 	CheckSidecarIdenticalAnswers = "sidecar-identical-answers"
+	// CheckGRPCSingleExecution and CheckGRPCAnswers look at the gRPC
+	// scenario's calls (skipped elsewhere).
+	CheckGRPCSingleExecution = "grpc-single-execution"
+	CheckGRPCAnswers         = "grpc-identical-answers"
 )
 
 // CheckInfo names and describes a check.
@@ -88,6 +92,10 @@ func checkTable() []check {
 			"the upstream behind the sidecar route executed each derived key at most once, and exactly once for a command answered 2xx"},
 		{CheckSidecarIdenticalAnswers, checkSidecarIdenticalAnswers,
 			"every 2xx answer of one sidecar command is byte-identical, the sweep's resend replays it, and no retry was refused as a different request"},
+		{CheckGRPCSingleExecution, checkGRPCSingleExecution,
+			"each gRPC command's side effect happened at most once, exactly once for a command answered, and its answer names that execution"},
+		{CheckGRPCAnswers, checkGRPCAnswers,
+			"every gRPC command was answered (none lost), every answer of one command is the same, the sweep's resend is a replay of it (idempotent-replayed), and no call was refused as a reused key or failed INTERNAL"},
 		{CheckDrillBounds, nil,
 			"a failover-type scenario's drill figures met their bounds: RTO of the failed region's tenants at most the region lease TTL (plus --auto-failover-after) + 4s; no acknowledged answer lost, no duplicate charge, payment, ledger entry or email, no record stuck"},
 		{CheckLinearizable, checkLinearizability,
@@ -154,6 +162,9 @@ type checkInput struct {
 	// sidecar is the sidecar route's traffic and upstream (nil: not a
 	// sidecar scenario).
 	sidecar *sidecarResult
+	// grpc is the gRPC scenario's calls and effects (nil: not a gRPC
+	// scenario).
+	grpc *grpcResult
 	// sweepHealth is why the cluster was not healthy before the replay
 	// sweep ("" when it was).
 	sweepHealth string

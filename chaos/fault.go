@@ -57,6 +57,10 @@ type Env struct {
 	log      *slog.Logger
 	// sidecar is the sidecar scenario's upstream (nil otherwise).
 	sidecar *sidecarUpstream
+	// grpc and grpcTraffic are the gRPC scenario's nodes and traffic (nil
+	// otherwise).
+	grpc        *grpcNodes
+	grpcTraffic *grpcTraffic
 	// failedOver is set once a region failover moved tenants: a key may
 	// then be executed again (with the same answer) by the new home.
 	mu         sync.Mutex

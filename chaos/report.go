@@ -74,6 +74,9 @@ type ScenarioReport struct {
 	// clients (each checked by the sidecar checks), beside the workload's
 	// Ops.
 	SidecarCalls int `json:"sidecarCalls,omitempty"`
+	// GRPCCalls counts the calls of a gRPC scenario's clients (each
+	// checked by the gRPC checks), beside the workload's.
+	GRPCCalls int `json:"grpcCalls,omitempty"`
 	// Redirected counts the calls a node refused (a dead process) that
 	// went on to another node, as a client with several endpoints does.
 	Redirected int            `json:"redirected,omitempty"`
@@ -251,7 +254,10 @@ func (r *Report) Summary(w io.Writer) {
 		return "FAIL"
 	}
 	for _, s := range r.Scenarios {
-		fmt.Fprintf(w, "%s  %-28s %5d calls %5d keys  %2d fault(s)  warm-up %.0f/s", verdict(s.Passed), s.Name, s.Ops+s.SidecarCalls, s.Keys, len(s.Faults), s.WarmupRate)
+		fmt.Fprintf(w, "%s  %-28s %5d calls %5d keys  %2d fault(s)  warm-up %.0f/s", verdict(s.Passed), s.Name, s.Ops+s.SidecarCalls+s.GRPCCalls, s.Keys, len(s.Faults), s.WarmupRate)
+		if s.GRPCCalls > 0 {
+			fmt.Fprintf(w, "  (%d over gRPC)", s.GRPCCalls)
+		}
 		if s.SidecarCalls > 0 {
 			fmt.Fprintf(w, "  (%d through the sidecar)", s.SidecarCalls)
 		}

@@ -337,6 +337,19 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 
 	info := c.Info()
 	env := &Env{Cluster: c, LeaseTTL: chaosLeaseTTL, nodes: nodes, log: opts.Logger, sidecar: up}
+	if s.GRPC {
+		if opts.Idemctl == "" {
+			return sr, errGRPCNoNodes
+		}
+		progress.setPhase("starting gRPC nodes")
+		g, err := startGRPCNodes(ctx, opts.Idemctl, info.DatabaseURL, filepath.Join(dir, "logs"))
+		if err != nil {
+			return sr, err
+		}
+		defer g.stop()
+		env.grpc = g
+		env.grpcTraffic = newGRPCTraffic(g, runID(s, opts.Seed), opts.Seed)
+	}
 	if info.ProviderURL != "" {
 		env.Provider = providerClient(info.ProviderURL, info.ProviderAdminKey, c.ClientTLS())
 	}
@@ -386,6 +399,9 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 	if up != nil {
 		sct = newSidecarTraffic(up, s.SidecarForm, runID(s, opts.Seed), opts.Seed, regions, targets, info.Tokens, c.ClientTLS())
 		wg.Go(func() { sct.run(trafficCtx, drainCtx, opts.Clients) })
+	}
+	if gt := env.grpcTraffic; gt != nil {
+		wg.Go(func() { gt.run(trafficCtx, drainCtx, opts.Clients) })
 	}
 
 	// Warm-up: the traffic must reach the minimum rate before any fault.
@@ -442,6 +458,9 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 		if sct != nil {
 			sct.sweep(sctx)
 		}
+		if env.grpcTraffic != nil {
+			env.grpcTraffic.sweep(sctx)
+		}
 		cancel()
 	}
 	progress.setPhase("checking")
@@ -472,10 +491,22 @@ func runScenario(ctx context.Context, s Scenario, opts Options) (*ScenarioReport
 			return sr, err
 		}
 	}
+	var gres *grpcResult
+	if gt := env.grpcTraffic; gt != nil {
+		if gres, err = gt.result(qctx); err != nil {
+			return sr, err
+		}
+		for _, k := range gres.keys {
+			sr.GRPCCalls += len(k.Answers)
+		}
+		if err := writeJSON(filepath.Join(dir, "grpc.json"), gres.keys); err != nil {
+			return sr, err
+		}
+	}
 	sr.Checks = runChecks(&checkInput{
 		ops: ops, st: st, homes: homes, charges: charges, quiesced: quiesced, quiesceTook: took,
 		stuckBound: opts.StuckBound, reexecute: env.FailedOver(), faults: sr.Faults, outDir: dir,
-		linTimeout: time.Minute, sidecar: scres, sweepHealth: sweepHealth,
+		linTimeout: time.Minute, sidecar: scres, grpc: gres, sweepHealth: sweepHealth,
 	})
 	var drillResult CheckResult
 	sr.Drills, drillResult = scenarioDrills(steps, sr.Faults, info.Placements, ops, sr.Checks, chaosLeaseTTL)

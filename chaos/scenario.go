@@ -71,6 +71,11 @@ type Scenario struct {
 	// and PostgreSQL (cluster.Config.PgBouncer): every node reaches its
 	// store, and the effects database, through it.
 	PgBouncer bool
+	// GRPC runs gRPC nodes (idemctl grpc-node: Transfers/Create through
+	// idemgrpc on the first region's store) beside the cluster and drives
+	// them from grpc-go clients with a retry policy; the gRPC checks then
+	// look at their calls and side effects.
+	GRPC bool
 	// IdleTenants is how many idle tenants (no traffic) get a placement of
 	// their own in regions[0] before the traffic starts, written in batched
 	// etcd transactions: a control plane at scale. Default none.
@@ -469,6 +474,22 @@ func Catalogue() []Scenario {
 			Faults:      sidecarFaults,
 		},
 		{
+			Name: "grpc-kill",
+			Description: "grpc-go clients with a retry policy (UNAVAILABLE, ABORTED) call Transfers/Create, made idempotent with idemgrpc, " +
+				"round robin over two gRPC nodes on one store; each node is killed (SIGKILL) with calls in flight, between their side " +
+				"effect and their answer, and restarted: retries reach the other node, wait out the dead owner's lock, and get the " +
+				"answer recovery finds (the effect row), so each key executes once and every answer of a key is the same",
+			GRPC:     true,
+			Direct:   true,
+			Workload: WorkloadConfig{Mix: map[Role]int{RoleNormal: 1}, Replays: 0.2},
+			Faults: func(env *Env, r []string) []Step {
+				return []Step{
+					{KillGRPCNode(env, 0), 2 * time.Second},
+					{KillGRPCNode(env, 1), 2 * time.Second},
+				}
+			},
+		},
+		{
 			Name: "duplicate-delivery",
 			Description: "every node delivers each outbox event twice (--duplicate-delivery): the ledger and receipt-email consumers " +
 				"deduplicate by message id, one entry and one email per payment",
@@ -522,6 +543,8 @@ func (s Scenario) RunsIn(env string) (bool, string) {
 		return false, "PgBouncer runs in the process environment only"
 	case env == EnvDocker && s.Sidecar:
 		return false, "the sidecar's upstream runs in the harness, out of the containers' reach"
+	case env == EnvDocker && s.GRPC:
+		return false, "the gRPC nodes run beside the harness, in the process environment only"
 	case env != EnvDocker && s.DockerOnly:
 		return false, "its partition is at the network layer of the docker environment (--env docker)"
 	}

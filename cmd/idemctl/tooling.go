@@ -13,6 +13,7 @@ func toolingCommands() map[string]command {
 		"images":    {"build the container images with the local Docker engine, nothing pulled (images build [--patroni] | images tags)", runImages},
 		"chaos":     {"chaos tests: list the scenarios, or run them against a local cluster and check the history (chaos list|run)", runChaos},
 		"wan-proxy": {"serve toxiproxy's API and proxies: the WAN container of the docker chaos environment (chaos run --env docker)", runWANProxy},
+		"grpc-node": {"serve the gRPC chaos scenario's service (Transfers/Create through idemgrpc on --database-url): the process grpc-kill kills mid-call", runGRPCNode},
 		"soak":      {"run mixed traffic with faults against a local cluster for --duration, sample the nodes, stores and provider, and fail on growth that does not level off or drifting throughput or p99", runSoak},
 		"drill":     {"failover drill against a running cluster: --inject and --heal commands, manual or automatic failover, the chaos checks and a report with RTO and RPO", runDrill},
 	}
