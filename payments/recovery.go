@@ -12,28 +12,29 @@ import (
 	"github.com/idemcoord/idem/store"
 )
 
-// Recovery outcomes, the label values of the recovery metric.
+// Recovery outcomes, the label values of the recovery metric: the
+// engine's (engine.RecoveryCompleted and the rest), as payments reads them,
+// and two of payments' own.
 const (
 	// RecoveryCompleted: the provider had charged; the record is COMPLETED.
-	RecoveryCompleted = "completed"
+	RecoveryCompleted = engine.RecoveryCompleted
 	// RecoveryReleased: the provider was never called (or answered that it
 	// is unavailable); the record is FAILED_RETRYABLE, so the client's next
 	// retry executes again with the same payment and provider key.
-	RecoveryReleased = "released"
+	RecoveryReleased = engine.RecoveryReleased
 	// RecoveryDeclined: the provider remembers a decline for the key.
 	RecoveryDeclined = "declined"
 	// RecoveryUnknown: the provider could not be asked; the record stays
 	// UNKNOWN_REQUIRES_RECOVERY for the next pass.
-	RecoveryUnknown = "unknown"
+	RecoveryUnknown = engine.RecoveryUnknown
 	// RecoverySkipped: another owner took the record first.
-	RecoverySkipped = "skipped"
+	RecoverySkipped = engine.RecoverySkipped
 	// RecoveryConflict: the provider holds another charge under the
 	// payment's provider key; the payment is CONFLICT (see
 	// PaymentStatusConflict).
 	RecoveryConflict = "conflict"
 )
 
-// RecoveryOutcomes are every outcome RecoverBatch reports.
 var RecoveryOutcomes = []string{RecoveryCompleted, RecoveryReleased, RecoveryDeclined, RecoveryUnknown, RecoverySkipped, RecoveryConflict}
 
 // EngineOperation is create_payment as an operation of the engine: its

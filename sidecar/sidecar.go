@@ -672,11 +672,6 @@ func sendOnce(req *http.Request, body []byte) {
 	req.Body = io.NopCloser(bytes.NewReader(body))
 	req.GetBody = nil
 	req.ContentLength = int64(len(body))
-	if len(body) == 0 {
-		// ContentLength 0 with a Body means "unknown" to the transport,
-		// which then probes the body, finds it empty and sends no body.
-		req.ContentLength = 0
-	}
 }
 
 // lost is an answer lost after the request may have reached the upstream.
