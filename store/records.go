@@ -414,7 +414,8 @@ func decideExisting(ctx context.Context, tx Querier, req idem.BeginRequest, clai
 			response_status = NULL, response_headers = NULL, response_body = NULL, response_schema_version = NULL,
 			response_by_reference = false, resource_type = NULL, resource_id = NULL, error_code = NULL, home_region = $9,
 			created_at = now(), updated_at = now(), expires_at = now() + $10::INT8 * INTERVAL '1 millisecond',
-			claim_id = $11, raw_hash = $12
+			claim_id = $11, raw_hash = $12,
+			settled_as = NULL, settled_by = NULL, settled_at = NULL, settled_reason = NULL
 			WHERE tenant_id = $1 AND operation_name = $2 AND idempotency_key = $3 AND fencing_token = $4
 			RETURNING `+recordColumns,
 			req.Tenant, req.Operation, req.Key, rec.FencingToken, req.RequestHashes[0], req.HashVersion,

@@ -400,3 +400,28 @@ func TestSettleLogsOneLine(t *testing.T) {
 		t.Errorf("log:\n%s", out)
 	}
 }
+
+// TestSettlementEndsWithItsGeneration: a key reused after its window is a
+// new operation (a new generation of the record); the settlement of the
+// old one is not shown as the new one's.
+func TestSettlementEndsWithItsGeneration(t *testing.T) {
+	ctx := context.Background()
+	st, _ := storetest.New(t)
+	stuckRecord(t, st, "reused")
+	if _, err := st.Settle(ctx, settleReq("reused", idem.StatusCompleted, &idem.Response{Status: 201, Body: []byte(`{}`)})); err != nil {
+		t.Fatal(err)
+	}
+	scope := idem.Scope{Tenant: "t1", Operation: "op", Key: "reused"}
+	if info, err := st.Inspect(ctx, scope); err != nil || info.Settlement == nil {
+		t.Fatalf("Inspect after Settle = %+v, %v; want its settlement", info, err)
+	}
+	storetest.Exec(t, st, `UPDATE idempotency_records SET expires_at = now() - INTERVAL '1 second' WHERE idempotency_key = 'reused'`)
+	d, err := st.Begin(ctx, beginReq("reused", "v1:b"))
+	if err != nil || d.Outcome != idem.OutcomeExpired {
+		t.Fatalf("Begin after the window = %v, %v; want expired (a new operation)", d.Outcome, err)
+	}
+	info, err := st.Inspect(ctx, scope)
+	if err != nil || info.Record.Generation != 1 || info.Settlement != nil {
+		t.Fatalf("Inspect of the new generation = generation %d, settlement %+v, %v; want generation 1 and none", info.Record.Generation, info.Settlement, err)
+	}
+}
