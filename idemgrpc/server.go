@@ -77,7 +77,8 @@ type Options struct {
 	// Methods are the unary methods made idempotent, by full method name
 	// ("/package.Service/Method"); other methods pass through untouched.
 	// Nil: every unary method, each as the operation DefaultOperation
-	// names.
+	// names, reads and health checks included (each then needs a key):
+	// name the methods that act instead.
 	Methods map[string]Method
 	// Fingerprint normalises a call. Default DefaultFingerprint.
 	Fingerprint FingerprintFunc
