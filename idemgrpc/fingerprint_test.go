@@ -3,11 +3,15 @@ package idemgrpc_test
 import (
 	"testing"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/descriptorpb"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/fingerprint"
 	"github.com/idemcoord/idem/idemgrpc"
 )
@@ -106,5 +110,49 @@ func TestDefaultFingerprintLeavesTheRequestAlone(t *testing.T) {
 	}
 	if len(s.ProtoReflect().GetUnknown()) == 0 {
 		t.Error("the request lost its unknown fields")
+	}
+}
+
+// rawCodec sends and receives a message's bytes as they are: a client
+// whose encoder writes fields in an order of its own (another language's).
+type rawCodec struct{}
+
+type rawMessage struct{ b []byte }
+
+func (rawCodec) Marshal(v any) ([]byte, error) { return v.(*rawMessage).b, nil }
+func (rawCodec) Unmarshal(b []byte, v any) error {
+	v.(*rawMessage).b = append([]byte(nil), b...)
+	return nil
+}
+func (rawCodec) Name() string { return "proto" }
+
+// On the wire: the same Struct written with its map entries in another
+// order is replayed; another value is refused as a reused key.
+func TestReencodedRequestOnTheWire(t *testing.T) {
+	svc := newTransfers()
+	srv := newServer(t, svc, idemgrpc.Options{})
+	cc := dial(t, srv.addr, false, false)
+	send := func(wire []byte) (*structpb.Struct, metadata.MD, error) {
+		var header metadata.MD
+		out := new(rawMessage)
+		err := cc.Invoke(callCtx(t, "k-wire"), methodCreate, &rawMessage{wire}, out, grpc.ForceCodec(rawCodec{}), grpc.Header(&header))
+		if err != nil {
+			return nil, header, err
+		}
+		resp := new(structpb.Struct)
+		return resp, header, proto.Unmarshal(out.b, resp)
+	}
+	first, _, err := send(structEntry(structEntry(nil, "from", "acc_1"), "amount", "10.00"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, header, err := send(structEntry(structEntry(nil, "amount", "10.00"), "from", "acc_1"))
+	if err != nil || !proto.Equal(again, first) || len(header.Get(idemgrpc.MetadataReplayed)) == 0 {
+		t.Fatalf("reordered: %v, %v (header %v); want a replay of %v", again, err, header, first)
+	}
+	_, _, err = send(structEntry(structEntry(nil, "amount", "10.01"), "from", "acc_1"))
+	wantCode(t, err, codes.FailedPrecondition, idem.ECodeKeyReused)
+	if n := svc.execs.Load(); n != 1 {
+		t.Errorf("%d executions, want 1", n)
 	}
 }
