@@ -105,10 +105,10 @@ var errTooLarge = errors.New("idemgrpc: answer too large to store")
 
 // encode is the result that records an answer: resp (a proto.Message) or
 // err's status, classified by class (or DefaultClass), with the header
-// metadata named in storedHeaders and the trailer metadata named in
-// storedTrailers (lower-case names). With limit above zero, an answer
+// metadata named in replayHeaders and the trailer metadata named in
+// replayTrailers (lower-case names). With limit above zero, an answer
 // whose body is larger fails with errTooLarge.
-func encode(resp any, err error, class idem.Status, storedHeaders, storedTrailers []string, header, trailer metadata.MD, limit int) (engine.Result, error) {
+func encode(resp any, err error, class idem.Status, replayHeaders, replayTrailers []string, header, trailer metadata.MD, limit int) (engine.Result, error) {
 	var (
 		code codes.Code
 		body []byte
@@ -151,12 +151,12 @@ func encode(resp any, err error, class idem.Status, storedHeaders, storedTrailer
 	if typ != "" {
 		headers[headerType] = typ
 	}
-	for _, name := range storedHeaders {
+	for _, name := range replayHeaders {
 		if v := header.Get(name); len(v) > 0 {
 			headers[headerPrefix+name] = storedValue(name, v[0])
 		}
 	}
-	for _, name := range storedTrailers {
+	for _, name := range replayTrailers {
 		if v := trailer.Get(name); len(v) > 0 {
 			headers[trailerPrefix+name] = storedValue(name, v[0])
 		}

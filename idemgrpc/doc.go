@@ -25,8 +25,8 @@
 //     language, with its fields in another order, is the same command.
 //   - What is stored and replayed is the response message (its bytes and
 //     its type's full name), or the final status with its code, message and
-//     details; the header and trailer metadata named by Options.StoredHeaders
-//     and Options.StoredTrailers. A replay carries idempotent-replayed: true
+//     details; the header and trailer metadata named by Options.ReplayHeaders
+//     and Options.ReplayTrailers. A replay carries idempotent-replayed: true
 //     in its header metadata.
 //   - A key in progress, reused with another command, missing or bad, or
 //     whose outcome is not known yet answers a fixed gRPC code with the

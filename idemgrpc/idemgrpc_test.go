@@ -172,7 +172,7 @@ func TestReplayCarriesMetadata(t *testing.T) {
 		_ = grpc.SetTrailer(ctx, metadata.Pairs("x-ledger-entry", "le_7", "x-sig-bin", "\x00\xff"))
 		return structpb.NewStruct(map[string]any{"transferId": "tr_1"})
 	}
-	srv := newServer(t, svc, idemgrpc.Options{StoredTrailers: []string{"X-Ledger-Entry", "x-sig-bin"}, StoredHeaders: []string{"x-request-region"}})
+	srv := newServer(t, svc, idemgrpc.Options{ReplayTrailers: []string{"X-Ledger-Entry", "x-sig-bin"}, ReplayHeaders: []string{"x-request-region"}})
 	cc := dial(t, srv.addr, false, false)
 	var answers []*structpb.Struct
 	for i := range 2 {

@@ -43,8 +43,8 @@ const (
 	MetadataWindow = "idempotency-window"
 )
 
-// DefaultMaxResponseBytes is the default Options.MaxResponseBytes.
-const DefaultMaxResponseBytes = 1 << 20
+// DefaultMaxResponseBody is the default Options.MaxResponseBody.
+const DefaultMaxResponseBody = 1 << 20
 
 // FingerprintFunc returns the normalised command of a call: the fields
 // fingerprint.Hashes hashes with the operation name. req is the decoded
@@ -82,11 +82,11 @@ type Options struct {
 	Methods map[string]Method
 	// Fingerprint normalises a call. Default DefaultFingerprint.
 	Fingerprint FingerprintFunc
-	// StoredHeaders and StoredTrailers name the handler's header and
+	// ReplayHeaders and ReplayTrailers name the handler's header and
 	// trailer metadata that is stored and replayed (the first value of
 	// each; -bin values too). Default: none. All the metadata a handler
 	// sets goes to the client of the execution.
-	StoredHeaders, StoredTrailers []string
+	ReplayHeaders, ReplayTrailers []string
 	// Window is the replay window. Default engine.DefaultWindow (24h).
 	Window time.Duration
 	// LockFor bounds one execution of the handler (its context ends
@@ -103,13 +103,13 @@ type Options struct {
 	// IDEMPOTENCY_REQUEST_IN_PROGRESS (capped by the engine's MaxWait and
 	// by the call's deadline). Default 0: at once.
 	Wait time.Duration
-	// MaxResponseBytes bounds the answer stored (the response message or
+	// MaxResponseBody bounds the answer stored (the response message or
 	// the status, encoded). A handler that answers more has acted but its
 	// answer cannot be replayed: the client gets INTERNAL
 	// IDEMPOTENCY_RESPONSE_TOO_LARGE, and the record is left
 	// UNKNOWN_REQUIRES_RECOVERY (FAILED_RETRYABLE for a retryable class).
-	// Default DefaultMaxResponseBytes (1 MiB).
-	MaxResponseBytes int
+	// Default DefaultMaxResponseBody (1 MiB).
+	MaxResponseBody int
 	// Errors is the table error codes answer by (their HTTP status decides
 	// the gRPC code of an operation's own code, and their Retry-After the
 	// RetryInfo detail). Default idemhttp.DefaultErrors().
@@ -171,8 +171,8 @@ func New(e *engine.Engine, opts Options) (*Interceptor, error) {
 	if opts.Fingerprint == nil {
 		opts.Fingerprint = DefaultFingerprint
 	}
-	if opts.MaxResponseBytes <= 0 {
-		opts.MaxResponseBytes = DefaultMaxResponseBytes
+	if opts.MaxResponseBody <= 0 {
+		opts.MaxResponseBody = DefaultMaxResponseBody
 	}
 	if opts.Errors == nil {
 		opts.Errors = idemhttp.DefaultErrors()
@@ -188,7 +188,7 @@ func New(e *engine.Engine, opts Options) (*Interceptor, error) {
 		}
 		return out
 	}
-	opts.StoredHeaders, opts.StoredTrailers = lower(opts.StoredHeaders), lower(opts.StoredTrailers)
+	opts.ReplayHeaders, opts.ReplayTrailers = lower(opts.ReplayHeaders), lower(opts.ReplayTrailers)
 	ic := &Interceptor{eng: e, opts: opts, ops: map[string]*operation{}}
 	if opts.TracerProvider != nil {
 		ic.tracer = telemetry.Tracer(opts.TracerProvider)
@@ -351,7 +351,7 @@ func (ic *Interceptor) serve(ctx context.Context, op *operation, req any, info *
 			c.mu.Lock()
 			class, header, trailer := c.class, c.header, c.trailer
 			c.mu.Unlock()
-			res, err := encode(resp, herr, class, ic.opts.StoredHeaders, ic.opts.StoredTrailers, header, trailer, ic.opts.MaxResponseBytes)
+			res, err := encode(resp, herr, class, ic.opts.ReplayHeaders, ic.opts.ReplayTrailers, header, trailer, ic.opts.MaxResponseBody)
 			switch {
 			case errors.Is(err, errTooLarge):
 				tooBig = true
@@ -383,8 +383,8 @@ func (ic *Interceptor) serve(ctx context.Context, op *operation, req any, info *
 	case ans.Replayed:
 		return ic.replay(ctx, ans, true, "replay")
 	case ans.Executed && tooBig:
-		ic.opts.Logger.ErrorContext(ctx, "answer larger than MaxResponseBytes; record left for recovery",
-			"method", info.FullMethod, "limit", ic.opts.MaxResponseBytes)
+		ic.opts.Logger.ErrorContext(ctx, "answer larger than MaxResponseBody; record left for recovery",
+			"method", info.FullMethod, "limit", ic.opts.MaxResponseBody)
 		return fail(idem.LabelError, idem.Errorf(idem.ECodeResponseTooLarge, "The answer is too large to be stored for replay; retry with the same key later."))
 	case ans.Executed:
 		// The first answer, with all the metadata the handler set.
