@@ -191,6 +191,13 @@ func (t envelopeTemplate) render(p idemhttp.Problem, strict bool) ([]byte, bool,
 		if err := enc.WriteToken(tok); err != nil {
 			return nil, false, err
 		}
+		if dec.StackDepth() == 0 {
+			// One value, and nothing after it.
+			if _, err := dec.ReadToken(); !errors.Is(err, io.EOF) {
+				return nil, false, errors.New("want one JSON value")
+			}
+			break
+		}
 	}
 	return bytes.TrimSpace(out.Bytes()), hasCode, nil
 }
