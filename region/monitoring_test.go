@@ -17,6 +17,7 @@ import (
 	"github.com/idemcoord/idem/internal/etcdtest"
 	"github.com/idemcoord/idem/internal/telemetry/collectors"
 	"github.com/idemcoord/idem/region"
+	"github.com/idemcoord/idem/sidecar"
 )
 
 // ruleGroups is a Prometheus rules file (and a PrometheusRule's spec).
@@ -169,11 +170,16 @@ func TestMonitoringNamesRealMetrics(t *testing.T) {
 	}
 
 	// Real nodes: a forward from us-east to eu-west (forward metrics), the
-	// workers, payments (outbox metrics) and an etcd client's calls (gRPC metrics).
+	// workers, payments (outbox metrics), an etcd client's calls (gRPC
+	// metrics) and a sidecar route (its upstream calls' metrics).
 	c := newFwdCluster(t, false)
 	secret := []byte("s3cret-peer")
 	regs := []*prometheus.Registry{prometheus.NewRegistry(), prometheus.NewRegistry()}
-	eu := c.start("eu-west", region.Config{PeerSecret: secret, Registry: regs[0]})
+	routes, err := sidecar.ParseRoutes("POST /transfers=create_transfer@http://127.0.0.1:9")
+	if err != nil {
+		t.Fatal(err)
+	}
+	eu := c.start("eu-west", region.Config{PeerSecret: secret, Registry: regs[0], Sidecar: region.SidecarConfig{Routes: routes}})
 	us := c.start("us-east", region.Config{PeerSecret: secret, Registry: regs[1]})
 	for _, n := range []*fwdNode{eu, us} {
 		n.srv.StartWorkers(t.Context(), region.WorkerConfig{RecoveryInterval: 1 << 62, CleanupInterval: 1 << 62})
