@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/internal/storetest"
@@ -138,5 +139,25 @@ func TestMetricsToken(t *testing.T) {
 	a := n.do(http.MethodGet, "/metrics", "scrape-secret", nil, "")
 	if a.status != http.StatusOK || !strings.Contains(string(a.body), "idempotency_requests_total") {
 		t.Errorf("GET /metrics with the token = %d %.80q; want 200 with the series", a.status, a.body)
+	}
+}
+
+// TestMetricsServedWithoutTheStore: the gauge read from the store at
+// scrape time fails when the store does; the scrape still answers 200 with
+// every other series (a 500 would blank the node's whole dashboard and
+// every alert on it), without that gauge.
+func TestMetricsServedWithoutTheStore(t *testing.T) {
+	st, _ := storetest.New(t)
+	n := newNodeOn(t, st, time.Hour)
+	if got := n.series(); !got["idempotency_in_progress_age_max_seconds"] {
+		t.Fatal("idempotency_in_progress_age_max_seconds is missing with the store up")
+	}
+	st.Close()
+	got := n.series() // fails the test unless 200
+	if got["idempotency_in_progress_age_max_seconds"] {
+		t.Error("idempotency_in_progress_age_max_seconds served with the store closed")
+	}
+	if !got[`idempotency_requests_total{operation="create_payment",outcome="execute"}`] {
+		t.Error("the node's other series are missing with the store closed")
 	}
 }

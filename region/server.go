@@ -328,7 +328,11 @@ func NewServer(cfg Config, st *store.Store, ops ...Operation) (*Server, error) {
 	mux.HandleFunc("GET /v1/idempotency/records/{operation}/{key}", s.authenticated(s.handleGetRecord))
 	s.registerCoordination(mux)
 	s.registerAdmin(mux)
-	mux.Handle("GET /metrics", s.metricsAuth(promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{})))
+	// A collector that fails (the store's gauge while the store is down)
+	// leaves its series out and is logged; the scrape still serves every
+	// other series, which the alerts on the outage itself read.
+	mux.Handle("GET /metrics", s.metricsAuth(promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{
+		ErrorHandling: promhttp.ContinueOnError, ErrorLog: scrapeErrorLog{s.logger}})))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "region": cfg.Region})
 	})
@@ -511,6 +515,13 @@ func (s *Server) authenticated(h tenantHandler) http.HandlerFunc {
 		}
 		s.routed(h, 0)(w, r, tenant)
 	}
+}
+
+// scrapeErrorLog logs what a scrape of /metrics could not collect.
+type scrapeErrorLog struct{ logger *slog.Logger }
+
+func (l scrapeErrorLog) Println(v ...any) {
+	l.logger.Warn("metrics scrape incomplete", "err", fmt.Sprint(v...))
 }
 
 // Fenced counts a write or provider call of this node that was rejected
