@@ -209,6 +209,12 @@ func listSQL(f RecordFilter) (string, []any, int, error) {
 	}
 	if f.Status != "" {
 		where = append(where, "status = "+arg(string(f.Status))+"::TEXT")
+		if f.Status == idem.StatusInProgress || f.Status == idem.StatusUnknown {
+			// The open records' partial index (idempotency_records_stale)
+			// holds exactly these: with its predicate written out, a
+			// generic plan can walk it instead of every record.
+			where = append(where, openStatusPredicate)
+		}
 	}
 	if f.OlderThan > 0 {
 		where = append(where, "created_at < now() - "+arg(f.OlderThan.Milliseconds())+"::INT8 * INTERVAL '1 millisecond'")
@@ -224,6 +230,10 @@ func listSQL(f RecordFilter) (string, []any, int, error) {
 	sql += ` ORDER BY tenant_id, operation_name, idempotency_key LIMIT ` + arg(limit+1) + `::INT8`
 	return sql, args, limit, nil
 }
+
+// openStatusPredicate is the predicate of idempotency_records_stale
+// (migrations/0008_stale_index.sql).
+const openStatusPredicate = `status IN ('IN_PROGRESS', 'UNKNOWN_REQUIRES_RECOVERY')`
 
 // validate checks f's fields; errors are REQUEST_VALIDATION_FAILED.
 func (f RecordFilter) validate() error {

@@ -2,8 +2,11 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/idemcoord/idem"
 )
 
 // TestOpenRecordPollsWalkTheStaleIndex: the recovery poll (staleRecords) and
@@ -46,5 +49,38 @@ func TestOpenRecordPollsWalkTheStaleIndex(t *testing.T) {
 	}
 	if age, err := InProgressAgeMax(ctx, s.pool); err != nil || age < 0 {
 		t.Errorf("InProgressAgeMax = %v, %v", age, err)
+	}
+}
+
+// TestStuckRecordListsWalkTheStaleIndex: listing the records of a stuck
+// status (records list --status UNKNOWN_REQUIRES_RECOVERY, the runbooks'
+// first step) reads the open records' index, not every record: on a table
+// of settled records, under both plan modes.
+func TestStuckRecordListsWalkTheStaleIndex(t *testing.T) {
+	s := planStore(t,
+		`INSERT INTO idempotency_records
+			(tenant_id, operation_name, idempotency_key, request_hash, hash_version, status, checkpoint, expires_at)
+		SELECT 'tenant-' || (n % 50), 'op', 'key-' || n, 'v2:x', 2, 'COMPLETED', 'COMPLETED', now() + INTERVAL '1 day'
+		FROM generate_series(1, 20000) n`,
+		`UPDATE idempotency_records SET status = 'UNKNOWN_REQUIRES_RECOVERY', checkpoint = 'STARTED' WHERE idempotency_key = 'key-7'`,
+		`ANALYZE idempotency_records`,
+	)
+	for _, status := range []idem.Status{idem.StatusUnknown, idem.StatusInProgress} {
+		sql, args, _, err := listSQL(RecordFilter{Status: status})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(args) != 2 {
+			t.Fatalf("listSQL args = %v", args)
+		}
+		for mode, p := range plans(t, s, "TEXT, INT8", sql, fmt.Sprintf("'%s', %d", status, args[1])) {
+			if !strings.Contains(p, "idempotency_records_stale") {
+				t.Errorf("list --status %s (%s) does not read idempotency_records_stale:\n%s", status, mode, p)
+			}
+		}
+	}
+	page, err := s.ListRecords(context.Background(), RecordFilter{Status: idem.StatusUnknown})
+	if err != nil || len(page.Records) != 1 || page.Records[0].Record.Key != "key-7" {
+		t.Errorf("ListRecords(UNKNOWN) = %+v, %v; want key-7 alone", page, err)
 	}
 }
