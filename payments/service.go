@@ -17,13 +17,11 @@ import (
 	"github.com/idemcoord/idem/store"
 )
 
-// Defaults of Config: the engine's, so that payments and every other
-// operation of a node answer alike.
-const (
-	DefaultWindow        = engine.DefaultWindow
-	DefaultLockFor       = engine.DefaultLockFor
-	DefaultSchemaVersion = "v2"
-)
+// DefaultSchemaVersion is the response schema of Config's default. Its
+// window and lock timeout default to the engine's (engine.DefaultWindow,
+// engine.DefaultLockFor), so that payments and every other operation of a
+// node answer alike.
+const DefaultSchemaVersion = "v2"
 
 // Config configures a Service.
 type Config struct {
@@ -31,10 +29,10 @@ type Config struct {
 	Region string
 	// Owner names this process in records it owns. Default: Region.
 	Owner string
-	// Window is the replay window. Default DefaultWindow (24h).
+	// Window is the replay window. Default engine.DefaultWindow (24h).
 	Window time.Duration
 	// LockFor is how long an owner holds a record before a retry may take it
-	// over. Default DefaultLockFor (30s).
+	// over. Default engine.DefaultLockFor (30s).
 	LockFor time.Duration
 	// Logger receives conflicts and failures. Default: discard.
 	Logger *slog.Logger
@@ -137,10 +135,10 @@ func NewService(st *store.Store, cfg Config) *Service {
 		cfg.Owner = cfg.Region
 	}
 	if cfg.Window <= 0 {
-		cfg.Window = DefaultWindow
+		cfg.Window = engine.DefaultWindow
 	}
 	if cfg.LockFor <= 0 {
-		cfg.LockFor = DefaultLockFor
+		cfg.LockFor = engine.DefaultLockFor
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
