@@ -185,7 +185,9 @@ func (t envelopeTemplate) render(p idemhttp.Problem, strict bool) ([]byte, bool,
 			case s == "{{status}}":
 				tok = jsontext.Int(int64(p.Status))
 			case strings.Contains(s, "{{"):
-				tok = jsontext.String(r.Replace(s))
+				// The problem's text is the node's own, valid UTF-8;
+				// ToValidUTF8 keeps the JSON valid whatever it holds.
+				tok = jsontext.String(strings.ToValidUTF8(r.Replace(s), "\uFFFD"))
 			}
 		}
 		if err := enc.WriteToken(tok); err != nil {

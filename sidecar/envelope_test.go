@@ -224,3 +224,25 @@ func TestEnvelopeFileMissing(t *testing.T) {
 		t.Error("sidecar.New accepted a route whose envelope file does not exist")
 	}
 }
+
+// FuzzParseEnvelopeTemplate: a template is accepted only when it renders a
+// JSON object holding the errorCode, and then renders one for any problem,
+// whatever its text holds.
+func FuzzParseEnvelopeTemplate(f *testing.F) {
+	f.Add([]byte(`{"error":{"code":"{{code}}","message":"{{detail}}","status":"{{status}}"}}`), `say "hi" \ {{code}}`)
+	f.Add([]byte(`{"errors":[{"c":"{{code}}","t":"{{title}} at {{type}}","n":[1,2.5,null,true]}]}`), "\u2028")
+	f.Add([]byte(`{"code":"{{code}}"} {}`), "")
+	f.Add([]byte(`{"{{code}}":"{{code}}"}`), "x")
+	f.Fuzz(func(t *testing.T, tmpl []byte, detail string) {
+		env, err := sidecar.ParseEnvelopeTemplate(tmpl)
+		if err != nil {
+			return
+		}
+		code := "IDEMPOTENCY_REQUEST_IN_PROGRESS"
+		ct, b := env(idemhttp.Problem{Type: "https://x/y", Title: "T", Status: 409, Detail: detail, Message: detail, ErrorCode: code})
+		var v map[string]any
+		if ct != "application/json" || json.Unmarshal(b, &v) != nil || !strings.Contains(string(b), code) {
+			t.Errorf("template %q renders %q (%s): want a JSON object holding the code", tmpl, b, ct)
+		}
+	})
+}
