@@ -22,6 +22,8 @@ import (
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/payments/paymentsnode"
+	"github.com/idemcoord/idem/provider"
+	"github.com/idemcoord/idem/provider/simulator"
 	"github.com/idemcoord/idem/region"
 	"github.com/idemcoord/idem/sidecar"
 )
@@ -46,8 +48,11 @@ type harness struct {
 	// the sidecar routes (the ProxiedRoute path item at each prefix).
 	doc, proxied validator.Validator
 	client       *http.Client
-	checked      map[string]bool // "METHOD /path-template status" answered and validated
-	mu           sync.Mutex
+	// provider is the payment provider's simulator, whose faults make the
+	// payments API answer a decline, an unknown outcome or a slow charge.
+	provider *provider.Client
+	checked  map[string]bool // "METHOD /path-template status" answered and validated
+	mu       sync.Mutex
 }
 
 // exchange is one request and what the node must answer.
@@ -134,7 +139,14 @@ func newHarness(t *testing.T) *harness {
 	proxied := validator.NewValidatorFromV3Model(&model.Model)
 
 	st, _ := storetest.New(t)
-	pay := payments.NewService(st, payments.Config{Region: "test", Window: time.Hour})
+	sim, err := simulator.NewServer(simulator.Config{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	simServer := httptest.NewServer(sim.Handler())
+	t.Cleanup(func() { simServer.Close(); _ = sim.Close() })
+	prov := &provider.Client{BaseURL: simServer.URL}
+	pay := payments.NewService(st, payments.Config{Region: "test", Window: time.Hour, LockFor: 30 * time.Second, Provider: prov})
 	up := newUpstream(t)
 	routes, err := sidecar.ParseRoutes("POST /transfers=create_transfer@" + up.URL + ";timeout=5s, POST /dead=dead_end@http://127.0.0.1:1")
 	if err != nil {
@@ -164,7 +176,7 @@ func newHarness(t *testing.T) *harness {
 			t.Errorf("closing the node: %v", err)
 		}
 	})
-	return &harness{url: srv.URL(), doc: v, proxied: proxied, client: client, checked: map[string]bool{}}
+	return &harness{url: srv.URL(), doc: v, proxied: proxied, client: client, provider: prov, checked: map[string]bool{}}
 }
 
 // newUpstream is the service behind the sidecar routes: it answers 201
@@ -300,8 +312,34 @@ func (h *harness) payments(t *testing.T) {
 	h.do(t, exchange{name: "reused key", method: "POST", path: "/payments", token: tenantToken, header: key, conforms: true,
 		body: strings.Replace(article, "10.00", "11.00", 1), status: 409, code: idem.ECodeKeyReused})
 	h.do(t, exchange{name: "get a payment", method: "GET", path: "/payments/" + p.PaymentID, token: tenantToken, conforms: true, status: 200})
-	h.do(t, exchange{name: "unknown payment", method: "GET", path: "/payments/pay_none", token: tenantToken, conforms: true, status: 404, code: "PAYMENT_NOT_FOUND"})
+	h.do(t, exchange{name: "unknown payment", method: "GET", path: "/payments/pay_none", token: tenantToken, conforms: true, status: 404, code: payments.ECodePaymentNotFound})
 	h.do(t, exchange{name: "unknown token", method: "POST", path: "/payments", token: "nope", header: key, body: article, conforms: true, status: 401, code: idem.ECodeUnauthenticated})
+	h.do(t, exchange{name: "duplicate merchant reference", method: "POST", path: "/payments", token: tenantToken, header: map[string]string{"Idempotency-Key": "pay-dup"},
+		body: article, conforms: true, status: 409, code: payments.ECodeDuplicateMerchantRef})
+
+	// The provider declines, loses its answer, or takes its time.
+	other := func(ref string) string { return strings.Replace(article, "invoice-7781", ref, 1) }
+	h.fault(t, provider.Fault{Mode: provider.FaultDecline, Times: 1})
+	h.do(t, exchange{name: "declined", method: "POST", path: "/payments", token: tenantToken, header: map[string]string{"Idempotency-Key": "pay-declined"},
+		body: other("inv-declined"), conforms: true, status: 402, code: payments.ECodePaymentDeclined})
+	h.fault(t, provider.Fault{Mode: provider.FaultLoseAnswer, Times: 1})
+	h.do(t, exchange{name: "provider answer lost", method: "POST", path: "/payments", token: tenantToken, header: map[string]string{"Idempotency-Key": "pay-lost"},
+		body: other("inv-lost"), conforms: true, status: 202, code: payments.ECodeOutcomeUnknown})
+	h.fault(t, provider.Fault{Mode: provider.FaultSlow, Times: 1, Delay: 1500 * time.Millisecond})
+	slow := exchange{name: "slow charge", method: "POST", path: "/payments", token: tenantToken, header: map[string]string{"Idempotency-Key": "pay-slow"},
+		body: other("inv-slow"), conforms: true, status: 201}
+	done := make(chan struct{})
+	go func(x exchange) {
+		defer close(done)
+		h.do(t, x)
+	}(slow)
+	time.Sleep(500 * time.Millisecond)
+	busy := slow
+	busy.name, busy.header, busy.status, busy.code = "in progress", map[string]string{"Idempotency-Key": "pay-slow", "Prefer": "wait=0"}, 409, idem.ECodeInProgress
+	if a := h.do(t, busy); a.header.Get("Retry-After") == "" {
+		t.Error("in progress: no Retry-After")
+	}
+	<-done
 
 	// Mistakes the document refuses.
 	h.do(t, exchange{name: "no token", method: "POST", path: "/payments", header: key, body: article, status: 401, code: idem.ECodeUnauthenticated})
@@ -314,6 +352,14 @@ func (h *harness) payments(t *testing.T) {
 		body: strings.Replace(article, "invoice-7781", strings.Repeat("x", 70<<10), 1), status: 413, code: idem.ECodeBodyTooLarge})
 	h.do(t, exchange{name: "not JSON", method: "POST", path: "/payments", token: tenantToken, header: map[string]string{"Idempotency-Key": "pay-5", "Content-Type": "text/plain"},
 		body: "amount=10", status: 415, code: idem.ECodeUnsupportedMediaType})
+}
+
+// fault sets the provider's next fault.
+func (h *harness) fault(t *testing.T, f provider.Fault) {
+	t.Helper()
+	if err := h.provider.SetFault(context.Background(), f); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func (h *harness) records(t *testing.T) {
@@ -476,6 +522,10 @@ func TestValidatorCatchesDrift(t *testing.T) {
 		{"a problem without its members", "GET", "/v1/coordination/charge/k", 404, problem, `{"errorCode":"OPERATION_UNKNOWN","message":"x"}`},
 		{"an unknown errorCode", "GET", "/v1/coordination/charge/k", 404, problem,
 			`{"type":"https://x/y","title":"t","status":404,"detail":"d","errorCode":"NO_SUCH_CODE","message":"d"}`},
+		{"a problem with a member of its own", "GET", "/v1/coordination/charge/k", 404, problem,
+			`{"type":"https://x/y","title":"t","status":404,"detail":"d","errorCode":"OPERATION_UNKNOWN","message":"d","tenant":"tenant-a"}`},
+		{"a payment's problem with a member of its own", "GET", "/payments/p", 404, problem,
+			`{"type":"https://x/y","title":"t","status":404,"detail":"d","errorCode":"PAYMENT_NOT_FOUND","message":"d","paymentId":"p"}`},
 		{"an undocumented status", "GET", "/healthz", 418, http.Header{"Content-Type": {"application/json"}}, `{}`},
 		{"a health answer without its region", "GET", "/healthz", 200, http.Header{"Content-Type": {"application/json"}}, `{"status":"ok"}`},
 		{"a record as text", "GET", "/v1/coordination/charge/k", 200, http.Header{"Content-Type": {"text/plain"}}, "record"},
