@@ -70,7 +70,9 @@ type Route struct {
 	// that take any status below 400 for success (stripe-go and most SDKs
 	// would hand their caller an empty object): with 503 they retry with
 	// the same key until the outcome is settled or their retries run out,
-	// and report an error then.
+	// and report an error then. With ErrorEnvelope stripe, stripe-go reads
+	// the 503 as a *stripe.Error and does not retry it: the caller gets
+	// the error at once and retries with the same key itself.
 	UnknownStatus int
 	// PassAuthorization passes the client's Authorization to an upstream
 	// that authenticates end users itself. The tenant still comes from the
