@@ -31,7 +31,7 @@ func TestSeriesExistBeforeTheFirstCount(t *testing.T) {
 	requests("replay")
 	calls("lookup", "unknown")
 	rejected("stale")
-	rejected("not a reason") // not counted, no series
+	rejected("not a reason")     // not counted, no series
 	m2, err := idemprom.New(reg) // the same registry: shares the counters
 	if err != nil {
 		t.Fatalf("second New on the same registry: %v", err)
