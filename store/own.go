@@ -212,23 +212,28 @@ type ClaimOrReadWith struct {
 // row, the query of the operation's table as NewReferenceRead takes it,
 // is keyed on it. columns are row's columns Exec scans, in order.
 func NewClaimOrReadWith(own string, nArgs int, resourceType, row string, columns ...string) ClaimOrReadWith {
-	// The claim returns the record it inserted, not just a row.
-	claim := claimCTE(nArgs, recordColumns) + "\n" + own
+	claim := claimCTE(nArgs, "1 AS n") + "\n" + own
 	p := func(i int) string { return fmt.Sprintf("$%d", nArgs+i) }
-	nulls := make([]string, len(columns))
+	// A fresh key's row is the statement's time, true and its writes' time,
+	// and NULL for every column of the record and the row: the caller has
+	// them already, and neither the server nor the client spends anything
+	// on them.
+	nulls := make([]string, len(columns)+strings.Count(recordColumns, ",")+1)
 	joined := make([]string, len(columns))
-	for i, c := range columns {
+	for i := range nulls {
 		nulls[i] = "NULL"
+	}
+	for i, c := range columns {
 		joined[i] = "x." + c
 	}
 	// The record a statement's own claim inserted is not visible to the
 	// rest of it (one snapshot), so the second branch finds only a record
 	// committed before it began; the first, the one it inserted.
 	sql := claim + `
-	SELECT ` + qualified("c.", recordColumns) + `, now(), true, (SELECT at FROM written), ` + strings.Join(nulls, ", ") + `
+	SELECT now(), true, (SELECT at FROM written), ` + strings.Join(nulls, ", ") + `
 		FROM claim c
 	UNION ALL
-	SELECT ` + qualified("r.", recordColumns) + `, now(), false, NULL, ` + strings.Join(joined, ", ") + `
+	SELECT now(), false, NULL, ` + qualified("r.", recordColumns) + `, ` + strings.Join(joined, ", ") + `
 		FROM idempotency_records r ` + referenceJoin(resourceType, row) + `
 		WHERE r.tenant_id = ` + p(1) + ` AND r.operation_name = ` + p(2) + ` AND r.idempotency_key = ` + p(3) + `
 		AND NOT EXISTS (SELECT 1 FROM claim)`
@@ -266,18 +271,46 @@ func (c ClaimOrReadWith) Exec(ctx context.Context, q Querier, req idem.BeginRequ
 		out ClaimOrRead
 		now time.Time
 		at  *time.Time
+		rec *idem.Record
 	)
-	rec, err := scanRecord(q.QueryRow(ctx, c.sql, all...), append([]any{&now, &out.Inserted, &at}, dest...)...)
-	switch {
-	case err == nil && out.Inserted:
+	rows, err := q.Query(ctx, c.sql, all...)
+	if err != nil {
+		return ClaimOrRead{}, err
+	}
+	if rows.Next() {
+		// The head first, the record's and the row's columns skipped
+		// (nil); only a key found taken scans them.
+		head := []any{&now, &out.Inserted, &at}
+		err = rows.Scan(append(head, make([]any, len(rows.FieldDescriptions())-len(head))...)...)
+		if err == nil && !out.Inserted {
+			rec, err = scanRecord(skipHead{rows, len(head)}, dest...)
+		}
+	}
+	rows.Close()
+	switch rerr := rows.Err(); {
+	case rerr != nil:
+		return ClaimOrRead{}, rerr
+	case err != nil:
+		return ClaimOrRead{}, err
+	case out.Inserted:
 		if at == nil {
 			return ClaimOrRead{}, errors.New("store: claim or read with own writes: the claim was inserted and the operation's writes were not")
 		}
 		out.At = *at
 		return out, nil
-	case err != nil && !errors.Is(err, pgx.ErrNoRows):
-		return ClaimOrRead{}, err
+	case rec == nil:
+		err = pgx.ErrNoRows
 	}
 	out.Decision, out.Settled, err = durableDecision(ctx, q)(settledDecision(rec, err, req, now))
 	return out, err
+}
+
+// skipHead scans the current row of rows past its first n columns.
+type skipHead struct {
+	rows pgx.Rows
+	n    int
+}
+
+func (s skipHead) Scan(dest ...any) error {
+	return s.rows.Scan(append(make([]any, s.n), dest...)...)
 }
