@@ -64,7 +64,7 @@ func TestRunCountsWhatItWrote(t *testing.T) {
 		wantPay, wantRecs int
 	}{
 		{suite: bench.SuiteStore,
-			wantPay: ops(rep.Suite(bench.SuiteStore), bench.OpBaseline, bench.OpIdempotent, bench.OpIdempotentStoredBody,
+			wantPay: ops(rep.Suite(bench.SuiteStore), bench.OpBaseline, bench.OpBaselineSequential, bench.OpIdempotent, bench.OpIdempotentStoredBody,
 				bench.OpIdempotentClaimFirst, bench.OpIdempotentReadFirst),
 			wantRecs: ops(rep.Suite(bench.SuiteStore), bench.OpIdempotent, bench.OpIdempotentStoredBody,
 				bench.OpIdempotentClaimFirst, bench.OpIdempotentReadFirst)},
