@@ -127,25 +127,36 @@ func (f *fixture) record(t *testing.T, tenant, key string) *idem.Record {
 
 func (f *fixture) calls(t *testing.T, call, result string) float64 {
 	t.Helper()
-	mfs, err := f.reg.Gather()
+	return counter(t, f.reg, "idem_sidecar_upstream_calls_total", map[string]string{"operation": "create_transfer", "call": call, "result": result})
+}
+
+// counter is the value of the counter name{labels} in reg (every label
+// named, others ignored); the test fails when there is none.
+func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() != "idem_sidecar_upstream_calls_total" {
+		if mf.GetName() != name {
 			continue
 		}
+	metrics:
 		for _, m := range mf.GetMetric() {
 			l := map[string]string{}
 			for _, p := range m.GetLabel() {
 				l[p.GetName()] = p.GetValue()
 			}
-			if l["operation"] == "create_transfer" && l["call"] == call && l["result"] == result {
-				return m.GetCounter().GetValue()
+			for k, v := range labels {
+				if l[k] != v {
+					continue metrics
+				}
 			}
+			return m.GetCounter().GetValue()
 		}
 	}
-	t.Fatalf("no idem_sidecar_upstream_calls_total{call=%q,result=%q}", call, result)
+	t.Fatalf("no %s%v", name, labels)
 	return 0
 }
 

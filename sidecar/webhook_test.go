@@ -192,26 +192,7 @@ func deliverTo(t *testing.T, base, path string, h http.Header, body string) answ
 
 func (f *hookFixture) rejected(t *testing.T, operation, reason string) float64 {
 	t.Helper()
-	mfs, err := f.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "idem_sidecar_webhook_rejected_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			l := map[string]string{}
-			for _, p := range m.GetLabel() {
-				l[p.GetName()] = p.GetValue()
-			}
-			if l["operation"] == operation && l["reason"] == reason {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	t.Fatalf("no idem_sidecar_webhook_rejected_total{operation=%q,reason=%q}", operation, reason)
-	return 0
+	return counter(t, f.reg, "idem_sidecar_webhook_rejected_total", map[string]string{"operation": operation, "reason": reason})
 }
 
 func recordCount(t *testing.T, st *store.Store) int {
