@@ -263,15 +263,7 @@ func (c *createCall) claimOne(ctx context.Context, begin idem.BeginRequest) (cl 
 		out     store.ClaimOrRead
 		settled *Payment
 	)
-	err = s.store.ExecOne(ctx, func(q store.Querier) (err error) {
-		if !s.store.ReplayRead() {
-			out = store.ClaimOrRead{}
-			out.Inserted, out.At, err = ClaimWithPayment(ctx, q, begin, idem.StatusCompleted, idem.CheckpointCompleted, &completion, p, c.event)
-			return err
-		}
-		out, settled, err = claimOrReplay(ctx, q, begin, idem.StatusCompleted, idem.CheckpointCompleted, &completion, p, c.event)
-		return err
-	})
+	out, settled, err = c.claimStatement(ctx, begin, idem.StatusCompleted, idem.CheckpointCompleted, &completion)
 	if err == nil {
 		s.retries.observe(out.Settled)
 	}
@@ -292,6 +284,26 @@ func (c *createCall) claimOne(ctx context.Context, begin idem.BeginRequest) (cl 
 	}
 	return engine.Claim{Decision: idem.Decision{Outcome: idem.OutcomeExecute},
 		Done: &engine.Result{Stored: true, Status: idem.StatusCompleted, Response: resp}}, true, false, nil
+}
+
+// claimStatement sends the one-statement claim of the payment and its
+// event, the record in state status at checkpoint cp (with completion's
+// answer when it is not nil): claimOrReplay, in a batch with the claims of
+// concurrent requests when some are in flight, or with the store's
+// NoReplayRead, ClaimWithPayment alone (it reads nothing when the key is
+// taken).
+func (c *createCall) claimStatement(ctx context.Context, begin idem.BeginRequest, status idem.Status, cp idem.Checkpoint,
+	completion *idem.Completion) (out store.ClaimOrRead, settled *Payment, err error) {
+	s := c.s
+	if s.store.ReplayRead() {
+		return claimOrReplay(ctx, s.claims, begin, status, cp, completion, c.payment, c.event)
+	}
+	err = s.store.ExecOne(ctx, func(q store.Querier) (err error) {
+		out = store.ClaimOrRead{}
+		out.Inserted, out.At, err = ClaimWithPayment(ctx, q, begin, status, cp, completion, c.payment, c.event)
+		return err
+	})
+	return out, nil, err
 }
 
 // claimLocal is the local-only operation: one transaction claims the key
@@ -351,15 +363,7 @@ func (c *createCall) claimOneForProvider(ctx context.Context, begin idem.BeginRe
 		out     store.ClaimOrRead
 		settled *Payment
 	)
-	err = s.store.ExecOne(ctx, func(q store.Querier) (err error) {
-		if !s.store.ReplayRead() {
-			out = store.ClaimOrRead{}
-			out.Inserted, out.At, err = ClaimWithPayment(ctx, q, begin, idem.StatusInProgress, CheckpointLocalPaymentCreated, nil, c.payment, c.event)
-			return err
-		}
-		out, settled, err = claimOrReplay(ctx, q, begin, idem.StatusInProgress, CheckpointLocalPaymentCreated, nil, c.payment, c.event)
-		return err
-	})
+	out, settled, err = c.claimStatement(ctx, begin, idem.StatusInProgress, CheckpointLocalPaymentCreated, nil)
 	if err == nil {
 		s.retries.observe(out.Settled)
 	}

@@ -88,6 +88,30 @@ var claimOrReplayPayment = store.NewClaimOrReadWith(paymentWrites+`,
 	written AS (`+eventWrite+` AS at)`, 12, ResourceType,
 	`SELECT * FROM payments WHERE tenant_id = $1 AND payment_id = r.resource_id`, paymentColumns...)
 
+// claimOrReplayBatch is claimOrReplayPayment's batch form
+// (store.NewClaimOrReadGroup): the payments and events of the keys a batch
+// claimed, each payment in the order of its id, so that two batches that
+// wait on each other's payments cannot wait in a cycle.
+const claimOrReplayBatch = `, pay AS (
+		INSERT INTO payments (tenant_id, payment_id, account_id, amount_minor, currency, merchant_reference,
+			channel, status, provider_key, created_at, updated_at)
+		SELECT a1, a2, a3, a4, a5, a6, a7, a8, a9, now(), now() FROM claimed ORDER BY a1, a2
+		RETURNING tenant_id, payment_id
+	),
+	written AS (INSERT INTO outbox_events (event_id, tenant_id, aggregate_id, event_type, payload, created_at)
+		SELECT c.a10, c.a1, c.a2, c.a11, c.a12, now() FROM claimed c JOIN pay p ON p.tenant_id = c.a1 AND p.payment_id = c.a2
+		RETURNING 1)`
+
+// claimOrReplayBatchTypes are the SQL types of claimOrReplayPayment's
+// arguments.
+var claimOrReplayBatchTypes = []string{"TEXT", "TEXT", "TEXT", "INT8", "TEXT", "TEXT", "TEXT", "TEXT", "TEXT", "TEXT", "TEXT", "JSONB"}
+
+// newClaimGroup is the group commit of claimOrReplayPayment on st.
+func newClaimGroup(st *store.Store) *store.ClaimOrReadGroup {
+	return st.NewClaimOrReadGroup(claimOrReplayPayment, claimOrReplayBatch, claimOrReplayBatchTypes, ResourceType,
+		`SELECT * FROM payments WHERE tenant_id = r.tenant_id AND payment_id = r.resource_id`, paymentColumns...)
+}
+
 // ClaimWithPayment claims req's key and writes payment p and its event ev
 // in one statement (store.ClaimWith): the record in state status at
 // checkpoint cp (with completion's answer when it is not nil), and only if
@@ -148,13 +172,14 @@ func readSettled(ctx context.Context, st *store.Store, req idem.BeginRequest) (i
 	return d, ref.payment(req.Tenant), true, nil
 }
 
-// claimOrReplay is ClaimWithPayment through claimOrReplayPayment: when the
+// claimOrReplay is ClaimWithPayment through claimOrReplayPayment, as a
+// statement of its own or in a batch with concurrent claims (g): when the
 // key is taken by a settled record, its decision and the payment it
 // references (settled; p may be nil) instead of nothing.
-func claimOrReplay(ctx context.Context, q store.Querier, req idem.BeginRequest, status idem.Status, cp idem.Checkpoint,
+func claimOrReplay(ctx context.Context, g *store.ClaimOrReadGroup, req idem.BeginRequest, status idem.Status, cp idem.Checkpoint,
 	completion *idem.Completion, p Payment, ev Event) (store.ClaimOrRead, *Payment, error) {
 	var ref referencedPayment
-	out, err := claimOrReplayPayment.Exec(ctx, q, req, status, cp, completion, ResourceType, p.ID, []any{
+	out, err := g.Exec(ctx, req, status, cp, completion, ResourceType, p.ID, []any{
 		req.Tenant, p.ID, p.AccountID, p.AmountMinor, p.Currency, p.MerchantReference, p.Channel, p.Status, p.ProviderKey,
 		ev.ID, ev.Type, string(ev.Payload)}, ref.dest()...)
 	if err != nil {

@@ -108,6 +108,8 @@ type Service struct {
 	engine *engine.Engine
 	// retries chooses whether a claim reads a settled record first.
 	retries retryShare
+	// claims is the group commit of the one-statement claim.
+	claims *store.ClaimOrReadGroup
 }
 
 // RetryShare is the share of this service's recent claims whose key was
@@ -158,7 +160,7 @@ func NewService(st *store.Store, cfg Config) *Service {
 	if cfg.Provider != nil {
 		cfg.Provider = tracedProvider{cfg.Provider}
 	}
-	s := &Service{store: st, cfg: cfg, logger: cfg.Logger}
+	s := &Service{store: st, cfg: cfg, logger: cfg.Logger, claims: newClaimGroup(st)}
 	opts := s.EngineOptions()
 	opts.Clock, opts.MaxWait, opts.AnswerCache = sleepClock{cfg.Sleep}, engine.DefaultMaxWait, cfg.AnswerCache
 	s.engine = engine.New(st, opts)

@@ -16,3 +16,8 @@ func HoldClaims(s *Store) (queued func() int, release func()) {
 func HoldCheckpoints(s *Store) (queued func() int, release func()) {
 	return s.checkpoints.queued, s.checkpoints.hold()
 }
+
+// HoldClaimOrRead is HoldGroup for g's claims.
+func HoldClaimOrRead(g *ClaimOrReadGroup) (queued func() int, release func()) {
+	return g.g.queued, g.g.hold()
+}

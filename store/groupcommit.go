@@ -16,23 +16,32 @@ import (
 const maxGroup = 32
 
 // group is a group commit: the writes of one kind (claims, checkpoints,
-// completions) of concurrent requests that queue while one batch is in
+// completions) of concurrent requests that queue while batches are in
 // flight go to the store together, in one statement that is one implicit
 // transaction, so that N requests pay one statement and one commit
-// instead of N. There is no added wait: a batch is what queued while the previous one was in
-// flight, and a write with nothing in flight goes at once, alone. The
-// caller whose write heads the queue runs the next batch (no goroutine of
-// its own), and hands the queue on when its batch is done. A batch never
-// holds two writes of one scope.
+// instead of N. There is no added wait: a batch is what queued while the
+// batches before it were in flight, and a write that finds fewer than
+// inFlight batches in flight goes at once. inFlight batches at a time
+// keep the store busy while a batch's answer travels back and the next
+// batch's requests are prepared; one at a time would leave it idle for
+// those. The callers run the batches (no goroutine of their own): a
+// caller is handed the lead when a batch may start, runs one batch of the
+// queue's head (its own write or others'), and hands the lead on when its
+// batch is done. A batch never holds two writes of one scope.
 type group[In, Out any] struct {
 	mu    sync.Mutex
 	queue []*groupItem[In, Out]
-	busy  bool
+	// running is how many leads are out (batches in flight or about to
+	// start), at most inFlight.
+	running int
 	// scope is the scope an input writes.
 	scope func(In) idem.Scope
 	// write writes a batch and sets each item's out and err.
 	write func(ctx context.Context, batch []*groupItem[In, Out])
 }
+
+// inFlight is how many batches of one group may be in flight at once.
+const inFlight = 2
 
 // groupItem is one caller's write in a group's queue.
 type groupItem[In, Out any] struct {
@@ -40,36 +49,50 @@ type groupItem[In, Out any] struct {
 	out Out
 	err error
 	// done is closed when out and err are set; lead when this caller is
-	// to run the next batch.
+	// to run a batch (led, under the group's lock, says it was).
 	done chan struct{}
 	lead chan struct{}
+	led  bool
 }
 
-// do queues in, runs batches while it heads the queue, and returns its
+// do queues in, runs a batch when it is handed the lead, and returns its
 // outcome.
 func (g *group[In, Out]) do(ctx context.Context, in In) (Out, error) {
 	it := &groupItem[In, Out]{in: in, done: make(chan struct{}), lead: make(chan struct{})}
 	g.mu.Lock()
 	g.queue = append(g.queue, it)
-	if !g.busy {
-		g.busy = true
-		close(it.lead)
+	if g.running < inFlight {
+		g.running++
+		g.handLead(it)
 	}
 	g.mu.Unlock()
-	for {
-		select {
-		case <-it.done:
-			return it.out, it.err
-		case <-it.lead:
+	select {
+	case <-it.lead:
+		g.runBatch(ctx)
+		<-it.done
+	case <-it.done:
+		// Another caller's batch took this write. A lead handed to this
+		// caller meanwhile is still a batch to run, for the writes queued
+		// after it.
+		g.mu.Lock()
+		led := it.led
+		g.mu.Unlock()
+		if led {
 			g.runBatch(ctx)
-			it.lead = nil // led once; the batch held it, whose outcome is set
 		}
 	}
+	return it.out, it.err
+}
+
+// handLead hands it the lead. The group's lock is held.
+func (g *group[In, Out]) handLead(it *groupItem[In, Out]) {
+	it.led = true
+	close(it.lead)
 }
 
 // runBatch takes the head of the queue (at most maxGroup writes, no two of
-// one scope), writes it, delivers each outcome, and hands the queue to the
-// next waiting caller, or marks the group idle.
+// one scope), writes it, delivers each outcome, and hands the lead to the
+// first queued caller that has none, or gives it up.
 func (g *group[In, Out]) runBatch(ctx context.Context) {
 	g.mu.Lock()
 	var batch, rest []*groupItem[In, Out]
@@ -85,18 +108,28 @@ func (g *group[In, Out]) runBatch(ctx context.Context) {
 	g.queue = rest
 	g.mu.Unlock()
 
-	g.write(ctx, batch)
-	for _, it := range batch {
-		close(it.done)
+	if len(batch) > 0 {
+		g.write(ctx, batch)
+		for _, it := range batch {
+			close(it.done)
+		}
 	}
 
 	g.mu.Lock()
-	if len(g.queue) > 0 {
-		close(g.queue[0].lead)
-	} else {
-		g.busy = false
-	}
+	g.handOn()
 	g.mu.Unlock()
+}
+
+// handOn passes a finished lead to the first queued caller without one, or
+// gives it up. The group's lock is held.
+func (g *group[In, Out]) handOn() {
+	for _, it := range g.queue {
+		if !it.led {
+			g.handLead(it)
+			return
+		}
+	}
+	g.running--
 }
 
 // queued reports how many writes wait (for tests).
@@ -106,19 +139,21 @@ func (g *group[In, Out]) queued() int {
 	return len(g.queue)
 }
 
-// hold makes the group queue as if a batch were in flight, until release
-// runs the queued writes as one batch (for tests).
+// hold makes the group queue as if every batch were in flight, until
+// release runs the queued writes as one batch (for tests).
 func (g *group[In, Out]) hold() (release func()) {
 	g.mu.Lock()
-	g.busy = true
+	held := inFlight - g.running
+	g.running = inFlight
 	g.mu.Unlock()
 	return func() {
 		g.mu.Lock()
 		defer g.mu.Unlock()
-		if len(g.queue) > 0 {
-			close(g.queue[0].lead)
-		} else {
-			g.busy = false
+		// One lead for the queue: the rest given up.
+		g.running -= held
+		if g.running < inFlight {
+			g.running++
+			g.handOn()
 		}
 	}
 }
