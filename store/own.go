@@ -19,9 +19,10 @@ import (
 // written with each record, say) uses two things of the store:
 // ClaimWith, a claim that writes the operation's rows in the same
 // statement, and ReferenceRead, the replay fast path's read joined with the
-// row a referencing record renders its answer from. Everything else an
-// operation writes goes through Querier, ExecOne, ExecTx and Read with SQL
-// of its own.
+// row a referencing record renders its answer from. ClaimOrReadWith
+// does both in one round trip, and ClaimOrReadGroup sends the claims of
+// concurrent requests together. Everything else an operation writes goes
+// through Querier, ExecOne, ExecTx and Read with SQL of its own.
 
 // ClaimWith is a claim statement that also writes an operation's own rows:
 // the record is inserted first (ON CONFLICT DO NOTHING) in a common table

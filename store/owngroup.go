@@ -15,7 +15,7 @@ import (
 )
 
 // ClaimOrReadGroup is the group commit of a ClaimOrReadWith: the claims of
-// concurrent requests that queue while one batch is in flight go to the
+// concurrent requests that queue while batches are in flight go to the
 // store together, in one statement and one commit, as Begin's claims do
 // (see group). Each claim's outcome is the one its own statement would
 // have had. A claim with nothing in flight is the ClaimOrReadWith's own

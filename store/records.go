@@ -532,8 +532,8 @@ func (s *Store) Checkpoint(ctx context.Context, lease idem.Lease, cp idem.Checkp
 
 // Complete implements idem.Coordinator. The completions of concurrent
 // requests are written together (group commit, see group): one
-// statement and one commit for all that queued while the previous batch
-// was in flight, each still fenced by its own lease.
+// statement and one commit for all that queued while the batches before
+// were in flight, each still fenced by its own lease.
 func (s *Store) Complete(ctx context.Context, lease idem.Lease, c idem.Completion) error {
 	_, err := s.CompleteAcknowledged(ctx, lease, c)
 	return err
