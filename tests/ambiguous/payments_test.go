@@ -3,7 +3,13 @@ package ambiguous_test
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"strings"
+	"sync"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/internal/storetest"
@@ -51,5 +57,103 @@ func testCreateResolvesAnAmbiguousCommit(t *testing.T, order payments.ClaimOrder
 	again, err := svc.Create(ctx, payments.Request{Tenant: "tenant-a", Key: "k1", Body: []byte(article)})
 	if err != nil || !again.Replayed || !bytes.Equal(again.Response.Body, res.Response.Body) {
 		t.Errorf("retry = %+v, %v; want the answer given replayed", again, err)
+	}
+}
+
+// TestCreateResolvesAnAmbiguousBatchCommit loses the answer to the commit
+// of a batch of payments' claims (the claims of concurrent requests in one
+// statement, store.ClaimOrReadGroup) while the store commits it: every
+// request in the batch must answer its stored payment, not a failure, and
+// each payment exists once.
+//
+// Both of the group's batches in flight are claims that wait on records
+// another transaction holds (b-0, b-1); the payments queued meanwhile go
+// as one batch once b-0's transaction rolls back and its claim commits, so
+// the batch's commit is the second.
+func TestCreateResolvesAnAmbiguousBatchCommit(t *testing.T) {
+	ctx := context.Background()
+	direct, dbURL := storetest.New(t)
+	cut := commitcut.New(t, dbURL)
+	st, err := store.Open(ctx, cut.URL, store.Options{MaxConns: 12})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	svc := payments.NewService(st, payments.Config{ClaimOrder: payments.ClaimFirst})
+	body := func(ref string) []byte {
+		return []byte(`{"accountId":"acc_1","amount":"10.00","currency":"EUR","merchantReference":"` + ref + `"}`)
+	}
+	type job struct {
+		key string
+		res payments.Result
+		err error
+	}
+	create := func(j *job) { j.res, j.err = svc.Create(ctx, payments.Request{Tenant: "tenant-a", Key: j.key, Body: body(j.key)}) }
+
+	// Two transactions each hold a record the store's claims will wait on.
+	var holders [2]pgx.Tx
+	var blocked [2]*job
+	for i := range holders {
+		tx, err := direct.Pool().Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+		key := fmt.Sprintf("b-%d", i)
+		if _, err := tx.Exec(ctx, `INSERT INTO idempotency_records (tenant_id, operation_name, idempotency_key, request_hash,
+			hash_version, status, checkpoint, expires_at) VALUES ('tenant-a', $1, $2, 'x', 1, 'IN_PROGRESS', 'RECEIVED', now() + INTERVAL '1 hour')`,
+			payments.Operation, key); err != nil {
+			t.Fatal(err)
+		}
+		holders[i], blocked[i] = tx, &job{key: key}
+	}
+	var wg sync.WaitGroup
+	for _, j := range blocked {
+		wg.Go(func() { create(j) })
+	}
+	for deadline := time.Now().Add(30 * time.Second); storetest.Count(t, direct,
+		`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH%'`) < 2; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the two claims never waited on the held records")
+		}
+	}
+	jobs := make([]*job, 6)
+	for i := range jobs {
+		jobs[i] = &job{key: fmt.Sprintf("k-%d", i)}
+		wg.Go(func() { create(jobs[i]) })
+	}
+	// The jobs queue behind the two claims in flight (the group runs no
+	// more); give their goroutines time to get there.
+	time.Sleep(time.Second)
+	done := cut.Arm(2)
+	if err := holders[0].Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if err := holders[1].Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+
+	resolved := 0
+	for _, j := range append(jobs, blocked[:]...) {
+		if j.err != nil || j.res.Response.Status != 201 || !strings.Contains(string(j.res.Response.Body), j.key) {
+			t.Errorf("%s = %d %s, %v; want its payment's 201", j.key, j.res.Response.Status, j.res.Response.Body, j.err)
+		}
+		if j.res.Replayed {
+			resolved++
+		}
+		if n := storetest.Count(t, direct, `SELECT count(*) FROM payments WHERE tenant_id = 'tenant-a' AND merchant_reference = $1`, j.key); n != 1 {
+			t.Errorf("payments of %s = %d, want 1", j.key, n)
+		}
+		again, err := svc.Create(ctx, payments.Request{Tenant: "tenant-a", Key: j.key, Body: body(j.key)})
+		if err != nil || !again.Replayed || !bytes.Equal(again.Response.Body, j.res.Response.Body) {
+			t.Errorf("retry of %s = %+v, %v; want the answer given replayed", j.key, again, err)
+		}
+	}
+	// The lost commit was the batch's: its requests were answered from
+	// the records the batch had stored.
+	if resolved < 2 {
+		t.Errorf("%d requests answered from a record their lost commit stored; want the batch's (at least two)", resolved)
 	}
 }
