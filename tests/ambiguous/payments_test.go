@@ -88,7 +88,9 @@ func TestCreateResolvesAnAmbiguousBatchCommit(t *testing.T) {
 		res payments.Result
 		err error
 	}
-	create := func(j *job) { j.res, j.err = svc.Create(ctx, payments.Request{Tenant: "tenant-a", Key: j.key, Body: body(j.key)}) }
+	create := func(j *job) {
+		j.res, j.err = svc.Create(ctx, payments.Request{Tenant: "tenant-a", Key: j.key, Body: body(j.key)})
+	}
 
 	// Two transactions each hold a record the store's claims will wait on.
 	var holders [2]pgx.Tx
