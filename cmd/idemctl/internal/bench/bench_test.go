@@ -78,7 +78,7 @@ func TestRunCountsWhatItWrote(t *testing.T) {
 			wantPay:  ops(rep.Suite(bench.SuiteForward), bench.OpServedAtHome, bench.OpForwarded),
 			wantRecs: ops(rep.Suite(bench.SuiteForward), bench.OpServedAtHome, bench.OpForwarded)},
 		{suite: bench.SuiteSidecar,
-			wantPay:  ops(rep.Suite(bench.SuiteSidecar), bench.OpUpstreamDirect, bench.OpPlainProxy, bench.OpSidecar, bench.OpSidecarNoGroupCommit),
+			wantPay:  ops(rep.Suite(bench.SuiteSidecar), bench.OpUpstreamDirect, bench.OpPlainProxy, bench.OpProxyTwoCommits, bench.OpSidecar, bench.OpSidecarNoGroupCommit),
 			wantRecs: ops(rep.Suite(bench.SuiteSidecar), bench.OpSidecar, bench.OpSidecarNoGroupCommit)},
 		{suite: bench.SuiteScale, wantPay: 0,
 			wantRecs: rep.Suite(bench.SuiteScale).Seeded - rep.Suite(bench.SuiteScale).Deleted + allOps(rep.Suite(bench.SuiteScale))},
@@ -89,7 +89,7 @@ func TestRunCountsWhatItWrote(t *testing.T) {
 				tc.suite, s.Payments, s.Records, tc.wantPay, tc.wantRecs)
 		}
 	}
-	if r := rep.Suite(bench.SuiteReplay); r.Result(bench.OpReplay).Ops == 0 || r.Result(bench.OpReplayClaimFirst).Ops == 0 || r.Result(bench.OpReplayInClaim).Ops == 0 {
+	if r := rep.Suite(bench.SuiteReplay); r.Result(bench.OpReplay).Ops == 0 || r.Result(bench.OpReplayClaimFirst).Ops == 0 || r.Result(bench.OpReplayInClaim).Ops == 0 || r.Result(bench.OpReplayFromMemory).Ops == 0 {
 		t.Errorf("replay suite without replays: %+v", r)
 	}
 	if h := rep.Suite(bench.SuiteHTTP); h.Result(bench.OpHTTPReplay).Ops == 0 || h.Result(bench.OpHTTPGet).Ops == 0 || h.Seeded == 0 {

@@ -3,8 +3,10 @@ package bench
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
 	"sync/atomic"
@@ -24,7 +26,12 @@ const (
 	// httputil.ReverseProxy, a hop with no idempotency layer: the sidecar's
 	// cost beyond the hop is its ratio to this.
 	OpPlainProxy = "through a plain reverse proxy"
-	OpSidecar    = "through the sidecar"
+	// OpProxyTwoCommits is OpPlainProxy with a durable write transaction
+	// before the call and one after it, each of nothing but its commit:
+	// the sidecar's floor, the hop and the two commits it must make (the
+	// claim before the call, the answer after it) without the record.
+	OpProxyTwoCommits = "plain proxy and two commits"
+	OpSidecar         = "through the sidecar"
 	// OpSidecarNoGroupCommit is OpSidecar over Config.NoGroupCommit.
 	OpSidecarNoGroupCommit = "sidecar, no group commit"
 )
@@ -96,12 +103,18 @@ func runSidecar(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, 
 		return SuiteReport{}, err
 	}
 	defer stopProxy(context.WithoutCancel(ctx))
+	floorURL, stopFloor, err := proxyWithCommits(st, upURL, cfg)
+	if err != nil {
+		return SuiteReport{}, err
+	}
+	defer stopFloor(context.WithoutCancel(ctx))
 	tr := benchTransport(cfg)
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr}
 	ops := []op{
 		{OpUpstreamDirect, post(client, upURL+"/transfers", "", w, "d")},
 		{OpPlainProxy, post(client, proxyURL+"/transfers", "", w, "p")},
+		{OpProxyTwoCommits, post(client, floorURL+"/transfers", "", w, "f")},
 		{OpSidecar, post(client, node.URL()+"/transfers", benchToken, w, "s")},
 	}
 	if cfg.NoGroupCommit != nil {
@@ -118,7 +131,8 @@ func runSidecar(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, 
 	}
 	rep := SuiteReport{Suite: SuiteSidecar, Concurrency: cfg.Concurrency, Results: results,
 		Ratios: []Ratio{ratio(results, OpSidecar, OpUpstreamDirect), ratio(results, OpPlainProxy, OpUpstreamDirect),
-			ratio(results, OpSidecar, OpPlainProxy)}}
+			ratio(results, OpSidecar, OpPlainProxy), ratio(results, OpProxyTwoCommits, OpPlainProxy),
+			ratio(results, OpSidecar, OpProxyTwoCommits)}}
 	if cfg.NoGroupCommit != nil {
 		rep.Ratios = append(rep.Ratios, ratio(results, OpSidecar, OpSidecarNoGroupCommit))
 	}
@@ -139,6 +153,47 @@ func plainProxy(upURL string, cfg Config) (string, func(context.Context), error)
 	tr := benchTransport(cfg)
 	rp.Transport = tr
 	u, stop, err := serve(rp)
+	if err != nil {
+		return "", nil, err
+	}
+	return u, func(ctx context.Context) { stop(ctx); tr.CloseIdleConnections() }, nil
+}
+
+// proxyWithCommits is plainProxy with a write transaction of nothing
+// but its commit (an xid assigned, a commit record flushed) before the
+// call and another after it, each sent as the store sends a claim or a
+// completion (store.Store.ExecOne).
+func proxyWithCommits(st *store.Store, upURL string, cfg Config) (string, func(context.Context), error) {
+	target, err := url.Parse(upURL)
+	if err != nil {
+		return "", nil, err
+	}
+	rp := httputil.NewSingleHostReverseProxy(target)
+	tr := benchTransport(cfg)
+	rp.Transport = tr
+	commit := func(ctx context.Context) error {
+		return st.ExecOne(ctx, func(q store.Querier) error {
+			_, err := q.Exec(ctx, `SELECT pg_current_xact_id()`)
+			return err
+		})
+	}
+	u, stop, err := serve(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := commit(r.Context()); err != nil {
+			http.Error(w, "commit before", http.StatusServiceUnavailable)
+			return
+		}
+		// The answer is kept until the second commit, as the sidecar
+		// keeps it until its record holds it.
+		rec := httptest.NewRecorder()
+		rp.ServeHTTP(rec, r)
+		if err := commit(r.Context()); err != nil {
+			http.Error(w, "commit after", http.StatusServiceUnavailable)
+			return
+		}
+		maps.Copy(w.Header(), rec.Header())
+		w.WriteHeader(rec.Code)
+		_, _ = w.Write(rec.Body.Bytes())
+	}))
 	if err != nil {
 		return "", nil, err
 	}
