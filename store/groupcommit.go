@@ -353,6 +353,22 @@ type claimOut struct {
 // and no request is to fail for another's.
 var errClaimAlone = errors.New("store: claim to be sent alone")
 
+// claimsFailed gives each claim of a batch the batch's failure: a lost
+// commit (ErrCommitUnknown: the batch may have committed) is each one's
+// to resolve as after its own statement; any other failure wrote nothing,
+// and each claim is sent again alone (errClaimAlone).
+func claimsFailed[In, Out any](batch []*groupItem[In, Out], err error) {
+	for _, it := range batch {
+		switch {
+		case err == nil:
+		case errors.Is(err, ErrCommitUnknown):
+			it.err = err
+		default:
+			it.err = errClaimAlone
+		}
+	}
+}
+
 // newClaims is the group commit of the claims of Begin: the claims of
 // concurrent requests go in one statement (claimBatchSQL) that inserts
 // the free keys and reads the records that hold the others, each
@@ -371,17 +387,9 @@ func (s *Store) newClaims() *group[claimIn, claimOut] {
 				})
 				return
 			}
-			err := s.claimBatch(ctx, batch)
-			for _, it := range batch {
-				switch {
-				case err == nil:
-				case errors.Is(err, ErrCommitUnknown):
-					// Each resolves its own claim by its claim id (Begin).
-					it.err = err
-				default:
-					it.err = errClaimAlone
-				}
-			}
+			// On a lost commit each resolves its own claim by its claim id
+			// (Begin).
+			claimsFailed(batch, s.claimBatch(ctx, batch))
 		},
 	}
 }

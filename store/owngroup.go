@@ -118,18 +118,7 @@ func (g *ClaimOrReadGroup) write(ctx context.Context, batch []*groupItem[groupCl
 		it.out, it.err = it.in.alone(ctx)
 		return
 	}
-	err := g.s.ExecOne(ctx, func(q Querier) error { return g.batch(ctx, q, batch) })
-	for _, it := range batch {
-		switch {
-		case err == nil:
-		case errors.Is(err, ErrCommitUnknown):
-			// The batch may have committed: each caller resolves its own
-			// claim, as after its own statement.
-			it.err = err
-		default:
-			it.err = errClaimAlone
-		}
-	}
+	claimsFailed(batch, g.s.ExecOne(ctx, func(q Querier) error { return g.batch(ctx, q, batch) }))
 }
 
 // batch runs batch's claims in one statement through q and sets each

@@ -16,8 +16,14 @@ import (
 // that can lose a COMMIT's answer.
 func proxiedStore(t *testing.T, dbURL string) (*store.Store, *commitcut.Cut) {
 	t.Helper()
+	return proxiedStoreConns(t, dbURL, 4)
+}
+
+// proxiedStoreConns is proxiedStore with a pool of maxConns connections.
+func proxiedStoreConns(t *testing.T, dbURL string, maxConns int32) (*store.Store, *commitcut.Cut) {
+	t.Helper()
 	cut := commitcut.New(t, dbURL)
-	st, err := store.Open(context.Background(), cut.URL, store.Options{MaxConns: 4})
+	st, err := store.Open(context.Background(), cut.URL, store.Options{MaxConns: maxConns})
 	if err != nil {
 		t.Fatal(err)
 	}

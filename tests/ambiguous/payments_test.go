@@ -14,8 +14,6 @@ import (
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/payments"
-	"github.com/idemcoord/idem/store"
-	"github.com/idemcoord/idem/tests/commitcut"
 )
 
 // TestCreateResolvesAnAmbiguousCommit loses the answer to the commit of the
@@ -31,12 +29,7 @@ func TestCreateResolvesAnAmbiguousCommit(t *testing.T) {
 func testCreateResolvesAnAmbiguousCommit(t *testing.T, order payments.ClaimOrder) {
 	ctx := context.Background()
 	direct, dbURL := storetest.New(t)
-	cut := commitcut.New(t, dbURL)
-	st, err := store.Open(ctx, cut.URL, store.Options{MaxConns: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
+	st, cut := proxiedStore(t, dbURL)
 	svc := payments.NewService(st, payments.Config{ClaimOrder: order})
 
 	cut.Arm(1)
@@ -73,12 +66,7 @@ func testCreateResolvesAnAmbiguousCommit(t *testing.T, order payments.ClaimOrder
 func TestCreateResolvesAnAmbiguousBatchCommit(t *testing.T) {
 	ctx := context.Background()
 	direct, dbURL := storetest.New(t)
-	cut := commitcut.New(t, dbURL)
-	st, err := store.Open(ctx, cut.URL, store.Options{MaxConns: 12})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
+	st, cut := proxiedStoreConns(t, dbURL, 12)
 	svc := payments.NewService(st, payments.Config{ClaimOrder: payments.ClaimFirst})
 	body := func(ref string) []byte {
 		return []byte(`{"accountId":"acc_1","amount":"10.00","currency":"EUR","merchantReference":"` + ref + `"}`)

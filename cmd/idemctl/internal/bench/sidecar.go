@@ -145,13 +145,10 @@ func runSidecar(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, 
 // transport as large as the clients': the hop alone, for the sidecar's
 // cost to be told from it.
 func plainProxy(upURL string, cfg Config) (string, func(context.Context), error) {
-	target, err := url.Parse(upURL)
+	rp, tr, err := reverseProxy(upURL, cfg)
 	if err != nil {
 		return "", nil, err
 	}
-	rp := httputil.NewSingleHostReverseProxy(target)
-	tr := benchTransport(cfg)
-	rp.Transport = tr
 	u, stop, err := serve(rp)
 	if err != nil {
 		return "", nil, err
@@ -159,18 +156,28 @@ func plainProxy(upURL string, cfg Config) (string, func(context.Context), error)
 	return u, func(ctx context.Context) { stop(ctx); tr.CloseIdleConnections() }, nil
 }
 
+// reverseProxy is the standard library's reverse proxy to upURL over a
+// pooled transport as large as the clients'.
+func reverseProxy(upURL string, cfg Config) (*httputil.ReverseProxy, *http.Transport, error) {
+	target, err := url.Parse(upURL)
+	if err != nil {
+		return nil, nil, err
+	}
+	rp := httputil.NewSingleHostReverseProxy(target)
+	tr := benchTransport(cfg)
+	rp.Transport = tr
+	return rp, tr, nil
+}
+
 // proxyWithCommits is plainProxy with a write transaction of nothing
 // but its commit (an xid assigned, a commit record flushed) before the
 // call and another after it, each sent as the store sends a claim or a
 // completion (store.Store.ExecOne).
 func proxyWithCommits(st *store.Store, upURL string, cfg Config) (string, func(context.Context), error) {
-	target, err := url.Parse(upURL)
+	rp, tr, err := reverseProxy(upURL, cfg)
 	if err != nil {
 		return "", nil, err
 	}
-	rp := httputil.NewSingleHostReverseProxy(target)
-	tr := benchTransport(cfg)
-	rp.Transport = tr
 	commit := func(ctx context.Context) error {
 		return st.ExecOne(ctx, func(q store.Querier) error {
 			_, err := q.Exec(ctx, `SELECT pg_current_xact_id()`)
