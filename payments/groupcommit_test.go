@@ -58,13 +58,15 @@ func runBatched(t *testing.T, st *store.Store, svc *payments.Service, round stri
 		})
 	}
 	// The two claims wait on the uncommitted records: both batches are in
-	// flight.
-	for _, j := range blocked {
+	// flight. The second starts once the first waits, so that they are two
+	// statements, not one batch.
+	for i, j := range blocked {
 		wg.Go(func() { create(j) })
+		waitFor(t, func() bool {
+			return storetest.Count(t, st, `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'WITH%'`) == i+1
+		}, "a claim waiting on an uncommitted record")
 	}
-	waitFor(t, func() bool {
-		return storetest.Count(t, st, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH%'`) == 2
-	}, "two claims waiting on the uncommitted records")
 	for _, j := range jobs {
 		wg.Go(func() { create(j) })
 	}

@@ -98,13 +98,15 @@ func TestCreateResolvesAnAmbiguousBatchCommit(t *testing.T) {
 		holders[i], blocked[i] = tx, &job{key: key}
 	}
 	var wg sync.WaitGroup
-	for _, j := range blocked {
+	// The second claim starts once the first waits, so that they are two
+	// statements, not one batch.
+	for i, j := range blocked {
 		wg.Go(func() { create(j) })
-	}
-	for deadline := time.Now().Add(30 * time.Second); storetest.Count(t, direct,
-		`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH%'`) < 2; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the two claims never waited on the held records")
+		for deadline := time.Now().Add(30 * time.Second); storetest.Count(t, direct, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'WITH%'`) != i+1; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("claim %d never waited on its held record", i)
+			}
 		}
 	}
 	jobs := make([]*job, 6)
