@@ -379,7 +379,8 @@ func (s *Store) newClaims() *group[claimIn, claimOut] {
 		scope: func(in claimIn) idem.Scope { return in.req.Scope },
 		write: func(ctx context.Context, batch []*groupItem[claimIn, claimOut]) {
 			if len(batch) == 1 {
-				// The leader's own claim, alone, under its own context.
+				// One claim is claimOrRead's own statement, under the
+				// context of the caller that runs the batch.
 				it := batch[0]
 				it.err = s.ExecOne(ctx, func(q Querier) (err error) {
 					it.out.d, it.out.done, err = s.claimOrRead(ctx, q, it.in.req, it.in.claim)

@@ -28,7 +28,6 @@ import (
 type ClaimOrReadGroup struct {
 	s      *Store
 	single ClaimOrReadWith
-	types  []string
 	kind   string
 	build  func(n int) string
 	g      *group[groupClaimIn, ClaimOrRead]
@@ -61,7 +60,7 @@ func (s *Store) NewClaimOrReadGroup(single ClaimOrReadWith, own string, types []
 	if len(types) != single.nArgs {
 		panic(fmt.Sprintf("store: claim group: %d argument types, the statement takes %d", len(types), single.nArgs))
 	}
-	g := &ClaimOrReadGroup{s: s, single: single, types: types, kind: "claim-or-read " + own + row,
+	g := &ClaimOrReadGroup{s: s, single: single, kind: "claim-or-read " + own + row,
 		build: func(n int) string { return claimOrReadBatchSQL(n, own, types, resourceType, row, columns) }}
 	if s.claims != nil {
 		// The store groups its writes (Options.NoGroupCommit not set).
@@ -73,8 +72,8 @@ func (s *Store) NewClaimOrReadGroup(single ClaimOrReadWith, own string, types []
 	return g
 }
 
-// Exec is single.Exec through q of a statement of its own (Store.ExecOne),
-// in a batch with the claims of concurrent requests when some are in
+// Exec is single.Exec in a statement of its own (Store.ExecOne), or in a
+// batch with the claims of concurrent requests when batches are in
 // flight: see ClaimOrReadWith.Exec for what it reports.
 func (g *ClaimOrReadGroup) Exec(ctx context.Context, req idem.BeginRequest, status idem.Status, cp idem.Checkpoint,
 	completion *idem.Completion, resourceType, resourceID string, args []any, dest ...any) (ClaimOrRead, error) {
@@ -112,8 +111,9 @@ func (g *ClaimOrReadGroup) alone(ctx context.Context, req idem.BeginRequest, sta
 // commit's outcome is unknown.
 func (g *ClaimOrReadGroup) write(ctx context.Context, batch []*groupItem[groupClaimIn, ClaimOrRead]) {
 	if len(batch) == 1 {
-		// The leader's own claim, alone, under its own context; the
-		// group waits for it as for a batch.
+		// One claim is single's statement, under the context of the
+		// caller that runs the batch; the group waits for it as for a
+		// batch.
 		it := batch[0]
 		it.out, it.err = it.in.alone(ctx)
 		return
