@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -168,14 +166,15 @@ type completionIn struct {
 }
 
 // newFencedGroup is the group commit of one kind of owner's write (a
-// completion, a checkpoint): a batch is one UPDATE ... FROM (VALUES ...),
-// sql(n) for n writes, each row fenced by its own lease as fencedExec
-// fences one, that returns the scopes it wrote. Each write's outcome is nil
-// (written), idem.ErrFenced (its lease no longer owns an open record), or
-// the batch's error, which may be ErrCommitUnknown (the caller resolves
-// that record by record, see fencedWriteFirst). A batch of one write is
-// that write's own statement, one (fencedExec's), whose plan is simpler.
-func newFencedGroup[In any](s *Store, lease func(In) idem.Lease, sql func(n int) string, args func(In) []any,
+// completion, a checkpoint): a batch is one UPDATE ... FROM unnest(...)
+// (unnestRows), sql, whose rows are the writes' args of types, each row
+// fenced by its own lease as fencedExec fences one, that returns the
+// scopes it wrote. Each write's outcome is nil (written), idem.ErrFenced
+// (its lease no longer owns an open record), or the batch's error, which
+// may be ErrCommitUnknown (the caller resolves that record by record, see
+// fencedWriteFirst). A batch of one write is that write's own statement,
+// one (fencedExec's), whose plan is simpler.
+func newFencedGroup[In any](s *Store, lease func(In) idem.Lease, sql string, types []string, args func(In) []any,
 	one func(ctx context.Context, q Querier, in In) error) *group[In, struct{}] {
 	return &group[In, struct{}]{
 		scope: func(in In) idem.Scope { return lease(in).Scope },
@@ -185,11 +184,15 @@ func newFencedGroup[In any](s *Store, lease func(In) idem.Lease, sql func(n int)
 				it.err = s.ExecOne(ctx, func(q Querier) error { return one(ctx, q, it.in) })
 				return
 			}
-			var all []any
-			for _, it := range batch {
-				all = append(all, args(it.in)...)
+			rows := make([][]any, len(batch))
+			for i, it := range batch {
+				rows[i] = args(it.in)
 			}
-			written, err := s.fencedBatch(ctx, sql(len(batch)), all)
+			cols, err := columnArrays(types, rows)
+			var written map[idem.Scope]bool
+			if err == nil {
+				written, err = s.fencedBatch(ctx, sql, cols)
+			}
 			for _, it := range batch {
 				switch {
 				case err != nil:
@@ -230,7 +233,7 @@ func (s *Store) fencedBatch(ctx context.Context, sql string, args []any) (map[id
 
 // newCompletions is the group commit of Complete (newFencedGroup).
 func (s *Store) newCompletions() *group[completionIn, struct{}] {
-	return newFencedGroup(s, func(in completionIn) idem.Lease { return in.lease }, completeBatchSQL,
+	return newFencedGroup(s, func(in completionIn) idem.Lease { return in.lease }, completeBatchSQL, completeBatchTypes,
 		func(p completionIn) []any {
 			return []any{p.lease.Tenant, p.lease.Operation, p.lease.Key, p.lease.Token,
 				p.cols.status, p.cols.headers, p.cols.body, p.cols.schema, p.cols.byReference,
@@ -249,57 +252,18 @@ func (s *Store) completeInGroup(ctx context.Context, lease idem.Lease, c idem.Co
 	return err
 }
 
-// batchSQL caches a batch statement's text by kind and size.
-var batchSQL sync.Map // batchKey -> string
+// completeBatchTypes are the types of a completion's row of
+// completeBatchSQL.
+var completeBatchTypes = []string{"TEXT", "TEXT", "TEXT", "INT8", "INT4", "JSONB", "BYTEA", "TEXT", "BOOL", "TEXT", "TEXT"}
 
-type batchKey struct {
-	kind string
-	n    int
-}
-
-// valuesList is n rows of VALUES, each the casts types of its parameters
-// in turn.
-func valuesList(n int, types ...string) string {
-	var b strings.Builder
-	for i := range n {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteByte('(')
-		for j, typ := range types {
-			if j > 0 {
-				b.WriteString(", ")
-			}
-			b.WriteString("$" + strconv.Itoa(i*len(types)+j+1) + "::" + typ)
-		}
-		b.WriteByte(')')
-	}
-	return b.String()
-}
-
-// cachedBatchSQL returns the statement of kind for n rows, built once.
-func cachedBatchSQL(kind string, n int, build func(n int) string) string {
-	k := batchKey{kind, n}
-	if q, ok := batchSQL.Load(k); ok {
-		return q.(string)
-	}
-	q := build(n)
-	batchSQL.Store(k, q)
-	return q
-}
-
-// completeBatchSQL is CompleteTx's fenced update for n records at once.
-func completeBatchSQL(n int) string {
-	return cachedBatchSQL("complete", n, func(n int) string {
-		return `UPDATE idempotency_records AS r SET updated_at = now(), status = 'COMPLETED', checkpoint = 'COMPLETED', locked_until = NULL,
+// completeBatchSQL is CompleteTx's fenced update for a batch of records.
+var completeBatchSQL = `UPDATE idempotency_records AS r SET updated_at = now(), status = 'COMPLETED', checkpoint = 'COMPLETED', locked_until = NULL,
 		response_status = v.rs, response_headers = v.rh, response_body = v.rb, response_schema_version = v.sv,
 		response_by_reference = v.br, resource_type = v.rt, resource_id = v.ri, error_code = NULL
-	FROM (VALUES ` + valuesList(n, "TEXT", "TEXT", "TEXT", "INT8", "INT4", "JSONB", "BYTEA", "TEXT", "BOOL", "TEXT", "TEXT") + `) AS v(t, o, k, tok, rs, rh, rb, sv, br, rt, ri)
+	FROM ` + unnestRows("v", 1, completeBatchTypes, []string{"t", "o", "k", "tok", "rs", "rh", "rb", "sv", "br", "rt", "ri"}) + `
 	WHERE r.tenant_id = v.t AND r.operation_name = v.o AND r.idempotency_key = v.k AND r.fencing_token = v.tok
 		AND (r.status IN ('IN_PROGRESS', 'UNKNOWN_REQUIRES_RECOVERY')) IS TRUE
 	RETURNING r.tenant_id, r.operation_name, r.idempotency_key`
-	})
-}
 
 // --- checkpoints ---
 
@@ -311,7 +275,7 @@ type checkpointIn struct {
 
 // newCheckpoints is the group commit of Checkpoint (newFencedGroup).
 func (s *Store) newCheckpoints() *group[checkpointIn, struct{}] {
-	return newFencedGroup(s, func(in checkpointIn) idem.Lease { return in.lease }, checkpointBatchSQL,
+	return newFencedGroup(s, func(in checkpointIn) idem.Lease { return in.lease }, checkpointBatchSQL, checkpointBatchTypes,
 		func(p checkpointIn) []any {
 			return []any{p.lease.Tenant, p.lease.Operation, p.lease.Key, p.lease.Token, string(p.cp)}
 		},
@@ -320,17 +284,17 @@ func (s *Store) newCheckpoints() *group[checkpointIn, struct{}] {
 		})
 }
 
-// checkpointBatchSQL is CheckpointTx's fenced update (lockFor 0) for n
-// records at once.
-func checkpointBatchSQL(n int) string {
-	return cachedBatchSQL("checkpoint", n, func(n int) string {
-		return `UPDATE idempotency_records AS r SET updated_at = now(), checkpoint = v.cp
-	FROM (VALUES ` + valuesList(n, "TEXT", "TEXT", "TEXT", "INT8", "TEXT") + `) AS v(t, o, k, tok, cp)
+// checkpointBatchTypes are the types of a checkpoint's row of
+// checkpointBatchSQL.
+var checkpointBatchTypes = []string{"TEXT", "TEXT", "TEXT", "INT8", "TEXT"}
+
+// checkpointBatchSQL is CheckpointTx's fenced update (lockFor 0) for a
+// batch of records.
+var checkpointBatchSQL = `UPDATE idempotency_records AS r SET updated_at = now(), checkpoint = v.cp
+	FROM ` + unnestRows("v", 1, checkpointBatchTypes, []string{"t", "o", "k", "tok", "cp"}) + `
 	WHERE r.tenant_id = v.t AND r.operation_name = v.o AND r.idempotency_key = v.k AND r.fencing_token = v.tok
 		AND (r.status IN ('IN_PROGRESS', 'UNKNOWN_REQUIRES_RECOVERY')) IS TRUE
 	RETURNING r.tenant_id, r.operation_name, r.idempotency_key`
-	})
-}
 
 // --- claims ---
 
@@ -399,20 +363,24 @@ func (s *Store) newClaims() *group[claimIn, claimOut] {
 // outcome; a claim whose key is held by a record the statement cannot see
 // is left not done.
 func (s *Store) claimBatch(ctx context.Context, batch []*groupItem[claimIn, claimOut]) error {
-	args := make([]any, 0, len(batch)*claimColumns)
+	rows := make([][]any, len(batch))
 	byScope := make(map[idem.Scope]*groupItem[claimIn, claimOut], len(batch))
-	for _, it := range batch {
+	for i, it := range batch {
 		r := it.in.req
 		byScope[r.Scope] = it
-		args = append(args, r.Tenant, r.Operation, r.Key, r.RequestHashes[0], r.HashVersion,
+		rows[i] = []any{r.Tenant, r.Operation, r.Key, r.RequestHashes[0], r.HashVersion,
 			r.Owner, r.LockFor.Milliseconds(), r.HomeRegion, r.Window.Milliseconds(), nullable(it.in.claim), string(r.StartCheckpoint()),
-			nullable(r.RawHash))
+			nullable(r.RawHash)}
+	}
+	args, err := columnArrays(claimBatchTypes, rows)
+	if err != nil {
+		return err
 	}
 	return s.ExecOne(ctx, func(q Querier) error {
 		for _, it := range batch {
 			it.out = claimOut{}
 		}
-		rows, err := q.Query(ctx, claimBatchSQL(len(batch)), args...)
+		rows, err := q.Query(ctx, claimBatchSQL, args...)
 		if err != nil {
 			return err
 		}
@@ -450,18 +418,16 @@ func (s *Store) claimBatch(ctx context.Context, batch []*groupItem[claimIn, clai
 	})
 }
 
-// claimColumns is how many parameters one claim of a batch takes.
-const claimColumns = 12
+// claimBatchTypes are the types of a claim's row of claimBatchSQL.
+var claimBatchTypes = []string{"TEXT", "TEXT", "TEXT", "TEXT", "INT4", "TEXT", "INT8", "TEXT", "INT8", "TEXT", "TEXT", "TEXT"}
 
-// claimBatchSQL is claimOrReadSQL for n keys at once: it inserts the free
-// keys and reads, as of the statement's snapshot, the
-// records that hold the others; the last column says which. It inserts
+// claimBatchSQL is claimOrReadSQL for a batch of keys: it inserts the
+// free keys and reads, as of the statement's snapshot, the records that
+// hold the others; the last column says which. It inserts
 // the keys sorted, so keys go in one order in every batch of every node,
 // and two batches that wait on each other's keys cannot wait in a cycle.
-func claimBatchSQL(n int) string {
-	return cachedBatchSQL("claim", n, func(n int) string {
-		return `WITH v AS (SELECT * FROM (VALUES ` + valuesList(n, "TEXT", "TEXT", "TEXT", "TEXT", "INT4", "TEXT", "INT8", "TEXT", "INT8", "TEXT", "TEXT", "TEXT") + `)
-		AS v(v_t, v_o, v_k, v_h, v_hv, v_ow, v_lf, v_hr, v_w, v_cl, v_cp, v_rh)),
+var claimBatchSQL = `WITH v AS (SELECT * FROM ` + unnestRows("v", 1, claimBatchTypes,
+	[]string{"v_t", "v_o", "v_k", "v_h", "v_hv", "v_ow", "v_lf", "v_hr", "v_w", "v_cl", "v_cp", "v_rh"}) + `),
 	ins AS (INSERT INTO idempotency_records
 		(tenant_id, operation_name, idempotency_key, request_hash, hash_version, status, checkpoint,
 		 owner, fencing_token, locked_until, home_region, created_at, updated_at, expires_at, claim_id, raw_hash)
@@ -475,5 +441,3 @@ func claimBatchSQL(n int) string {
 	SELECT ` + recordColumns + `, now(), false FROM idempotency_records
 		JOIN v ON tenant_id = v_t AND operation_name = v_o AND idempotency_key = v_k
 		WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.tenant_id = v_t AND ins.operation_name = v_o AND ins.idempotency_key = v_k)`
-	})
-}

@@ -28,8 +28,8 @@ import (
 type ClaimOrReadGroup struct {
 	s      *Store
 	single ClaimOrReadWith
-	kind   string
-	build  func(n int) string
+	sql    string
+	types  []string
 	g      *group[groupClaimIn, ClaimOrRead]
 }
 
@@ -60,8 +60,12 @@ func (s *Store) NewClaimOrReadGroup(single ClaimOrReadWith, own string, types []
 	if len(types) != single.nArgs {
 		panic(fmt.Sprintf("store: claim group: %d argument types, the statement takes %d", len(types), single.nArgs))
 	}
-	g := &ClaimOrReadGroup{s: s, single: single, kind: "claim-or-read " + own + row,
-		build: func(n int) string { return claimOrReadBatchSQL(n, own, types, resourceType, row, columns) }}
+	all := append(append([]string{"INT4"}, recordArgTypes...), types...)
+	if err := checkBatchTypes(all); err != nil {
+		panic(err)
+	}
+	g := &ClaimOrReadGroup{s: s, single: single, types: all,
+		sql: claimOrReadBatchSQL(own, all, resourceType, row, columns)}
 	if s.claims != nil {
 		// The store groups its writes (Options.NoGroupCommit not set).
 		g.g = &group[groupClaimIn, ClaimOrRead]{
@@ -125,13 +129,17 @@ func (g *ClaimOrReadGroup) write(ctx context.Context, batch []*groupItem[groupCl
 // one's outcome.
 func (g *ClaimOrReadGroup) batch(ctx context.Context, q Querier, batch []*groupItem[groupClaimIn, ClaimOrRead]) error {
 	nOwn := g.single.nArgs
-	args := make([]any, 0, len(batch)*(1+len(batch[0].in.args)))
+	all := make([][]any, len(batch))
 	for i, it := range batch {
 		it.out = ClaimOrRead{}
 		// The row's index, the record's columns, then the operation's.
-		args = append(append(append(args, int32(i)), it.in.args[nOwn:]...), it.in.args[:nOwn]...)
+		all[i] = append(append(append(make([]any, 0, 1+len(it.in.args)), int32(i)), it.in.args[nOwn:]...), it.in.args[:nOwn]...)
 	}
-	rows, err := q.Query(ctx, cachedBatchSQL(g.kind, len(batch), g.build), args...)
+	args, err := columnArrays(g.types, all)
+	if err != nil {
+		return err
+	}
+	rows, err := q.Query(ctx, g.sql, args...)
 	if err != nil {
 		return err
 	}
@@ -187,7 +195,8 @@ func (g *ClaimOrReadGroup) batch(ctx context.Context, q Querier, batch []*groupI
 var recordArgTypes = []string{"TEXT", "TEXT", "TEXT", "TEXT", "INT4", "TEXT", "TEXT", "TEXT", "INT8", "TEXT", "INT8",
 	"INT4", "JSONB", "BYTEA", "TEXT", "BOOL", "TEXT", "TEXT", "TEXT"}
 
-// claimOrReadBatchSQL is the batch form of a ClaimOrReadWith for n claims:
+// claimOrReadBatchSQL is the batch form of a ClaimOrReadWith, whose rows
+// (an index, the record's arguments, the operation's) are of types:
 // it inserts the free keys (sorted, so that keys go in one order in every
 // batch of every node, and two batches that wait on each other's keys
 // cannot wait in a cycle), runs the operation's writes for the keys it
@@ -195,12 +204,12 @@ var recordArgTypes = []string{"TEXT", "TEXT", "TEXT", "TEXT", "INT4", "TEXT", "T
 // hold the others with the rows they reference. Each row starts with its
 // claim's index, the statement's time, whether it was inserted and (for
 // inserted ones) how many rows the operation's last write returned.
-func claimOrReadBatchSQL(n int, own string, types []string, resourceType, row string, columns []string) string {
+func claimOrReadBatchSQL(own string, types []string, resourceType, row string, columns []string) string {
 	cols := []string{"i"}
 	for i := range recordArgTypes {
 		cols = append(cols, "r"+strconv.Itoa(i+1))
 	}
-	for i := range types {
+	for i := range types[len(cols):] {
 		cols = append(cols, "a"+strconv.Itoa(i+1))
 	}
 	nulls := make([]string, len(columns)+strings.Count(recordColumns, ",")+1)
@@ -210,8 +219,7 @@ func claimOrReadBatchSQL(n int, own string, types []string, resourceType, row st
 	same := func(t string) string {
 		return t + ".tenant_id = v.r1 AND " + t + ".operation_name = v.r2 AND " + t + ".idempotency_key = v.r3"
 	}
-	return `WITH v AS (SELECT * FROM (VALUES ` + valuesList(n, append(append([]string{"INT4"}, recordArgTypes...), types...)...) + `)
-		AS v(` + strings.Join(cols, ", ") + `)),
+	return `WITH v AS (SELECT * FROM ` + unnestRows("v", 1, types, cols) + `),
 	claim AS (
 		INSERT INTO idempotency_records
 			(tenant_id, operation_name, idempotency_key, request_hash, hash_version, status, checkpoint,
