@@ -250,3 +250,50 @@ func waitQueued(t *testing.T, queued func() int, n int, what string) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestGroupCompletionsKeepNulls: a batch of completions sends its rows as
+// arrays; an answer stored by reference (no body, no headers) and one with
+// no resource are NULL in the record, as their own statements would leave
+// them (cleanup's indexes tell the two kinds of record apart by it), next to
+// a stored answer in the same batch.
+func TestGroupCompletionsKeepNulls(t *testing.T) {
+	st, _ := storetest.New(t)
+	ctx := context.Background()
+	byRef := idem.Completion{Response: idem.Response{Status: 201, SchemaVersion: "v2", ByReference: true},
+		ResourceType: "thing", ResourceID: "r1"}
+	bare := idem.Completion{Response: idem.Response{Status: 204}}
+	jobs := []idem.Completion{byRef, completion(`{"n":1}`), bare}
+	leases := make([]idem.Lease, len(jobs))
+	for i := range jobs {
+		d, err := st.Begin(ctx, beginReq(fmt.Sprintf("null-%d", i), "v1:a"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases[i] = d.Lease
+	}
+	queued, release := store.HoldGroup(st)
+	errs := make([]error, len(jobs))
+	var wg sync.WaitGroup
+	for i, c := range jobs {
+		wg.Go(func() { errs[i] = st.Complete(ctx, leases[i], c) })
+	}
+	waitQueued(t, queued, len(jobs), "completions")
+	release()
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("completion %d = %v", i, err)
+		}
+	}
+	for _, c := range []struct {
+		key, where string
+	}{
+		{"null-0", `response_body IS NULL AND response_headers IS NULL AND response_by_reference AND resource_id = 'r1'`},
+		{"null-1", `response_body = '{"n":1}'::BYTEA AND response_headers IS NOT NULL AND NOT response_by_reference AND resource_type = 'thing'`},
+		{"null-2", `response_status = 204 AND response_body IS NULL AND response_schema_version IS NULL AND resource_type IS NULL AND resource_id IS NULL`},
+	} {
+		if n := storetest.Count(t, st, `SELECT count(*) FROM idempotency_records WHERE idempotency_key = $1 AND status = 'COMPLETED' AND `+c.where, c.key); n != 1 {
+			t.Errorf("record %s: not %s", c.key, c.where)
+		}
+	}
+}
