@@ -50,8 +50,10 @@ type groupClaimIn struct {
 //     reads FROM claimed instead of FROM claim: claimed has one row per
 //     key the batch inserted, whose columns a1 to aN are that claim's
 //     arguments (single's $1 to $N), of the SQL types types names in
-//     order (TEXT, INT8, JSONB...). Its last common table expression is
-//     named written and returns one row per claimed key.
+//     order: TEXT, JSONB, INT4, INT8, BOOL or BYTEA (a batch sends each
+//     column as an array; NewClaimOrReadGroup panics on another). Its last
+//     common table expression is named written and returns one row per
+//     claimed key.
 //   - row is the query of the operation's table as NewReferenceRead
 //     takes it, keyed on the record's tenant (r.tenant_id) instead of $1.
 //
