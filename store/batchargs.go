@@ -90,22 +90,28 @@ func column[T any](rows [][]any, j int, conv func(any) (T, error)) ([]T, error) 
 	return col, nil
 }
 
-func textArg(v any) (*string, error) {
+// valueArg is v as a *T: nil, a T or a *T.
+func valueArg[T any](v any, typ string) (*T, error) {
 	switch v := v.(type) {
 	case nil:
 		return nil, nil
-	case string:
+	case T:
 		return &v, nil
-	case *string:
+	case *T:
 		return v, nil
-	case []byte:
-		if v == nil {
+	}
+	return nil, fmt.Errorf("a %T for %s", v, typ)
+}
+
+func textArg(v any) (*string, error) {
+	if b, ok := v.([]byte); ok {
+		if b == nil {
 			return nil, nil
 		}
-		s := string(v)
+		s := string(b)
 		return &s, nil
 	}
-	return nil, fmt.Errorf("a %T for TEXT", v)
+	return valueArg[string](v, "TEXT")
 }
 
 func intArg(v any, typ string) (*int64, error) {
@@ -150,15 +156,7 @@ func int4Arg(v any) (*int32, error) {
 }
 
 func boolArg(v any) (*bool, error) {
-	switch v := v.(type) {
-	case nil:
-		return nil, nil
-	case bool:
-		return &v, nil
-	case *bool:
-		return v, nil
-	}
-	return nil, fmt.Errorf("a %T for BOOL", v)
+	return valueArg[bool](v, "BOOL")
 }
 
 func byteaArg(v any) ([]byte, error) {
