@@ -197,10 +197,12 @@ func parseAmount(raw jsontext.Value, exp int) (int64, error) {
 	default:
 		return 0, idem.Errorf(idem.ECodeValidationFailed, "Field \"amount\" must be a decimal string or number.")
 	}
-	bad := idem.Errorf(idem.ECodeValidationFailed, "Field \"amount\" must be a positive decimal such as \"10.00\".")
+	bad := func() error {
+		return idem.Errorf(idem.ECodeValidationFailed, "Field \"amount\" must be a positive decimal such as \"10.00\".")
+	}
 	whole, frac, hasDot := strings.Cut(s, ".")
 	if whole == "" || !digits(whole) || (hasDot && (frac == "" || !digits(frac))) {
-		return 0, bad
+		return 0, bad()
 	}
 	whole = strings.TrimLeft(whole, "0")
 	frac = strings.TrimRight(frac, "0")
@@ -213,7 +215,7 @@ func parseAmount(raw jsontext.Value, exp int) (int64, error) {
 	minor := whole + frac + strings.Repeat("0", exp-len(frac))
 	n, err := strconv.ParseInt("0"+minor, 10, 64)
 	if err != nil || n <= 0 {
-		return 0, bad
+		return 0, bad()
 	}
 	return n, nil
 }

@@ -90,8 +90,12 @@ func (g *ClaimOrReadGroup) Exec(ctx context.Context, req idem.BeginRequest, stat
 	if err != nil {
 		return ClaimOrRead{}, err
 	}
-	alone := func(ctx context.Context) (ClaimOrRead, error) {
-		return g.alone(ctx, req, status, cp, completion, resourceType, resourceID, args, dest)
+	alone := func(ctx context.Context) (out ClaimOrRead, err error) {
+		err = g.s.ExecOne(ctx, func(q Querier) (err error) {
+			out, err = g.single.exec(ctx, q, req, all, dest)
+			return err
+		})
+		return out, err
 	}
 	ctx, span := telemetry.Start(ctx, "idem.claim", trace.SpanKindInternal)
 	defer span.End()
@@ -155,7 +159,7 @@ func (g *ClaimOrReadGroup) batch(ctx context.Context, q Querier, batch []*groupI
 			n   *int64
 		)
 		head := []any{&i, &now, &ins, &n}
-		if err := rows.Scan(append(head, make([]any, len(rows.FieldDescriptions())-len(head))...)...); err != nil {
+		if err := scanHead(rows, head...); err != nil {
 			return err
 		}
 		if i < 0 || int(i) >= len(batch) {
