@@ -209,7 +209,7 @@ func newFencedGroup[In any](s *Store, lease func(In) idem.Lease, sql string, typ
 // scopes it wrote.
 func (s *Store) fencedBatch(ctx context.Context, sql string, args []any) (map[idem.Scope]bool, error) {
 	var written map[idem.Scope]bool
-	err := s.ExecOne(ctx, func(q Querier) error {
+	err := s.execBatch(ctx, func(q Querier) error {
 		written = map[idem.Scope]bool{}
 		rows, err := q.Query(ctx, sql, args...)
 		if err != nil {
@@ -376,7 +376,7 @@ func (s *Store) claimBatch(ctx context.Context, batch []*groupItem[claimIn, clai
 	if err != nil {
 		return err
 	}
-	return s.ExecOne(ctx, func(q Querier) error {
+	return s.execBatch(ctx, func(q Querier) error {
 		for _, it := range batch {
 			it.out = claimOut{}
 		}

@@ -128,7 +128,7 @@ func (g *ClaimOrReadGroup) write(ctx context.Context, batch []*groupItem[groupCl
 		it.out, it.err = it.in.alone(ctx)
 		return
 	}
-	claimsFailed(batch, g.s.ExecOne(ctx, func(q Querier) error { return g.batch(ctx, q, batch) }))
+	claimsFailed(batch, g.s.execBatch(ctx, func(q Querier) error { return g.batch(ctx, q, batch) }))
 }
 
 // batch runs batch's claims in one statement through q and sets each

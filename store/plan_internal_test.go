@@ -44,8 +44,14 @@ func TestOneRecordStatementsProbeThePrimaryKey(t *testing.T) {
 // of setup.
 func planStore(t *testing.T, setup ...string) *Store {
 	t.Helper()
+	return migratedStore(t, pgtest.NewDatabase(t), setup...)
+}
+
+// migratedStore is planStore on the database at url.
+func migratedStore(t *testing.T, url string, setup ...string) *Store {
+	t.Helper()
 	ctx := context.Background()
-	s, err := Open(ctx, pgtest.NewDatabase(t), Options{})
+	s, err := Open(ctx, url, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -210,10 +210,22 @@ func (s *Store) Read(ctx context.Context, fn func(Querier) error) error {
 // are retried as ExecTx retries them, and errors are classified alike. A
 // statement whose answer is lost after it was sent may have committed, as a
 // lost COMMIT may: that error wraps ErrCommitUnknown.
-func (s *Store) ExecOne(ctx context.Context, fn func(Querier) error) (err error) {
+func (s *Store) ExecOne(ctx context.Context, fn func(Querier) error) error {
+	return s.execOne(ctx, false, fn)
+}
+
+// execBatch is ExecOne for a batch statement of the group commit: on
+// PostgreSQL the statement uses its generic plan (batchPlan).
+// CockroachDB, where the session variables are not set, plans as it
+// chooses.
+func (s *Store) execBatch(ctx context.Context, fn func(Querier) error) error {
+	return s.execOne(ctx, true, fn)
+}
+
+func (s *Store) execOne(ctx context.Context, batch bool, fn func(Querier) error) (err error) {
 	ctx, span := telemetry.Start(ctx, "store.exec", trace.SpanKindInternal)
 	defer func() { endSpan(span, err) }()
-	return s.retry(ctx, func() error { return s.execOnce(ctx, fn) })
+	return s.retry(ctx, func() error { return s.execOnce(ctx, batch, fn) })
 }
 
 // execOnce runs fn once on a connection of its own. A failure to get the
@@ -224,13 +236,14 @@ func (s *Store) ExecOne(ctx context.Context, fn func(Querier) error) (err error)
 // answer, implicit transactions included, when it cannot tell whether a
 // write took effect): either is ErrCommitUnknown, never retried as if
 // nothing had happened.
-func (s *Store) execOnce(ctx context.Context, fn func(Querier) error) error {
+func (s *Store) execOnce(ctx context.Context, batch bool, fn func(Querier) error) error {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Release()
-	err = fn(serialConn{conn.Conn()})
+	// A connection has told what the server is by now.
+	err = fn(serialConn{conn: conn.Conn(), generic: batch && s.Server() != ServerCockroach})
 	if err == nil {
 		return nil
 	}

@@ -40,14 +40,15 @@ func (queryTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx.Trac
 
 // TraceBatchStart implements pgx.BatchTracer: a batch is one round trip
 // and one span, named for its statements less the BEGIN and COMMIT that
-// wrap a statement sent as a transaction of its own (serialConn).
+// wrap a statement sent as a transaction of its own (serialConn) and the
+// plan settings of a batch statement (batchPlan).
 func (queryTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
 	if !trace.SpanFromContext(ctx).IsRecording() || data.Batch == nil {
 		return ctx
 	}
 	var verbs []string
 	for _, q := range data.Batch.QueuedQueries {
-		if v := statementVerb(q.SQL); v != "BEGIN" && v != "COMMIT" {
+		if v := statementVerb(q.SQL); v != "BEGIN" && v != "COMMIT" && q.SQL != batchPlan {
 			verbs = append(verbs, v)
 		}
 	}
