@@ -71,8 +71,9 @@ func (s *Store) NewClaimOrReadGroup(single ClaimOrReadWith, own string, types []
 	if s.claims != nil {
 		// The store groups its writes (Options.NoGroupCommit not set).
 		g.g = &group[groupClaimIn, ClaimOrRead]{
-			scope: func(in groupClaimIn) idem.Scope { return in.req.Scope },
-			write: g.write,
+			inFlight: claimsInFlight,
+			scope:    func(in groupClaimIn) idem.Scope { return in.req.Scope },
+			write:    g.write,
 		}
 	}
 	return g
