@@ -19,17 +19,18 @@ const maxGroup = 32
 // transaction, so that N requests pay one statement and one commit
 // instead of N. There is no added wait: a batch is what queued while the
 // batches before it were in flight, and a write that finds fewer than
-// inFlight batches in flight goes at once. How many may be in flight is
-// the group's: see writesInFlight and claimsInFlight. The callers run the batches (no goroutine of their own): a
-// caller is handed the lead when a batch may start, runs one batch of the
-// queue's head (its own write or others'), and hands the lead on when its
-// batch is done. A batch never holds two writes of one scope.
+// inFlight batches in flight goes at once; how many may be in flight is
+// the group's (writesInFlight, claimsInFlight). The callers run the
+// batches (no goroutine of their own): a caller is handed the lead when a
+// batch may start, runs one batch of the queue's head (its own write or
+// others'), and hands the lead on when its batch is done. A batch never holds two writes of one scope.
 type group[In, Out any] struct {
 	mu    sync.Mutex
 	queue []*groupItem[In, Out]
 	// running is how many leads are out (batches in flight or about to
 	// start), at most inFlight.
-	running  int
+	running int
+	// inFlight is how many batches may be in flight at once.
 	inFlight int
 	// scope is the scope an input writes.
 	scope func(In) idem.Scope
@@ -44,7 +45,8 @@ type group[In, Out any] struct {
 // second batch allowed in flight, half of them went alone, each a
 // transaction of its own (a sidecar at concurrency 32: 7,700 of 8,965
 // completions in 1,116 batches); with one, 9,300 of 9,750 in 1,046, and
-// the sidecar served 9% more (docs/benchmarks.md, "One batch in flight").
+// the sidecar served 9% more (docs/benchmarks.md, "Generic batch plans
+// and one batch in flight").
 const writesInFlight = 1
 
 // claimsInFlight is how many batches of a ClaimOrReadGroup may be in
