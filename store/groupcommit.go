@@ -23,15 +23,14 @@ const maxGroup = 32
 // the group's (writesInFlight, claimsInFlight). The callers run the
 // batches (no goroutine of their own): a caller is handed the lead when a
 // batch may start, runs one batch of the queue's head (its own write or
-// others'), and hands the lead on when its batch is done. A batch never holds two writes of one scope.
+// others'), and hands the lead on when its batch is done. A batch never
+// holds two writes of one scope.
 type group[In, Out any] struct {
 	mu    sync.Mutex
 	queue []*groupItem[In, Out]
 	// running is how many leads are out (batches in flight or about to
-	// start), at most inFlight.
-	running int
-	// inFlight is how many batches may be in flight at once.
-	inFlight int
+	// start), at most inFlight, how many may be.
+	running, inFlight int
 	// scope is the scope an input writes.
 	scope func(In) idem.Scope
 	// write writes a batch and sets each item's out and err.
