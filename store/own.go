@@ -317,11 +317,14 @@ func (c ClaimOrReadWith) exec(ctx context.Context, q Querier, req idem.BeginRequ
 // fresh claim about a third of its allocations.
 func scanHead(rows pgx.Rows, head ...any) error {
 	fields, values := rows.FieldDescriptions(), rows.RawValues()
-	conn := rows.Conn()
-	if conn == nil || len(fields) < len(head) || len(values) != len(fields) {
-		return rows.Scan(append(head, make([]any, len(fields)-len(head))...)...)
+	if len(fields) < len(head) || len(values) != len(fields) {
+		// rows.Scan reports the mismatch.
+		return rows.Scan(head...)
 	}
-	return pgx.ScanRow(conn.TypeMap(), fields[:len(head)], values[:len(head)], head...)
+	if conn := rows.Conn(); conn != nil {
+		return pgx.ScanRow(conn.TypeMap(), fields[:len(head)], values[:len(head)], head...)
+	}
+	return rows.Scan(append(head, make([]any, len(fields)-len(head))...)...)
 }
 
 // skipHead scans the current row of rows past its first n columns.

@@ -84,22 +84,16 @@ func (s *Store) NewClaimOrReadGroup(single ClaimOrReadWith, own string, types []
 // flight: see ClaimOrReadWith.Exec for what it reports.
 func (g *ClaimOrReadGroup) Exec(ctx context.Context, req idem.BeginRequest, status idem.Status, cp idem.Checkpoint,
 	completion *idem.Completion, resourceType, resourceID string, args []any, dest ...any) (ClaimOrRead, error) {
-	if g.g == nil {
-		return g.alone(ctx, req, status, cp, completion, resourceType, resourceID, args, dest)
-	}
 	all, err := claimArgs(g.single.nArgs, req, status, cp, completion, resourceType, resourceID, args)
 	if err != nil {
 		return ClaimOrRead{}, err
 	}
-	alone := func(ctx context.Context) (out ClaimOrRead, err error) {
-		err = g.s.ExecOne(ctx, func(q Querier) (err error) {
-			out, err = g.single.exec(ctx, q, req, all, dest)
-			return err
-		})
-		return out, err
-	}
 	ctx, span := telemetry.Start(ctx, "idem.claim", trace.SpanKindInternal)
 	defer span.End()
+	if g.g == nil {
+		return g.alone(ctx, req, all, dest)
+	}
+	alone := func(ctx context.Context) (ClaimOrRead, error) { return g.alone(ctx, req, all, dest) }
 	out, err := g.g.do(ctx, groupClaimIn{req: req, args: all, dest: dest, alone: alone})
 	if errors.Is(err, errClaimAlone) {
 		return alone(ctx)
@@ -107,11 +101,11 @@ func (g *ClaimOrReadGroup) Exec(ctx context.Context, req idem.BeginRequest, stat
 	return out, err
 }
 
-// alone is single's statement for one claim.
-func (g *ClaimOrReadGroup) alone(ctx context.Context, req idem.BeginRequest, status idem.Status, cp idem.Checkpoint,
-	completion *idem.Completion, resourceType, resourceID string, args []any, dest []any) (out ClaimOrRead, err error) {
+// alone is single's statement for one claim, with all, the arguments
+// claimArgs made.
+func (g *ClaimOrReadGroup) alone(ctx context.Context, req idem.BeginRequest, all, dest []any) (out ClaimOrRead, err error) {
 	err = g.s.ExecOne(ctx, func(q Querier) (err error) {
-		out, err = g.single.Exec(ctx, q, req, status, cp, completion, resourceType, resourceID, args, dest...)
+		out, err = g.single.exec(ctx, q, req, all, dest)
 		return err
 	})
 	return out, err
