@@ -17,20 +17,23 @@ const maxGroup = 32
 // completions) of concurrent requests that queue while batches are in
 // flight go to the store together, in one statement that is one implicit
 // transaction, so that N requests pay one statement and one commit
-// instead of N. There is no added wait: a batch is what queued while the
-// batches before it were in flight, and a write that finds fewer than
-// inFlight batches in flight goes at once; how many may be in flight is
-// the group's (writesInFlight, claimsInFlight). The callers run the
-// batches (no goroutine of their own): a caller is handed the lead when a
-// batch may start, runs one batch of the queue's head (its own write or
-// others'), and hands the lead on when its batch is done. A batch never
-// holds two writes of one scope.
+// instead of N. A write that finds no batch in flight goes at once; one
+// that finds batches in flight waits for them, unless fewer than inFlight
+// are and at least extraAt writes wait, when it starts another batch. A
+// batch is what queued while the batches before it were in flight. How
+// many batches may be in flight, and when another starts beside them, are
+// the group's (writesInFlight; claimsInFlight, claimsExtraAt). The
+// callers run the batches (no goroutine of their own): a caller is handed
+// the lead when a batch may start, runs one batch of the queue's head (its
+// own write or others'), and hands the lead on when its batch is done. A
+// batch never holds two writes of one scope.
 type group[In, Out any] struct {
 	mu    sync.Mutex
 	queue []*groupItem[In, Out]
 	// running is how many leads are out (batches in flight or about to
-	// start), at most inFlight, how many may be.
-	running, inFlight int
+	// start), at most inFlight, how many may be. Beside one in flight,
+	// another starts only once extraAt writes wait (queued ones included).
+	running, inFlight, extraAt int
 	// scope is the scope an input writes.
 	scope func(In) idem.Scope
 	// write writes a batch and sets each item's out and err.
@@ -49,12 +52,21 @@ type group[In, Out any] struct {
 const writesInFlight = 1
 
 // claimsInFlight is how many batches of a ClaimOrReadGroup may be in
-// flight at once. Its claim is most of its request (a payment without a
-// provider is claimed, written and completed by it), so one batch at a
-// time would leave the store idle while the batch's answer travels back
-// and the next batch's requests are prepared: the store suite at
-// concurrency 8 measured a tenth less with one.
-const claimsInFlight = 2
+// flight at once, and claimsExtraAt how many claims must wait before a
+// second starts beside one in flight. Its claim is most of its request (a
+// payment without a provider is claimed, written and completed by it), so
+// one batch at a time would leave the store idle while the batch's answer
+// travels back and the next batch's requests are prepared: the store suite
+// at concurrency 8 measured a tenth less with one. But a second batch
+// started for the first claim to find one in flight is often a batch of
+// one or two, a transaction and a commit of its own for little: waiting
+// until three claims queue took the suite's payments at concurrency 8
+// from 0.77 to 0.83 of the baseline write, on average over a dozen runs
+// (docs/benchmarks.md, "A second batch once three claims wait").
+const (
+	claimsInFlight = 2
+	claimsExtraAt  = 3
+)
 
 // groupItem is one caller's write in a group's queue.
 type groupItem[In, Out any] struct {
@@ -74,7 +86,7 @@ func (g *group[In, Out]) do(ctx context.Context, in In) (Out, error) {
 	it := &groupItem[In, Out]{in: in, done: make(chan struct{}), lead: make(chan struct{})}
 	g.mu.Lock()
 	g.queue = append(g.queue, it)
-	if g.running < g.inFlight {
+	if g.running == 0 || g.running < g.inFlight && len(g.queue) >= g.extraAt {
 		g.running++
 		g.handLead(it)
 	}
