@@ -94,3 +94,77 @@ func waitQueued[In, Out any](t *testing.T, g *group[In, Out], n int) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestWritesOfOneScopeAllFinish: a batch holds one write of a scope, so a
+// caller handed a lead may run a batch that leaves its own write queued
+// (an earlier write of its scope went instead). Its write must still be
+// taken by a later batch once the caller's lead is spent, and every write
+// finish: many retries of one key arriving together (two nodes' clients,
+// one key) once left the last of them queued with no batch to come.
+func TestWritesOfOneScopeAllFinish(t *testing.T) {
+	started := make(chan []int, 16)
+	release := make(chan struct{})
+	g := &group[int, int]{inFlight: 2, extraAt: 3,
+		scope: func(int) idem.Scope { return idem.Scope{Tenant: "t", Operation: "op", Key: "one"} },
+		write: func(_ context.Context, batch []*groupItem[int, int]) {
+			var ins []int
+			for _, it := range batch {
+				ins = append(ins, it.in)
+			}
+			started <- ins
+			<-release
+			for _, it := range batch {
+				it.out = it.in * 10
+			}
+		}}
+	var wg sync.WaitGroup
+	const writes = 6
+	outs := make([]int, writes+1)
+	do := func(in int) {
+		wg.Go(func() {
+			out, err := g.do(context.Background(), in)
+			if err != nil {
+				t.Errorf("write %d: %v", in, err)
+			}
+			outs[in] = out
+		})
+	}
+	do(1)
+	if got := <-started; !slices.Equal(got, []int{1}) {
+		t.Fatalf("first batch = %v, want [1]", got)
+	}
+	// Writes 2 and 3 wait; write 4 starts a second batch, which can take
+	// only write 2 (one write of a scope per batch): write 4 stays queued
+	// with its lead spent.
+	for in := 2; in <= 4; in++ {
+		do(in)
+		if in < 4 {
+			waitQueued(t, g, in-1)
+		}
+	}
+	if got := <-started; !slices.Equal(got, []int{2}) {
+		t.Fatalf("second batch = %v, want [2], the oldest waiting write of the scope", got)
+	}
+	for in := 5; in <= writes; in++ {
+		do(in)
+	}
+	waitQueued(t, g, writes-2)
+	close(release)
+	finished := make(chan struct{})
+	go func() { wg.Wait(); close(finished) }()
+	select {
+	case <-finished:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("writes still waiting with no batch to take them: %d queued", g.queued())
+	}
+	for in := 1; in <= writes; in++ {
+		if outs[in] != in*10 {
+			t.Errorf("write %d got %d, want %d", in, outs[in], in*10)
+		}
+	}
+	for b := range len(started) {
+		if got := <-started; len(got) != 1 {
+			t.Errorf("batch %d after the release = %v, want one write of the scope", b, got)
+		}
+	}
+}

@@ -73,17 +73,18 @@ type groupItem[In, Out any] struct {
 	in  In
 	out Out
 	err error
-	// done is closed when out and err are set; lead when this caller is
-	// to run a batch (led, under the group's lock, says it was).
+	// done is closed when out and err are set. lead is signalled when
+	// this caller is handed the lead, to run a batch; led, under the
+	// group's lock, says it holds a lead it has not yet spent.
 	done chan struct{}
 	lead chan struct{}
 	led  bool
 }
 
-// do queues in, runs a batch when it is handed the lead, and returns its
-// outcome.
+// do queues in, runs a batch each time it is handed the lead, and returns
+// its outcome.
 func (g *group[In, Out]) do(ctx context.Context, in In) (Out, error) {
-	it := &groupItem[In, Out]{in: in, done: make(chan struct{}), lead: make(chan struct{})}
+	it := &groupItem[In, Out]{in: in, done: make(chan struct{}), lead: make(chan struct{}, 1)}
 	g.mu.Lock()
 	g.queue = append(g.queue, it)
 	if g.running == 0 || g.running < g.inFlight && len(g.queue) >= g.extraAt {
@@ -91,35 +92,44 @@ func (g *group[In, Out]) do(ctx context.Context, in In) (Out, error) {
 		g.handLead(it)
 	}
 	g.mu.Unlock()
-	select {
-	case <-it.lead:
-		g.runBatch(ctx)
-		<-it.done
-	case <-it.done:
-		// Another caller's batch took this write. A lead handed to this
-		// caller meanwhile is still a batch to run, for the writes queued
-		// after it.
-		g.mu.Lock()
-		led := it.led
-		g.mu.Unlock()
-		if led {
-			g.runBatch(ctx)
+	for {
+		select {
+		case <-it.lead:
+			// The batch may leave this write queued (an earlier write of
+			// its scope went instead); a later lead then comes back here.
+			g.runBatch(ctx, it)
+		case <-it.done:
+			// A batch took this write. A lead handed to this caller and
+			// not spent is still a batch to run, for the writes queued
+			// after it.
+			g.mu.Lock()
+			led := it.led
+			g.mu.Unlock()
+			if led {
+				g.runBatch(ctx, it)
+			}
+			return it.out, it.err
 		}
 	}
-	return it.out, it.err
 }
 
-// handLead hands it the lead. The group's lock is held.
+// handLead hands it the lead. The group's lock is held, and it holds no
+// lead unspent (so lead's buffer is empty).
 func (g *group[In, Out]) handLead(it *groupItem[In, Out]) {
 	it.led = true
-	close(it.lead)
+	select {
+	case it.lead <- struct{}{}:
+	default:
+	}
 }
 
-// runBatch takes the head of the queue (at most maxGroup writes, no two of
-// one scope), writes it, delivers each outcome, and hands the lead to the
-// first queued caller that has none, or gives it up.
-func (g *group[In, Out]) runBatch(ctx context.Context) {
+// runBatch spends lead's lead: it takes the head of the queue (at most
+// maxGroup writes, no two of one scope), writes it, delivers each outcome,
+// and hands the lead to the first queued caller that holds none, or gives
+// it up.
+func (g *group[In, Out]) runBatch(ctx context.Context, lead *groupItem[In, Out]) {
 	g.mu.Lock()
+	lead.led = false
 	var batch, rest []*groupItem[In, Out]
 	seen := map[idem.Scope]bool{}
 	for _, it := range g.queue {
@@ -145,8 +155,10 @@ func (g *group[In, Out]) runBatch(ctx context.Context) {
 	g.mu.Unlock()
 }
 
-// handOn passes a finished lead to the first queued caller without one, or
-// gives it up. The group's lock is held.
+// handOn passes a finished lead to the first queued caller that holds none
+// (one whose lead is spent and whose write is still queued included), or
+// gives it up: a queued write is never left without a lead to come. The
+// group's lock is held.
 func (g *group[In, Out]) handOn() {
 	for _, it := range g.queue {
 		if !it.led {
