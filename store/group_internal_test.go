@@ -16,21 +16,7 @@ import (
 // when extraAt writes wait, and it carries them all. Every write gets its
 // own outcome.
 func TestASecondBatchStartsOnceEnoughWritesWait(t *testing.T) {
-	started := make(chan []int, 8)
-	release := make(chan struct{})
-	g := &group[int, int]{inFlight: 2, extraAt: 3,
-		scope: func(in int) idem.Scope { return idem.Scope{Tenant: "t", Operation: "op", Key: strconv.Itoa(in)} },
-		write: func(_ context.Context, batch []*groupItem[int, int]) {
-			var ins []int
-			for _, it := range batch {
-				ins = append(ins, it.in)
-			}
-			started <- ins
-			<-release
-			for _, it := range batch {
-				it.out = it.in * 10
-			}
-		}}
+	g, started, release := gatedGroup(func(in int) string { return strconv.Itoa(in) })
 	running := func() int {
 		g.mu.Lock()
 		defer g.mu.Unlock()
@@ -83,6 +69,27 @@ func TestASecondBatchStartsOnceEnoughWritesWait(t *testing.T) {
 	}
 }
 
+// gatedGroup is a group of two batches in flight, the second once three
+// writes wait, whose writes of n have key(n) and get n*10. Each batch sends
+// its writes on started, then waits until release is closed.
+func gatedGroup(key func(int) string) (g *group[int, int], started chan []int, release chan struct{}) {
+	started, release = make(chan []int, 16), make(chan struct{})
+	g = &group[int, int]{inFlight: 2, extraAt: 3,
+		scope: func(in int) idem.Scope { return idem.Scope{Tenant: "t", Operation: "op", Key: key(in)} },
+		write: func(_ context.Context, batch []*groupItem[int, int]) {
+			var ins []int
+			for _, it := range batch {
+				ins = append(ins, it.in)
+			}
+			started <- ins
+			<-release
+			for _, it := range batch {
+				it.out = it.in * 10
+			}
+		}}
+	return g, started, release
+}
+
 // waitQueued waits until n writes are queued in g.
 func waitQueued[In, Out any](t *testing.T, g *group[In, Out], n int) {
 	t.Helper()
@@ -102,21 +109,7 @@ func waitQueued[In, Out any](t *testing.T, g *group[In, Out], n int) {
 // finish: many retries of one key arriving together (two nodes' clients,
 // one key) once left the last of them queued with no batch to come.
 func TestWritesOfOneScopeAllFinish(t *testing.T) {
-	started := make(chan []int, 16)
-	release := make(chan struct{})
-	g := &group[int, int]{inFlight: 2, extraAt: 3,
-		scope: func(int) idem.Scope { return idem.Scope{Tenant: "t", Operation: "op", Key: "one"} },
-		write: func(_ context.Context, batch []*groupItem[int, int]) {
-			var ins []int
-			for _, it := range batch {
-				ins = append(ins, it.in)
-			}
-			started <- ins
-			<-release
-			for _, it := range batch {
-				it.out = it.in * 10
-			}
-		}}
+	g, started, release := gatedGroup(func(int) string { return "one" })
 	var wg sync.WaitGroup
 	const writes = 6
 	outs := make([]int, writes+1)
