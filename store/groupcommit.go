@@ -57,15 +57,21 @@ const writesInFlight = 1
 // payment without a provider is claimed, written and completed by it), so
 // one batch at a time would leave the store idle while the batch's answer
 // travels back and the next batch's requests are prepared: the store suite
-// at concurrency 8 measured a tenth less with one. But a second batch
-// started for the first claim to find one in flight is often a batch of
-// one or two, a transaction and a commit of its own for little: waiting
-// until three claims queue took the suite's payments at concurrency 8
-// from 0.77 to 0.83 of the baseline write, on average over a dozen runs
-// (docs/benchmarks.md, "A second batch once three claims wait").
+// at concurrency 8 measured a tenth less with one.
+//
+// A second batch started for the first claim to find one in flight is
+// often a batch of one or two, a transaction and a commit of its own for
+// little: waiting until three claims queue took the suite's payments at
+// concurrency 8 from 0.77 to 0.83 of the baseline write on average over a
+// dozen runs (docs/benchmarks.md, "A second batch once three claims
+// wait"). But the first full test run with three found one key not
+// linearizable in each of two chaos scenarios (store-partition and
+// region-failover, seed 7), which five further runs did not show and
+// nothing yet explains; until it is understood, a second batch starts for
+// any claim, as before.
 const (
 	claimsInFlight = 2
-	claimsExtraAt  = 3
+	claimsExtraAt  = 1
 )
 
 // groupItem is one caller's write in a group's queue.
