@@ -66,9 +66,9 @@ const writesInFlight = 1
 // dozen runs (docs/benchmarks.md, "A second batch once three claims
 // wait"). But the first full test run with three found one key not
 // linearizable in each of two chaos scenarios (store-partition and
-// region-failover, seed 7), which five further runs did not show and
-// nothing yet explains; until it is understood, a second batch starts for
-// any claim, as before.
+// region-failover, seed 7), which further runs did not show and nothing
+// yet explains; until it is understood, a second batch starts for any
+// claim, as before.
 const (
 	claimsInFlight = 2
 	claimsExtraAt  = 1
