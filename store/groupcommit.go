@@ -17,23 +17,20 @@ const maxGroup = 32
 // completions) of concurrent requests that queue while batches are in
 // flight go to the store together, in one statement that is one implicit
 // transaction, so that N requests pay one statement and one commit
-// instead of N. A write that finds no batch in flight goes at once; one
-// that finds batches in flight waits for them, unless fewer than inFlight
-// are and at least extraAt writes wait, when it starts another batch. A
-// batch is what queued while the batches before it were in flight. How
-// many batches may be in flight, and when another starts beside them, are
-// the group's (writesInFlight; claimsInFlight, claimsExtraAt). The
-// callers run the batches (no goroutine of their own): a caller is handed
-// the lead when a batch may start, runs one batch of the queue's head (its
-// own write or others'), and hands the lead on when its batch is done. A
-// batch never holds two writes of one scope.
+// instead of N. There is no added wait: a batch is what queued while the
+// batches before it were in flight, and a write that finds fewer than
+// inFlight batches in flight goes at once; how many may be in flight is
+// the group's (writesInFlight, claimsInFlight). The callers run the
+// batches (no goroutine of their own): a caller is handed the lead when a
+// batch may start, runs one batch of the queue's head (its own write or
+// others'), and hands the lead on when its batch is done. A batch never
+// holds two writes of one scope.
 type group[In, Out any] struct {
 	mu    sync.Mutex
 	queue []*groupItem[In, Out]
 	// running is how many leads are out (batches in flight or about to
-	// start), at most inFlight, how many may be. Beside one in flight,
-	// another starts only once extraAt writes wait (queued ones included).
-	running, inFlight, extraAt int
+	// start), at most inFlight, how many may be.
+	running, inFlight int
 	// scope is the scope an input writes.
 	scope func(In) idem.Scope
 	// write writes a batch and sets each item's out and err.
@@ -52,90 +49,65 @@ type group[In, Out any] struct {
 const writesInFlight = 1
 
 // claimsInFlight is how many batches of a ClaimOrReadGroup may be in
-// flight at once, and claimsExtraAt how many claims must wait before a
-// second starts beside one in flight. Its claim is most of its request (a
-// payment without a provider is claimed, written and completed by it), so
-// one batch at a time would leave the store idle while the batch's answer
-// travels back and the next batch's requests are prepared: the store suite
-// at concurrency 8 measured a tenth less with one.
-//
-// A second batch started for the first claim to find one in flight is
-// often a batch of one or two, a transaction and a commit of its own for
-// little: waiting until three claims queue took the suite's payments at
-// concurrency 8 from 0.77 to 0.83 of the baseline write on average over a
-// dozen runs (docs/benchmarks.md, "A second batch once three claims
-// wait"). But the first full test run with three found one key not
-// linearizable in each of two chaos scenarios (store-partition and
-// region-failover, seed 7), which further runs did not show and nothing
-// yet explains; until it is understood, a second batch starts for any
-// claim, as before.
-const (
-	claimsInFlight = 2
-	claimsExtraAt  = 1
-)
+// flight at once. Its claim is most of its request (a payment without a
+// provider is claimed, written and completed by it), so one batch at a
+// time would leave the store idle while the batch's answer travels back
+// and the next batch's requests are prepared: the store suite at
+// concurrency 8 measured a tenth less with one.
+const claimsInFlight = 2
 
 // groupItem is one caller's write in a group's queue.
 type groupItem[In, Out any] struct {
 	in  In
 	out Out
 	err error
-	// done is closed when out and err are set. lead is signalled when
-	// this caller is handed the lead, to run a batch; led, under the
-	// group's lock, says it holds a lead it has not yet spent.
+	// done is closed when out and err are set; lead when this caller is
+	// to run a batch (led, under the group's lock, says it was).
 	done chan struct{}
 	lead chan struct{}
 	led  bool
 }
 
-// do queues in, runs a batch each time it is handed the lead, and returns
-// its outcome.
+// do queues in, runs a batch when it is handed the lead, and returns its
+// outcome.
 func (g *group[In, Out]) do(ctx context.Context, in In) (Out, error) {
-	it := &groupItem[In, Out]{in: in, done: make(chan struct{}), lead: make(chan struct{}, 1)}
+	it := &groupItem[In, Out]{in: in, done: make(chan struct{}), lead: make(chan struct{})}
 	g.mu.Lock()
 	g.queue = append(g.queue, it)
-	if g.running == 0 || g.running < g.inFlight && len(g.queue) >= g.extraAt {
+	if g.running < g.inFlight {
 		g.running++
 		g.handLead(it)
 	}
 	g.mu.Unlock()
-	for {
-		select {
-		case <-it.lead:
-			// The batch may leave this write queued (an earlier write of
-			// its scope went instead); a later lead then comes back here.
-			g.runBatch(ctx, it)
-		case <-it.done:
-			// A batch took this write. A lead handed to this caller and
-			// not spent is still a batch to run, for the writes queued
-			// after it.
-			g.mu.Lock()
-			led := it.led
-			g.mu.Unlock()
-			if led {
-				g.runBatch(ctx, it)
-			}
-			return it.out, it.err
+	select {
+	case <-it.lead:
+		g.runBatch(ctx)
+		<-it.done
+	case <-it.done:
+		// Another caller's batch took this write. A lead handed to this
+		// caller meanwhile is still a batch to run, for the writes queued
+		// after it.
+		g.mu.Lock()
+		led := it.led
+		g.mu.Unlock()
+		if led {
+			g.runBatch(ctx)
 		}
 	}
+	return it.out, it.err
 }
 
-// handLead hands it the lead. The group's lock is held, and it holds no
-// lead unspent (so lead's buffer is empty).
+// handLead hands it the lead. The group's lock is held.
 func (g *group[In, Out]) handLead(it *groupItem[In, Out]) {
 	it.led = true
-	select {
-	case it.lead <- struct{}{}:
-	default:
-	}
+	close(it.lead)
 }
 
-// runBatch spends lead's lead: it takes the head of the queue (at most
-// maxGroup writes, no two of one scope), writes it, delivers each outcome,
-// and hands the lead to the first queued caller that holds none, or gives
-// it up.
-func (g *group[In, Out]) runBatch(ctx context.Context, lead *groupItem[In, Out]) {
+// runBatch takes the head of the queue (at most maxGroup writes, no two of
+// one scope), writes it, delivers each outcome, and hands the lead to the
+// first queued caller that has none, or gives it up.
+func (g *group[In, Out]) runBatch(ctx context.Context) {
 	g.mu.Lock()
-	lead.led = false
 	var batch, rest []*groupItem[In, Out]
 	seen := map[idem.Scope]bool{}
 	for _, it := range g.queue {
@@ -161,10 +133,8 @@ func (g *group[In, Out]) runBatch(ctx context.Context, lead *groupItem[In, Out])
 	g.mu.Unlock()
 }
 
-// handOn passes a finished lead to the first queued caller that holds none
-// (one whose lead is spent and whose write is still queued included), or
-// gives it up: a queued write is never left without a lead to come. The
-// group's lock is held.
+// handOn passes a finished lead to the first queued caller without one, or
+// gives it up. The group's lock is held.
 func (g *group[In, Out]) handOn() {
 	for _, it := range g.queue {
 		if !it.led {
