@@ -39,6 +39,9 @@ type createCall struct {
 	payment   Payment
 	event     Event
 	uncertain bool
+	// plain says the last claim statement was the plain claim, which
+	// reads nothing when the key is taken (claimStatement).
+	plain bool
 	// What the last Execute or Recover learnt, for Result.
 	unknown, keyConflict bool
 }
@@ -211,6 +214,18 @@ func (c *createCall) claim(ctx context.Context, begin idem.BeginRequest) (engine
 		err         error
 	)
 	cl, done, taken, err = c.claimOne(ctx, begin)
+	if err == nil && !done && taken && c.plain {
+		// The plain claim found the key taken and read nothing: the
+		// fast path's read answers a settled record (a retry, rare while
+		// the claim is plain) with the payment it references.
+		d, p, ok, err := readSettled(ctx, s.store, begin)
+		if err != nil || ok {
+			if err == nil {
+				s.retries.observe(true)
+			}
+			return s.settled(ctx, d, p, err)
+		}
+	}
 	if err == nil && !done {
 		err = s.store.ExecTx(ctx, func(tx pgx.Tx) (err error) {
 			if s.cfg.Provider == nil {
@@ -220,6 +235,11 @@ func (c *createCall) claim(ctx context.Context, begin idem.BeginRequest) (engine
 			}
 			return err
 		})
+		if err == nil && taken {
+			// The claim found the key taken and did not decide: a plain
+			// claim's retry is counted here, where it is answered.
+			s.retries.observe(settledOutcome(cl.Decision.Outcome))
+		}
 	}
 	switch {
 	case errors.Is(err, ErrDuplicateMerchantReference):
@@ -264,9 +284,6 @@ func (c *createCall) claimOne(ctx context.Context, begin idem.BeginRequest) (cl 
 		settled *Payment
 	)
 	out, settled, err = c.claimStatement(ctx, begin, idem.StatusCompleted, idem.CheckpointCompleted, &completion)
-	if err == nil {
-		s.retries.observe(out.Settled)
-	}
 	if err == nil && out.Settled {
 		cl, err = s.settled(ctx, out.Decision, settled, nil)
 		return cl, err == nil, false, err
@@ -289,21 +306,39 @@ func (c *createCall) claimOne(ctx context.Context, begin idem.BeginRequest) (cl 
 // claimStatement sends the one-statement claim of the payment and its
 // event, the record in state status at checkpoint cp (with completion's
 // answer when it is not nil): claimOrReplay, in a batch with the claims of
-// concurrent requests when some are in flight, or with the store's
-// NoReplayRead, ClaimWithPayment alone (it reads nothing when the key is
-// taken).
+// concurrent requests when some are in flight (alone, it reads nothing
+// while retries are rare: Service.readInClaim; c.plain says so, and claim
+// then reads a key it found taken with the fast path's read), or with the
+// store's NoReplayRead, ClaimWithPayment alone (it reads nothing when the
+// key is taken). It counts the claim in the retry share when the
+// statement decided it.
 func (c *createCall) claimStatement(ctx context.Context, begin idem.BeginRequest, status idem.Status, cp idem.Checkpoint,
 	completion *idem.Completion) (out store.ClaimOrRead, settled *Payment, err error) {
 	s := c.s
+	c.plain = false
 	if s.store.ReplayRead() {
-		return claimOrReplay(ctx, s.claims, begin, status, cp, completion, c.payment, c.event)
+		read := s.readInClaim()
+		c.plain = !read
+		out, settled, err = claimOrReplay(ctx, s.claims, read, begin, status, cp, completion, c.payment, c.event)
+	} else {
+		err = s.store.ExecOne(ctx, func(q store.Querier) (err error) {
+			out = store.ClaimOrRead{}
+			out.Inserted, out.At, err = ClaimWithPayment(ctx, q, begin, status, cp, completion, c.payment, c.event)
+			return err
+		})
 	}
-	err = s.store.ExecOne(ctx, func(q store.Querier) (err error) {
-		out = store.ClaimOrRead{}
-		out.Inserted, out.At, err = ClaimWithPayment(ctx, q, begin, status, cp, completion, c.payment, c.event)
-		return err
-	})
-	return out, nil, err
+	if err == nil && (out.Inserted || out.Settled) {
+		// A key found taken and not decided is counted once the
+		// transaction decides (claim).
+		s.retries.observe(out.Settled)
+	}
+	return out, settled, err
+}
+
+// settledOutcome reports whether a claim's outcome was decided by a
+// settled record: a replay or a conflict, what retryShare counts.
+func settledOutcome(o idem.Outcome) bool {
+	return o == idem.OutcomeReplay || o == idem.OutcomeConflict
 }
 
 // claimLocal is the local-only operation: one transaction claims the key
@@ -364,9 +399,6 @@ func (c *createCall) claimOneForProvider(ctx context.Context, begin idem.BeginRe
 		settled *Payment
 	)
 	out, settled, err = c.claimStatement(ctx, begin, idem.StatusInProgress, CheckpointLocalPaymentCreated, nil)
-	if err == nil {
-		s.retries.observe(out.Settled)
-	}
 	switch {
 	case err != nil:
 		return engine.Claim{}, false, false, err

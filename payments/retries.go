@@ -32,6 +32,17 @@ const (
 	// reads, a read before a fresh claim a third of the claim;
 	// docs/benchmarks.md, "Claim or replay").
 	readFirstAbove = retryShareOne * 6 / 10
+	// readInClaimAbove is the share of retries above which a claim that
+	// goes alone reads the record of a key it finds taken in the same
+	// statement (claimOrReplayPayment). At or below it, the claim is the
+	// plain one (store.ClaimOrReadGroup.ExecExpectFree): a fresh key's
+	// claim costs the server about a fifth less (the read's plan is not
+	// started), and a key found taken is read after it by the fast path's
+	// read, a round trip more. A tenth keeps the second round trip for
+	// the traffic of normal times, when retries are few, and goes back to
+	// the one statement well before they are many (docs/benchmarks.md, "A
+	// plain claim while retries are rare").
+	readInClaimAbove = retryShareOne / 10
 )
 
 // observe records one claim's outcome: settled says its key had a settled
@@ -51,6 +62,10 @@ func (r *retryShare) observe(settled bool) {
 
 // readFirst reports whether the next claim should read first.
 func (r *retryShare) readFirst() bool { return r.v.Load() > readFirstAbove }
+
+// readInClaim reports whether the next claim that goes alone should read
+// a key it finds taken in the same statement.
+func (r *retryShare) readInClaim() bool { return r.v.Load() > readInClaimAbove }
 
 // share is the estimate, between 0 and 1.
 func (r *retryShare) share() float64 { return float64(r.v.Load()) / retryShareOne }

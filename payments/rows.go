@@ -175,11 +175,16 @@ func readSettled(ctx context.Context, st *store.Store, req idem.BeginRequest) (i
 // claimOrReplay is ClaimWithPayment through claimOrReplayPayment, as a
 // statement of its own or in a batch with concurrent claims (g): when the
 // key is taken by a settled record, its decision and the payment it
-// references (settled; p may be nil) instead of nothing.
-func claimOrReplay(ctx context.Context, g *store.ClaimOrReadGroup, req idem.BeginRequest, status idem.Status, cp idem.Checkpoint,
+// references (settled; p may be nil) instead of nothing. Without read, a
+// claim sent alone reads nothing (store.ClaimOrReadGroup.ExecExpectFree).
+func claimOrReplay(ctx context.Context, g *store.ClaimOrReadGroup, read bool, req idem.BeginRequest, status idem.Status, cp idem.Checkpoint,
 	completion *idem.Completion, p Payment, ev Event) (store.ClaimOrRead, *Payment, error) {
 	var ref referencedPayment
-	out, err := g.Exec(ctx, req, status, cp, completion, ResourceType, p.ID, []any{
+	exec := g.Exec
+	if !read {
+		exec = g.ExecExpectFree
+	}
+	out, err := exec(ctx, req, status, cp, completion, ResourceType, p.ID, []any{
 		req.Tenant, p.ID, p.AccountID, p.AmountMinor, p.Currency, p.MerchantReference, p.Channel, p.Status, p.ProviderKey,
 		ev.ID, ev.Type, string(ev.Payload)}, ref.dest()...)
 	if err != nil {

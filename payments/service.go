@@ -65,7 +65,9 @@ type Config struct {
 	// answer) and claims first otherwise; ReadFirst and ClaimFirst always
 	// do the one (see retryShare). Claiming first is one statement that
 	// inserts the record with the payment and its event, or reads the
-	// settled record that holds the key.
+	// settled record that holds the key; with ClaimAdaptive, while retries
+	// are rare, a claim that goes alone reads nothing, and the rare key
+	// it finds taken is decided in a transaction.
 	ClaimOrder ClaimOrder
 	// Locker, when set, fences recovery through an external lock service
 	// (etcd): a takeover first locks the scope, and the lock's token is what
@@ -126,6 +128,17 @@ func (s *Service) readFirst() bool {
 		return false
 	}
 	return s.retries.readFirst()
+}
+
+// readInClaim reports whether the next claim that goes alone reads the
+// record of a key it finds taken in the same statement: always with
+// ClaimFirst or ReadFirst, and with ClaimAdaptive above a small share of
+// retries (retryShare.readInClaim).
+func (s *Service) readInClaim() bool {
+	if s.cfg.ClaimOrder != ClaimAdaptive {
+		return true
+	}
+	return s.retries.readInClaim()
 }
 
 // NewService returns a Service over st.

@@ -200,7 +200,10 @@ func quoteLiteral(s string) string {
 // alone, and a settled key is answered from that one round trip with
 // nothing written. Make one with NewClaimOrReadWith, once.
 type ClaimOrReadWith struct {
-	sql   string
+	sql string
+	// plain is the claim and the operation's writes without the read:
+	// see ClaimOrReadGroup.ExecExpectFree.
+	plain string
 	nArgs int
 }
 
@@ -238,7 +241,9 @@ func NewClaimOrReadWith(own string, nArgs int, resourceType, row string, columns
 		FROM idempotency_records r ` + referenceJoin(resourceType, row) + `
 		WHERE r.tenant_id = ` + p(1) + ` AND r.operation_name = ` + p(2) + ` AND r.idempotency_key = ` + p(3) + `
 		AND NOT EXISTS (SELECT 1 FROM claim)`
-	return ClaimOrReadWith{sql: sql, nArgs: nArgs}
+	plain := claim + `
+	SELECT now(), true, (SELECT at FROM written) FROM claim`
+	return ClaimOrReadWith{sql: sql, plain: plain, nArgs: nArgs}
 }
 
 // ClaimOrRead is what one ClaimOrReadWith.Exec found.
@@ -268,18 +273,23 @@ func (c ClaimOrReadWith) Exec(ctx context.Context, q Querier, req idem.BeginRequ
 	}
 	ctx, span := telemetry.Start(ctx, "idem.claim", trace.SpanKindInternal)
 	defer span.End()
-	return c.exec(ctx, q, req, all, dest)
+	return c.exec(ctx, q, req, true, all, dest)
 }
 
-// exec sends the statement with all, the arguments claimArgs made.
-func (c ClaimOrReadWith) exec(ctx context.Context, q Querier, req idem.BeginRequest, all []any, dest []any) (ClaimOrRead, error) {
+// exec sends the statement with all, the arguments claimArgs made; without
+// read, the plain one, which returns no row when the key is taken.
+func (c ClaimOrReadWith) exec(ctx context.Context, q Querier, req idem.BeginRequest, read bool, all []any, dest []any) (ClaimOrRead, error) {
 	var (
 		out ClaimOrRead
 		now time.Time
 		at  *time.Time
 		rec *idem.Record
 	)
-	rows, err := q.Query(ctx, c.sql, all...)
+	sql := c.sql
+	if !read {
+		sql = c.plain
+	}
+	rows, err := q.Query(ctx, sql, all...)
 	if err != nil {
 		return ClaimOrRead{}, err
 	}

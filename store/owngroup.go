@@ -84,6 +84,28 @@ func (s *Store) NewClaimOrReadGroup(single ClaimOrReadWith, own string, types []
 // flight: see ClaimOrReadWith.Exec for what it reports.
 func (g *ClaimOrReadGroup) Exec(ctx context.Context, req idem.BeginRequest, status idem.Status, cp idem.Checkpoint,
 	completion *idem.Completion, resourceType, resourceID string, args []any, dest ...any) (ClaimOrRead, error) {
+	return g.exec(ctx, true, req, status, cp, completion, resourceType, resourceID, args, dest)
+}
+
+// ExecExpectFree is Exec for a claim whose key is most likely free, as
+// while a caller sees few retries: a claim that goes alone (not in a
+// batch) is single's claim and writes without the read. An unexecuted
+// read still costs a fresh key at every execution: PostgreSQL starts the
+// read's plan and describes its row (the record's and the operation's
+// columns) whether or not the key was free, about a fifth of the claim's
+// time on the server (docs/benchmarks.md, "A plain claim while retries are
+// rare"). A key found taken then reports neither Inserted nor Settled, and
+// the caller decides in a transaction (DecideExisting), as for a record
+// that is not settled. A claim that joins a batch is read as with Exec:
+// there the read is the batch's, once for all of its claims.
+func (g *ClaimOrReadGroup) ExecExpectFree(ctx context.Context, req idem.BeginRequest, status idem.Status, cp idem.Checkpoint,
+	completion *idem.Completion, resourceType, resourceID string, args []any, dest ...any) (ClaimOrRead, error) {
+	return g.exec(ctx, false, req, status, cp, completion, resourceType, resourceID, args, dest)
+}
+
+// exec is Exec, or without read ExecExpectFree.
+func (g *ClaimOrReadGroup) exec(ctx context.Context, read bool, req idem.BeginRequest, status idem.Status, cp idem.Checkpoint,
+	completion *idem.Completion, resourceType, resourceID string, args []any, dest []any) (ClaimOrRead, error) {
 	all, err := claimArgs(g.single.nArgs, req, status, cp, completion, resourceType, resourceID, args)
 	if err != nil {
 		return ClaimOrRead{}, err
@@ -91,9 +113,9 @@ func (g *ClaimOrReadGroup) Exec(ctx context.Context, req idem.BeginRequest, stat
 	ctx, span := telemetry.Start(ctx, "idem.claim", trace.SpanKindInternal)
 	defer span.End()
 	if g.g == nil {
-		return g.alone(ctx, req, all, dest)
+		return g.alone(ctx, req, read, all, dest)
 	}
-	alone := func(ctx context.Context) (ClaimOrRead, error) { return g.alone(ctx, req, all, dest) }
+	alone := func(ctx context.Context) (ClaimOrRead, error) { return g.alone(ctx, req, read, all, dest) }
 	out, err := g.g.do(ctx, groupClaimIn{req: req, args: all, dest: dest, alone: alone})
 	if errors.Is(err, errClaimAlone) {
 		return alone(ctx)
@@ -102,10 +124,10 @@ func (g *ClaimOrReadGroup) Exec(ctx context.Context, req idem.BeginRequest, stat
 }
 
 // alone is single's statement for one claim, with all, the arguments
-// claimArgs made.
-func (g *ClaimOrReadGroup) alone(ctx context.Context, req idem.BeginRequest, all, dest []any) (out ClaimOrRead, err error) {
+// claimArgs made; without read, its plain claim.
+func (g *ClaimOrReadGroup) alone(ctx context.Context, req idem.BeginRequest, read bool, all, dest []any) (out ClaimOrRead, err error) {
 	err = g.s.ExecOne(ctx, func(q Querier) (err error) {
-		out, err = g.single.exec(ctx, q, req, all, dest)
+		out, err = g.single.exec(ctx, q, req, read, all, dest)
 		return err
 	})
 	return out, err

@@ -180,3 +180,51 @@ func TestClaimOrReadGroupViolationFailsAlone(t *testing.T) {
 		t.Errorf("claim of v-3 = %+v, %v; want it claimed", j.out, j.err)
 	}
 }
+
+// TestClaimOrReadGroupExpectFree: a claim that expects its key free is,
+// alone, the claim and the operation's writes without the read: a free
+// key is claimed with its row; a key taken by a settled record reports
+// neither claimed nor settled (the caller decides), reads nothing into the
+// caller's columns and writes nothing. In a batch, the same claim is read
+// as the batch reads every claim.
+func TestClaimOrReadGroupExpectFree(t *testing.T) {
+	st, g := newOrderGroup(t)
+	ctx := context.Background()
+	expectFree := func(ctx context.Context, j *orderJob) {
+		c := idem.Completion{Response: idem.Response{Status: 201, SchemaVersion: "v2", ByReference: true}, ResourceType: "order", ResourceID: j.id}
+		j.out, j.err = g.ExecExpectFree(ctx, beginReq(j.key, j.hash), idem.StatusCompleted, idem.CheckpointCompleted, &c, "order", j.id,
+			[]any{"t1", j.id, j.ref, j.amount}, &j.readID, &j.readAmount)
+	}
+	fresh := &orderJob{key: "f-1", hash: "v1:a", id: "ord-f1", ref: "ref-f1", amount: 5}
+	if sent := statements(t, func(ctx context.Context) { expectFree(ctx, fresh) }); fresh.err != nil || !fresh.out.Inserted ||
+		fresh.out.At.IsZero() || len(sent) != 1 || sent[0] != "WITH" {
+		t.Fatalf("fresh claim = %+v, %v, sent %v; want it inserted with its time, one statement", fresh.out, fresh.err, sent)
+	}
+	retry := &orderJob{key: "f-1", hash: "v1:a", id: "ord-f1", ref: "ref-f1", amount: 5}
+	if sent := statements(t, func(ctx context.Context) { expectFree(ctx, retry) }); retry.err != nil || retry.out.Inserted ||
+		retry.out.Settled || retry.readID.Valid || len(sent) != 1 {
+		t.Errorf("retry of a settled key = %+v (read %v), %v, sent %v; want one statement, neither claimed nor settled, nothing read",
+			retry.out, retry.readID, retry.err, sent)
+	}
+	var orders int
+	if err := st.Pool().QueryRow(ctx, `SELECT count(*) FROM orders WHERE order_id = 'ord-f1'`).Scan(&orders); err != nil || orders != 1 {
+		t.Errorf("orders of f-1 = %d, %v; want the first claim's alone", orders, err)
+	}
+	// The same retry queued with another claim goes in their batch, which
+	// reads the settled record.
+	queued, release := store.HoldClaimOrRead(g)
+	again := &orderJob{key: "f-1", hash: "v1:a", id: "ord-f1", ref: "ref-f1", amount: 5}
+	other := &orderJob{key: "f-2", hash: "v1:a", id: "ord-f2", ref: "ref-f2", amount: 6}
+	var wg sync.WaitGroup
+	wg.Go(func() { expectFree(ctx, again) })
+	wg.Go(func() { other.exec(ctx, g) })
+	waitQueued(t, queued, 2, "claims")
+	release()
+	wg.Wait()
+	if again.err != nil || !again.out.Settled || again.out.Decision.Outcome != idem.OutcomeReplay || again.readID.String != "ord-f1" {
+		t.Errorf("retry in a batch = %+v (read %v), %v; want a replay read with its order", again.out, again.readID, again.err)
+	}
+	if other.err != nil || !other.out.Inserted {
+		t.Errorf("the batch's other claim = %+v, %v; want it inserted", other.out, other.err)
+	}
+}
