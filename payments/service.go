@@ -67,7 +67,7 @@ type Config struct {
 	// inserts the record with the payment and its event, or reads the
 	// settled record that holds the key; with ClaimAdaptive, while retries
 	// are rare, a claim that goes alone reads nothing, and the rare key
-	// it finds taken is decided in a transaction.
+	// it finds taken is read after it by the fast path's read.
 	ClaimOrder ClaimOrder
 	// Locker, when set, fences recovery through an external lock service
 	// (etcd): a takeover first locks the scope, and the lock's token is what
