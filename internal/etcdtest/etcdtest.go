@@ -44,6 +44,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -52,6 +53,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/idemcoord/idem/internal/freeport"
 	"github.com/idemcoord/idem/internal/testbin"
 )
 
@@ -160,12 +162,13 @@ func start(bin string, o options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("data directory: %w", err)
 	}
-	ports, err := freePorts(3)
+	ports, err := freeport.Distinct(3)
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
-	client, peer, metrics := "127.0.0.1:"+ports[0], "http://127.0.0.1:"+ports[1], "http://127.0.0.1:"+ports[2]
+	port := func(i int) string { return strconv.Itoa(ports[i]) }
+	client, peer, metrics := "127.0.0.1:"+port(0), "http://127.0.0.1:"+port(1), "http://127.0.0.1:"+port(2)
 	scheme := "http"
 	args := []string{
 		"--name", "etcdtest", "--data-dir", filepath.Join(dir, "data"),
@@ -244,27 +247,6 @@ func healthy(ctx context.Context, url string) bool {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<10))
 	return resp.StatusCode == http.StatusOK && bytes.Contains(b, []byte(`"health":"true"`))
-}
-
-// freePorts returns n distinct ports the kernel had free a moment ago.
-func freePorts(n int) ([]string, error) {
-	var ports []string
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			_ = ln.Close()
-		}
-	}()
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("pick a free port: %w", err)
-		}
-		lns = append(lns, ln)
-		_, port, _ := net.SplitHostPort(ln.Addr().String())
-		ports = append(ports, port)
-	}
-	return ports, nil
 }
 
 // binary is Binary for a test.

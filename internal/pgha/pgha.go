@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemcoord/idem/internal/freeport"
 	"github.com/idemcoord/idem/internal/pgserver"
 	"github.com/idemcoord/idem/internal/procfs"
 )
@@ -254,7 +255,13 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		return nil, err
 	}
 
-	for _, spec := range opts.Members {
+	// Every member's two ports, picked together: picked one at a time,
+	// two members were once given the same port.
+	ports, err := freeport.Distinct(2 * len(opts.Members))
+	if err != nil {
+		return nil, fmt.Errorf("pgha: %w", err)
+	}
+	for i, spec := range opts.Members {
 		m := &Member{Name: spec.Name, Region: spec.Region, c: c, dir: filepath.Join(c.dir, spec.Name), patroni: patroni, cred: cred}
 		// A member's directory is new at every Start: etcd starts afresh
 		// too, and Patroni would not bootstrap over an old data directory.
@@ -264,12 +271,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		if err := pgserver.MkdirAllOwned(m.dir, cred); err != nil {
 			return nil, err
 		}
-		if m.Port, err = freePort(); err != nil {
-			return nil, err
-		}
-		if m.APIPort, err = freePort(); err != nil {
-			return nil, err
-		}
+		m.Port, m.APIPort = ports[2*i], ports[2*i+1]
 		advertise := net.JoinHostPort("127.0.0.1", strconv.Itoa(m.Port))
 		apiAdvertise := net.JoinHostPort("127.0.0.1", strconv.Itoa(m.APIPort))
 		if opts.Advertise != nil {
@@ -377,15 +379,6 @@ func secret() (string, error) {
 		return "", fmt.Errorf("pgha: %w", err)
 	}
 	return hex.EncodeToString(b[:]), nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("pgha: pick a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // writeConfig writes a member's configuration, mode 0600, owned by cred.
