@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/idemcoord/idem/internal/freeport"
 	"github.com/idemcoord/idem/routing"
 )
 
@@ -146,6 +148,12 @@ func (c *Cluster) tryStartEtcd(ctx context.Context, cfg *Config, root string, me
 		return fmt.Errorf("cluster: etcd data directory: %w", err)
 	}
 	clientAddrs := make([]string, len(members))
+	// The processes' client and peer ports, picked together so that no
+	// two are one (freeport.Distinct).
+	ports, err := freeport.Distinct(2 * len(members))
+	if err != nil {
+		return fmt.Errorf("cluster: %w", err)
+	}
 	for i, m := range members {
 		if m.ctr != nil {
 			ip := m.ctr.nets[0].ip
@@ -153,13 +161,8 @@ func (c *Cluster) tryStartEtcd(ctx context.Context, cfg *Config, root string, me
 			m.peerAddr = fmt.Sprintf("%s:%d", ip, dockerEtcdPeer)
 			continue
 		}
-		var err error
-		if clientAddrs[i], err = freeAddr(); err != nil {
-			return err
-		}
-		if m.peerAddr, err = freeAddr(); err != nil {
-			return err
-		}
+		clientAddrs[i] = net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[2*i]))
+		m.peerAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[2*i+1]))
 		if m.demux == nil {
 			m.advertise = m.peerAddr
 		} else {
