@@ -29,12 +29,31 @@ type group[In, Out any] struct {
 	mu    sync.Mutex
 	queue []*groupItem[In, Out]
 	// running is how many leads are out (batches in flight or about to
-	// start), at most inFlight, how many may be.
+	// start), at most limit(): inFlight, how many batches may be in flight
+	// while the group batches, or any number while adapt has it send every
+	// write alone.
 	running, inFlight int
+	// adapt, when set, chooses between batching and sending every write
+	// alone by measuring both (see adaptive). A group without it batches.
+	adapt *adaptive
+	// holding freezes the regime while a test holds the group (hold).
+	holding bool
 	// scope is the scope an input writes.
 	scope func(In) idem.Scope
 	// write writes a batch and sets each item's out and err.
 	write func(ctx context.Context, batch []*groupItem[In, Out])
+}
+
+// anyInFlight is limit() while every write goes alone: more than the
+// concurrency of any caller (which the store's pool bounds anyway).
+const anyInFlight = 1 << 20
+
+// limit is how many leads may be out. The group's lock is held.
+func (g *group[In, Out]) limit() int {
+	if g.adapt != nil && g.adapt.alone {
+		return anyInFlight
+	}
+	return g.inFlight
 }
 
 // writesInFlight is how many batches of Begin's claims, of checkpoints
@@ -49,7 +68,8 @@ type group[In, Out any] struct {
 const writesInFlight = 1
 
 // claimsInFlight is how many batches of a ClaimOrReadGroup may be in
-// flight at once. Its claim is most of its request (a payment without a
+// flight at once while it batches (it measures whether batching pays, see
+// adaptive). Its claim is most of its request (a payment without a
 // provider is claimed, written and completed by it), so one batch at a
 // time would leave the store idle while the batch's answer travels back
 // and the next batch's requests are prepared: the store suite at
@@ -66,22 +86,31 @@ type groupItem[In, Out any] struct {
 	done chan struct{}
 	lead chan struct{}
 	led  bool
+	// taken says a batch took the write (under the group's lock).
+	taken bool
+	// epoch is the adaptive regime's epoch when the write queued.
+	epoch uint64
 }
 
 // do queues in, runs a batch when it is handed the lead, and returns its
 // outcome.
 func (g *group[In, Out]) do(ctx context.Context, in In) (Out, error) {
 	it := &groupItem[In, Out]{in: in, done: make(chan struct{}), lead: make(chan struct{})}
+	var start time.Time
 	g.mu.Lock()
+	if g.adapt != nil {
+		start = time.Now()
+		it.epoch = g.adapt.epoch
+	}
 	g.queue = append(g.queue, it)
-	if g.running < g.inFlight {
+	if g.running < g.limit() {
 		g.running++
 		g.handLead(it)
 	}
 	g.mu.Unlock()
 	select {
 	case <-it.lead:
-		g.runBatch(ctx)
+		g.lead(ctx, it)
 		<-it.done
 	case <-it.done:
 		// Another caller's batch took this write. A lead handed to this
@@ -91,8 +120,15 @@ func (g *group[In, Out]) do(ctx context.Context, in In) (Out, error) {
 		led := it.led
 		g.mu.Unlock()
 		if led {
-			g.runBatch(ctx)
+			g.lead(ctx, nil)
 		}
+	}
+	if g.adapt != nil {
+		g.mu.Lock()
+		if !g.holding && g.adapt.observe(it.epoch, time.Since(start)) {
+			g.fill()
+		}
+		g.mu.Unlock()
 	}
 	return it.out, it.err
 }
@@ -103,9 +139,27 @@ func (g *group[In, Out]) handLead(it *groupItem[In, Out]) {
 	close(it.lead)
 }
 
+// lead runs batches with a lead until own (the caller's write, nil for
+// none) is taken, and hands the lead on. A batch holds one write of a
+// scope, so it may leave own queued behind an earlier write of its scope;
+// the lead is own's caller's to spend until own is written, or own could
+// wait in the queue with a lead already spent, for good.
+func (g *group[In, Out]) lead(ctx context.Context, own *groupItem[In, Out]) {
+	for {
+		g.runBatch(ctx)
+		g.mu.Lock()
+		if own != nil && !own.taken {
+			g.mu.Unlock()
+			continue
+		}
+		g.handOn()
+		g.mu.Unlock()
+		return
+	}
+}
+
 // runBatch takes the head of the queue (at most maxGroup writes, no two of
-// one scope), writes it, delivers each outcome, and hands the lead to the
-// first queued caller that has none, or gives it up.
+// one scope), writes it and delivers each outcome.
 func (g *group[In, Out]) runBatch(ctx context.Context) {
 	g.mu.Lock()
 	var batch, rest []*groupItem[In, Out]
@@ -113,6 +167,7 @@ func (g *group[In, Out]) runBatch(ctx context.Context) {
 	for _, it := range g.queue {
 		if sc := g.scope(it.in); len(batch) < maxGroup && !seen[sc] {
 			seen[sc] = true
+			it.taken = true
 			batch = append(batch, it)
 			continue
 		}
@@ -127,22 +182,37 @@ func (g *group[In, Out]) runBatch(ctx context.Context) {
 			close(it.done)
 		}
 	}
-
-	g.mu.Lock()
-	g.handOn()
-	g.mu.Unlock()
 }
 
 // handOn passes a finished lead to the first queued caller without one, or
-// gives it up. The group's lock is held.
+// gives it up: when no caller waits for one, or when more leads are out
+// than the regime allows (the group has just turned from sending writes
+// alone to batching). The group's lock is held.
 func (g *group[In, Out]) handOn() {
-	for _, it := range g.queue {
-		if !it.led {
-			g.handLead(it)
-			return
+	if g.running <= g.limit() {
+		for _, it := range g.queue {
+			if !it.led {
+				g.handLead(it)
+				return
+			}
 		}
 	}
 	g.running--
+}
+
+// fill hands leads to queued callers without one while the regime allows
+// more leads out: the group has just turned from batching to sending
+// writes alone. The group's lock is held.
+func (g *group[In, Out]) fill() {
+	for _, it := range g.queue {
+		if g.running >= g.limit() {
+			return
+		}
+		if !it.led {
+			g.running++
+			g.handLead(it)
+		}
+	}
 }
 
 // queued reports how many writes wait (for tests).
@@ -156,15 +226,17 @@ func (g *group[In, Out]) queued() int {
 // release runs the queued writes as one batch (for tests).
 func (g *group[In, Out]) hold() (release func()) {
 	g.mu.Lock()
-	held := g.inFlight - g.running
-	g.running = g.inFlight
+	g.holding = true
+	held := g.limit() - g.running
+	g.running = g.limit()
 	g.mu.Unlock()
 	return func() {
 		g.mu.Lock()
 		defer g.mu.Unlock()
+		g.holding = false
 		// One lead for the queue: the rest given up.
 		g.running -= held
-		if g.running < g.inFlight {
+		if g.running < g.limit() {
 			g.running++
 			g.handOn()
 		}

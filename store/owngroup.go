@@ -23,7 +23,9 @@ import (
 // whole (a unique violation of the operation's table, a serialization
 // failure, a deadlock): nothing of such a batch was written, so every
 // claim in it is sent again alone, where the violation fails its own
-// request only. Make one per store and operation with
+// request only. The group measures whether batching pays on its machine
+// and, where claims alone wait less (a cheap flush), sends every claim
+// alone (adaptive). Make one per store and operation with
 // Store.NewClaimOrReadGroup.
 type ClaimOrReadGroup struct {
 	s      *Store
@@ -72,6 +74,7 @@ func (s *Store) NewClaimOrReadGroup(single ClaimOrReadWith, own string, types []
 		// The store groups its writes (Options.NoGroupCommit not set).
 		g.g = &group[groupClaimIn, ClaimOrRead]{
 			inFlight: claimsInFlight,
+			adapt:    newAdaptive(),
 			scope:    func(in groupClaimIn) idem.Scope { return in.req.Scope },
 			write:    g.write,
 		}
