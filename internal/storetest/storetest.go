@@ -122,15 +122,23 @@ func SetSyncStandbys(t testing.TB, st *store.Store, names string) {
 	if _, err := st.Pool().Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(30 * time.Second); ; {
+	// The postmaster signals the server's processes once it has reloaded,
+	// and each reloads before its next statement. Behind a transaction
+	// pooler each read may go to another server process: the setting is
+	// taken as reloaded once several reads in a row see it.
+	for deadline, seen := time.Now().Add(30*time.Second), 0; ; {
 		var got string
 		err := st.Pool().QueryRow(ctx, `SELECT current_setting('synchronous_standby_names')`).Scan(&got)
 		if err == nil && got == names {
+			if seen++; seen < 5 {
+				continue
+			}
 			// Connections read the setting when they are made (and again
 			// after half a minute): start new ones.
 			st.Pool().Reset()
 			return
 		}
+		seen = 0
 		if time.Now().After(deadline) {
 			t.Fatalf("synchronous_standby_names = %q, %v; want %q", got, err, names)
 		}
