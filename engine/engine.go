@@ -528,9 +528,13 @@ func (e *Engine) Do(ctx context.Context, req Request) (Answer, error) {
 	clock := e.opts.Clock
 	deadline := clock.Now().Add(min(max(req.Wait, 0), e.opts.MaxWait))
 	poll := e.opts.PollMin
+	// unknown is the error of an earlier attempt whose outcome is unknown
+	// (RetryOn): its write may have committed.
+	var unknown error
 	for again := 1; ; {
 		ans, err := e.attempt(ctx, op, begin, fns)
 		if err != nil && req.RetryOn != nil && req.RetryOn(err) && again < MaxAttempts {
+			unknown = err
 			if clock.Sleep(ctx, time.Duration(again)*50*time.Millisecond) != nil {
 				return ans, err
 			}
@@ -543,11 +547,23 @@ func (e *Engine) Do(ctx context.Context, req Request) (Answer, error) {
 			}
 			return ans, err
 		}
+		if unknown != nil {
+			// The record in progress may be the one the unknown commit
+			// wrote: this request's own, which nothing else executes (no
+			// claim here knows its own record, as Begin's claim id does).
+			// "In progress" would tell the client that another request
+			// holds the key; what this request did is unknown, and is
+			// answered so (a retry with the same key finds out).
+			err = unknown
+		}
 		left := deadline.Sub(clock.Now())
 		if left <= 0 {
 			return ans, err
 		}
 		if serr := clock.Sleep(ctx, min(poll, left)); serr != nil {
+			if unknown != nil {
+				return ans, unknown
+			}
 			return ans, errInProgress(serr)
 		}
 		poll = min(poll*2, e.opts.PollMax)

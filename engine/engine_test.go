@@ -924,6 +924,60 @@ func TestStoredErrorAndInProgress(t *testing.T) {
 	}
 }
 
+// TestCommitUnknownThenInProgress: a claim whose commit went unanswered
+// (store.ErrCommitUnknown) may have written the record that the request's
+// next attempt finds in progress: the request's own, which nothing else
+// executes. The request is answered with the unknown commit's error, not
+// IDEMPOTENCY_REQUEST_IN_PROGRESS, which would tell the client that
+// another request holds the key (the store-partition chaos scenario found
+// such an answer to a key's first call); a client's later retry is
+// answered in progress as usual.
+func TestCommitUnknownThenInProgress(t *testing.T) {
+	st, _ := storetest.New(t)
+	ctx := ctxOf(t)
+	e := newEngine(t, st, engine.Options{}, engine.Operation{
+		Execute: func(context.Context, *engine.Attempt) (engine.Result, error) {
+			t.Error("Execute ran while the key's record was in progress")
+			return engine.Result{}, nil
+		},
+	})
+	h := hashes(t, map[string]any{"amount": "1"})
+	lost := &idem.Error{Code: idem.ECodeStoreUnavailable, Message: "The store is unavailable.", Err: store.ErrCommitUnknown}
+	for _, wait := range []time.Duration{0, 300 * time.Millisecond} {
+		key := fmt.Sprintf("k-unknown-%d", wait)
+		var claims atomic.Int32
+		req := request(key, h)
+		req.Wait = wait
+		req.RetryOn = func(err error) bool { return errors.Is(err, store.ErrCommitUnknown) }
+		req.Claim = func(ctx context.Context, b idem.BeginRequest) (engine.Claim, error) {
+			d, err := st.Begin(ctx, b)
+			if claims.Add(1) == 1 {
+				if err != nil || d.Outcome != idem.OutcomeExecute {
+					t.Errorf("first claim = %+v, %v; want the key", d, err)
+				}
+				// The claim committed; its answer was lost.
+				return engine.Claim{}, lost
+			}
+			return engine.Claim{Decision: d}, err
+		}
+		_, err := e.Do(ctx, req)
+		if !errors.Is(err, store.ErrCommitUnknown) || idem.ErrorCode(err) != idem.ECodeStoreUnavailable {
+			t.Errorf("wait %v: answer = %v (%s); want the unknown commit's %s", wait, err, idem.ErrorCode(err), idem.ECodeStoreUnavailable)
+		}
+		if n := claims.Load(); n < 2 {
+			t.Errorf("wait %v: %d claims; want the request attempted again", wait, n)
+		}
+		if rec := record(t, st, key); rec.Status != idem.StatusInProgress {
+			t.Errorf("wait %v: record %s; want the unknown claim's IN_PROGRESS record", wait, rec.Status)
+		}
+
+		// Another request of the key is told it is in progress.
+		if _, err := e.Do(ctx, request(key, h)); idem.ErrorCode(err) != idem.ECodeInProgress {
+			t.Errorf("wait %v: a later request = %v; want %s", wait, err, idem.ECodeInProgress)
+		}
+	}
+}
+
 // TestClaimHookTakeoverUnderLock: a ClaimFunc that finds a stale record
 // with external fencing answers "recover, no lease"; the engine takes the
 // scope's lock and claims again with the lock's token.
