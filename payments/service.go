@@ -173,7 +173,12 @@ func NewService(st *store.Store, cfg Config) *Service {
 	if cfg.Provider != nil {
 		cfg.Provider = tracedProvider{cfg.Provider}
 	}
-	s := &Service{store: st, cfg: cfg, logger: cfg.Logger, claims: newClaimGroup(st)}
+	s := &Service{store: st, cfg: cfg, logger: cfg.Logger}
+	if st != nil {
+		// A service without a store only renders and fingerprints (the
+		// client-side benchmarks).
+		s.claims = newClaimGroup(st)
+	}
 	opts := s.EngineOptions()
 	opts.Clock, opts.MaxWait, opts.AnswerCache = sleepClock{cfg.Sleep}, engine.DefaultMaxWait, cfg.AnswerCache
 	s.engine = engine.New(st, opts)
