@@ -18,6 +18,15 @@ type BeginRequest struct {
 	// takes an expired one over (Record.RawHash). It decides nothing here:
 	// a Coordinator decides by RequestHashes.
 	RawHash string
+	// ClaimID, optional, names this request's claim across its attempts
+	// (at most 64 characters; the engine draws one per Do). A claim whose
+	// commit went unanswered may have stored the record: attempted again
+	// with the same ClaimID, the Coordinator recognises the record that
+	// claim inserted or took over, still open, as this request's own and
+	// hands it back (its Lease), where another request would find the key
+	// in progress. A Coordinator without unknown commits may ignore it;
+	// the store draws one when it is empty.
+	ClaimID string
 	// Owner names the caller (for diagnostics; ownership itself is the token).
 	Owner string
 	// HomeRegion is recorded on the record.
@@ -60,6 +69,8 @@ func (r BeginRequest) Validate() error {
 		return Errorf(ECodeValidationFailed, "A request hash is required.")
 	case r.LockFor <= 0 || r.Window <= 0:
 		return Errorf(ECodeValidationFailed, "Lock duration and replay window must be positive.")
+	case len(r.ClaimID) > 64:
+		return Errorf(ECodeValidationFailed, "A claim id is at most 64 characters.")
 	case len(r.StartAt) > 64 || r.StartAt == CheckpointCompleted:
 		return Errorf(ECodeValidationFailed, "A record cannot start at checkpoint %q.", r.StartAt)
 	}

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -519,6 +520,10 @@ func (e *Engine) Do(ctx context.Context, req Request) (Answer, error) {
 	}
 	begin := e.beginRequest(op, scope, hashes, e.opts.Owner, e.opts.HomeRegion)
 	begin.RawHash = req.RawHash
+	// One claim id for every attempt of this request: an attempt after
+	// an unknown commit (RetryOn) recognises the record the earlier one
+	// stored as its own (idem.BeginRequest.ClaimID).
+	begin.ClaimID = rand.Text()
 	if fns.defaultClaim {
 		// Execute runs as soon as the key is granted: a free key's record
 		// says so from its insert, and run writes no CheckpointStarted.
@@ -549,11 +554,11 @@ func (e *Engine) Do(ctx context.Context, req Request) (Answer, error) {
 		}
 		if unknown != nil {
 			// The record in progress may be the one the unknown commit
-			// wrote: this request's own, which nothing else executes (no
-			// claim here knows its own record, as Begin's claim id does).
-			// "In progress" would tell the client that another request
-			// holds the key; what this request did is unknown, and is
-			// answered so (a retry with the same key finds out).
+			// wrote: this request's own, which nothing else executes
+			// when its Coordinator or claim does not recognise its claim
+			// id. "In progress" would tell the client that another
+			// request holds the key; what this request did is unknown,
+			// and is answered so (a retry with the same key finds out).
 			err = unknown
 		}
 		left := deadline.Sub(clock.Now())

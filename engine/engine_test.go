@@ -927,10 +927,11 @@ func TestStoredErrorAndInProgress(t *testing.T) {
 // TestCommitUnknownThenInProgress: a claim whose commit went unanswered
 // (store.ErrCommitUnknown) may have written the record that the request's
 // next attempt finds in progress: the request's own, which nothing else
-// executes. The request is answered with the unknown commit's error, not
-// IDEMPOTENCY_REQUEST_IN_PROGRESS, which would tell the client that
-// another request holds the key (the store-partition chaos scenario found
-// such an answer to a key's first call); a client's later retry is
+// executes, when the claim does not keep the request's claim id (here a
+// claim that drops it). The request is answered with the unknown commit's
+// error, not IDEMPOTENCY_REQUEST_IN_PROGRESS, which would tell the client
+// that another request holds the key (the store-partition chaos scenario
+// found such an answer to a key's first call); a client's later retry is
 // answered in progress as usual.
 func TestCommitUnknownThenInProgress(t *testing.T) {
 	st, _ := storetest.New(t)
@@ -950,6 +951,7 @@ func TestCommitUnknownThenInProgress(t *testing.T) {
 		req.Wait = wait
 		req.RetryOn = func(err error) bool { return errors.Is(err, store.ErrCommitUnknown) }
 		req.Claim = func(ctx context.Context, b idem.BeginRequest) (engine.Claim, error) {
+			b.ClaimID = "" // each attempt a claim id of its own
 			d, err := st.Begin(ctx, b)
 			if claims.Add(1) == 1 {
 				if err != nil || d.Outcome != idem.OutcomeExecute {
@@ -975,6 +977,56 @@ func TestCommitUnknownThenInProgress(t *testing.T) {
 		if _, err := e.Do(ctx, request(key, h)); idem.ErrorCode(err) != idem.ECodeInProgress {
 			t.Errorf("wait %v: a later request = %v; want %s", wait, err, idem.ECodeInProgress)
 		}
+	}
+}
+
+// TestCommitUnknownThenOwnClaim: with the claim id the engine draws for
+// the request (idem.BeginRequest.ClaimID) kept by the claim, as the
+// store's Begin keeps it, the attempt after a claim whose commit went
+// unanswered is handed back the record that commit stored: Execute runs
+// once and the request is answered with its result.
+func TestCommitUnknownThenOwnClaim(t *testing.T) {
+	st, _ := storetest.New(t)
+	ctx := ctxOf(t)
+	var c counting
+	e := newEngine(t, st, engine.Options{}, engine.Operation{Execute: c.execute})
+	var (
+		claims atomic.Int32
+		ids    sync.Map
+	)
+	req := request("k-own", hashes(t, map[string]any{"amount": "1"}))
+	req.RetryOn = func(err error) bool { return errors.Is(err, store.ErrCommitUnknown) }
+	req.Claim = func(ctx context.Context, b idem.BeginRequest) (engine.Claim, error) {
+		ids.Store(b.ClaimID, true)
+		d, err := st.Begin(ctx, b)
+		if claims.Add(1) == 1 {
+			if err != nil || d.Outcome != idem.OutcomeExecute {
+				t.Errorf("first claim = %+v, %v; want the key", d, err)
+			}
+			return engine.Claim{}, &idem.Error{Code: idem.ECodeStoreUnavailable, Message: "The store is unavailable.", Err: store.ErrCommitUnknown}
+		}
+		return engine.Claim{Decision: d}, err
+	}
+	ans, err := e.Do(ctx, req)
+	if err != nil || ans.Status != idem.StatusCompleted || ans.Replayed || ans.Response.Status != 201 {
+		t.Fatalf("answer = %+v, %v; want the request's own execution", ans, err)
+	}
+	if n := c.n.Load(); n != 1 {
+		t.Errorf("executions = %d, want 1", n)
+	}
+	if n := claims.Load(); n != 2 {
+		t.Errorf("claims = %d, want the request attempted again once", n)
+	}
+	distinct := 0
+	ids.Range(func(k, _ any) bool {
+		if k.(string) == "" {
+			t.Error("an attempt had no claim id")
+		}
+		distinct++
+		return true
+	})
+	if distinct != 1 {
+		t.Errorf("the request's attempts had %d claim ids, want one", distinct)
 	}
 }
 

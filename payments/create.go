@@ -424,6 +424,11 @@ func providerClaim(begin idem.BeginRequest) engine.Claim {
 // found one: the insert is not attempted again unless it has gone). A
 // record taken over past RECEIVED is left as it is for Recover.
 func (c *createCall) claimForProvider(ctx context.Context, tx pgx.Tx, begin idem.BeginRequest, taken bool) (engine.Claim, error) {
+	// This request's claim inserts its record at LOCAL_PAYMENT_CREATED:
+	// one found there under its claim id (an earlier attempt's claim
+	// whose commit went unanswered, begin.ClaimID) is handed back as
+	// inserted (store.DecideExisting).
+	begin.StartAt = CheckpointLocalPaymentCreated
 	if !taken {
 		inserted, _, err := ClaimWithPayment(ctx, tx, begin, idem.StatusInProgress, CheckpointLocalPaymentCreated, nil, c.payment, c.event)
 		if err != nil {
@@ -436,6 +441,11 @@ func (c *createCall) claimForProvider(ctx context.Context, tx pgx.Tx, begin idem
 	d, err := store.DecideExisting(ctx, tx, begin)
 	if taken && errors.Is(err, pgx.ErrNoRows) {
 		return c.claimForProvider(ctx, tx, begin, false)
+	}
+	if err == nil && d.Outcome == idem.OutcomeExecute && owned(d) {
+		// This request's own record, as its claim inserted it: Execute
+		// charges, as after providerClaim.
+		return engine.Claim{Decision: d, Progress: CheckpointLocalPaymentCreated}, nil
 	}
 	if err != nil || !owned(d) || d.Record.Checkpoint != idem.CheckpointReceived {
 		return engine.Claim{Decision: d}, err

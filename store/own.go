@@ -54,11 +54,11 @@ func claimCTE(nArgs int, returning string) string {
 			(tenant_id, operation_name, idempotency_key, request_hash, hash_version, status, checkpoint,
 			 owner, fencing_token, locked_until, home_region, created_at, updated_at, expires_at,
 			 response_status, response_headers, response_body, response_schema_version, response_by_reference,
-			 resource_type, resource_id, raw_hash)
+			 resource_type, resource_id, raw_hash, claim_id)
 		VALUES (` + strings.Join([]string{p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8)}, ", ") + `, 1,
 			CASE WHEN ` + p(6) + ` = 'IN_PROGRESS' THEN now() + ` + p(9) + `::INT8 * INTERVAL '1 millisecond' END,
 			` + p(10) + `, now(), now(), now() + ` + p(11) + `::INT8 * INTERVAL '1 millisecond',
-			` + strings.Join([]string{p(12), p(13), p(14), p(15), p(16), p(17), p(18), p(19)}, ", ") + `)
+			` + strings.Join([]string{p(12), p(13), p(14), p(15), p(16), p(17), p(18), p(19), p(20)}, ", ") + `)
 		ON CONFLICT DO NOTHING
 		RETURNING ` + returning + `
 	)`
@@ -116,7 +116,8 @@ func claimArgs(nArgs int, req idem.BeginRequest, status idem.Status, cp idem.Che
 	return append(args[:len(args):len(args)],
 		req.Tenant, req.Operation, req.Key, req.RequestHashes[0], req.HashVersion, string(status), string(cp),
 		req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds(),
-		r.status, r.headers, r.body, r.schema, r.byReference, resourceType, resourceID, nullable(req.RawHash)), nil
+		r.status, r.headers, r.body, r.schema, r.byReference, resourceType, resourceID, nullable(req.RawHash),
+		nullable(req.ClaimID)), nil
 }
 
 // ReferenceRead is the replay fast path's read (ReadSettled) joined with

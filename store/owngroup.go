@@ -219,7 +219,7 @@ func (g *ClaimOrReadGroup) batch(ctx context.Context, q Querier, batch []*groupI
 // recordArgTypes are the SQL types of a claim's record arguments, in
 // claimArgs' order.
 var recordArgTypes = []string{"TEXT", "TEXT", "TEXT", "TEXT", "INT4", "TEXT", "TEXT", "TEXT", "INT8", "TEXT", "INT8",
-	"INT4", "JSONB", "BYTEA", "TEXT", "BOOL", "TEXT", "TEXT", "TEXT"}
+	"INT4", "JSONB", "BYTEA", "TEXT", "BOOL", "TEXT", "TEXT", "TEXT", "TEXT"}
 
 // claimOrReadBatchSQL is the batch form of a ClaimOrReadWith, whose rows
 // (an index, the record's arguments, the operation's) are of types:
@@ -251,11 +251,11 @@ func claimOrReadBatchSQL(own string, types []string, resourceType, row string, c
 			(tenant_id, operation_name, idempotency_key, request_hash, hash_version, status, checkpoint,
 			 owner, fencing_token, locked_until, home_region, created_at, updated_at, expires_at,
 			 response_status, response_headers, response_body, response_schema_version, response_by_reference,
-			 resource_type, resource_id, raw_hash)
+			 resource_type, resource_id, raw_hash, claim_id)
 		SELECT r1, r2, r3, r4, r5, r6, r7, r8, 1,
 			CASE WHEN r6 = 'IN_PROGRESS' THEN now() + r9 * INTERVAL '1 millisecond' END,
 			r10, now(), now(), now() + r11 * INTERVAL '1 millisecond',
-			r12, r13, r14, r15, r16, r17, r18, r19
+			r12, r13, r14, r15, r16, r17, r18, r19, r20
 		FROM v ORDER BY r1, r2, r3
 		ON CONFLICT DO NOTHING
 		RETURNING tenant_id, operation_name, idempotency_key

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
@@ -226,5 +227,60 @@ func TestClaimOrReadGroupExpectFree(t *testing.T) {
 	}
 	if other.err != nil || !other.out.Inserted {
 		t.Errorf("the batch's other claim = %+v, %v; want it inserted", other.out, other.err)
+	}
+}
+
+// TestClaimsKeepTheirClaimID: a record an operation's claim inserts
+// open (IN_PROGRESS) carries the request's claim id, alone and in a
+// batch, so that the request's next attempt after an unanswered commit
+// (idem.BeginRequest.ClaimID) is handed the record back by
+// DecideExisting, while a request with another claim id finds it in
+// progress.
+func TestClaimsKeepTheirClaimID(t *testing.T) {
+	st, g := newOrderGroup(t)
+	ctx := context.Background()
+	open := func(j *orderJob) {
+		req := beginReq(j.key, j.hash)
+		req.ClaimID = "claim-" + j.key
+		j.out, j.err = g.Exec(ctx, req, idem.StatusInProgress, idem.CheckpointReceived, nil, "order", j.id,
+			[]any{"t1", j.id, j.ref, j.amount}, &j.readID, &j.readAmount)
+	}
+	alone := &orderJob{key: "c-alone", hash: "v1:a", id: "ord-alone", ref: "ref-alone", amount: 1}
+	if open(alone); alone.err != nil || !alone.out.Inserted {
+		t.Fatalf("claim alone = %+v, %v", alone.out, alone.err)
+	}
+	batch := []*orderJob{{key: "c-1", hash: "v1:a", id: "ord-1", ref: "ref-1", amount: 1},
+		{key: "c-2", hash: "v1:a", id: "ord-2", ref: "ref-2", amount: 2}}
+	queued, release := store.HoldClaimOrRead(g)
+	var wg sync.WaitGroup
+	for _, j := range batch {
+		wg.Go(func() { open(j) })
+	}
+	waitQueued(t, queued, len(batch), "claims")
+	release()
+	wg.Wait()
+	for _, j := range append(batch, alone) {
+		if j.err != nil || !j.out.Inserted {
+			t.Fatalf("claim of %s = %+v, %v", j.key, j.out, j.err)
+		}
+		decide := func(claim string) idem.Decision {
+			t.Helper()
+			req := beginReq(j.key, j.hash)
+			req.ClaimID = claim
+			var d idem.Decision
+			if err := st.ExecTx(ctx, func(tx pgx.Tx) (err error) {
+				d, err = store.DecideExisting(ctx, tx, req)
+				return err
+			}); err != nil {
+				t.Fatalf("decide %s: %v", j.key, err)
+			}
+			return d
+		}
+		if d := decide("claim-" + j.key); d.Outcome != idem.OutcomeExecute || d.Lease.Token != 1 {
+			t.Errorf("%s decided under its own claim id = %s (token %d), want execute with the claim's lease", j.key, d.Outcome, d.Lease.Token)
+		}
+		if d := decide("another"); d.Outcome != idem.OutcomeInProgress || d.Lease.Token != 0 {
+			t.Errorf("%s decided under another claim id = %s (token %d), want in progress", j.key, d.Outcome, d.Lease.Token)
+		}
 	}
 }

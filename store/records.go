@@ -88,9 +88,12 @@ func (s *Store) Begin(ctx context.Context, req idem.BeginRequest) (idem.Decision
 	if err := req.Validate(); err != nil {
 		return idem.Decision{}, err
 	}
-	claim, err := newClaimID()
-	if err != nil {
-		return idem.Decision{}, err
+	claim := req.ClaimID
+	var err error
+	if claim == "" {
+		if claim, err = newClaimID(); err != nil {
+			return idem.Decision{}, err
+		}
 	}
 	var d idem.Decision
 	run := func(tx pgx.Tx) error {
@@ -359,9 +362,13 @@ func insertClaim(ctx context.Context, tx Querier, req idem.BeginRequest, claim s
 }
 
 // DecideExisting reads the existing record of req's scope and applies
-// idem.Decide at the store's time, taking ownership when the decision allows.
+// idem.Decide at the store's time, taking ownership when the decision
+// allows. A record still open under req.ClaimID is this request's own
+// (its earlier claim's commit went unanswered, see ClaimID): its lease is
+// handed back, as OutcomeExecute when the record is as the claim inserted
+// it (first attempt, at req's start checkpoint), else OutcomeRecover.
 func DecideExisting(ctx context.Context, tx Querier, req idem.BeginRequest) (idem.Decision, error) {
-	return decideExisting(ctx, tx, req, "")
+	return decideExisting(ctx, tx, req, req.ClaimID)
 }
 
 func decideExisting(ctx context.Context, tx Querier, req idem.BeginRequest, claim string) (idem.Decision, error) {

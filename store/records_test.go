@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -97,6 +98,7 @@ func TestBeginRejectsBadRequests(t *testing.T) {
 		"lock <= 0":  func(r *idem.BeginRequest) { r.LockFor = -time.Second },
 		"long key":   func(r *idem.BeginRequest) { r.Key = string(make([]byte, 256)) },
 		"control ch": func(r *idem.BeginRequest) { r.Key = "a\x01" },
+		"long claim": func(r *idem.BeginRequest) { r.ClaimID = strings.Repeat("c", 65) },
 	} {
 		req := beginReq("k", "v1:a")
 		mutate(&req)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +15,10 @@ import (
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/payments"
+	"github.com/idemcoord/idem/provider"
+	"github.com/idemcoord/idem/provider/simulator"
+	"github.com/idemcoord/idem/store"
+	"github.com/idemcoord/idem/tests/commitcut"
 )
 
 // TestCreateResolvesAnAmbiguousCommit loses the answer to the commit of the
@@ -147,5 +152,70 @@ func TestCreateResolvesAnAmbiguousBatchCommit(t *testing.T) {
 	// the records the batch had stored.
 	if resolved < 2 {
 		t.Errorf("%d requests answered from a record their lost commit stored; want the batch's (at least two)", resolved)
+	}
+}
+
+// TestCreateContinuesItsOwnClaim loses the answer to the commit of a
+// payment's claim with a provider (the record IN_PROGRESS at
+// LOCAL_PAYMENT_CREATED with its payment and event), while the store
+// commits it: the request's next attempt finds the record its lost commit
+// stored under its claim id and goes on with it, so Create charges once
+// and answers 201, not STORE_UNAVAILABLE or "in progress"; in either claim
+// order, and with the claims' group commit or without.
+func TestCreateContinuesItsOwnClaim(t *testing.T) {
+	for name, cfg := range map[string]struct {
+		order   payments.ClaimOrder
+		noGroup bool
+	}{
+		"claim first":                  {order: payments.ClaimFirst},
+		"read first":                   {order: payments.ReadFirst},
+		"claim first, no group commit": {order: payments.ClaimFirst, noGroup: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx := ctxOf(t)
+			direct, dbURL := storetest.New(t)
+			cut := commitcut.New(t, dbURL)
+			st, err := store.Open(ctx, cut.URL, store.Options{MaxConns: 4, NoGroupCommit: cfg.noGroup})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(st.Close)
+			sim, err := simulator.NewServer(simulator.Config{DataDir: t.TempDir()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			hs := httptest.NewServer(sim.Handler())
+			t.Cleanup(func() { hs.Close(); _ = sim.Close() })
+			prov := &provider.Client{BaseURL: hs.URL}
+			svc := payments.NewService(st, payments.Config{ClaimOrder: cfg.order, Provider: prov, LockFor: 30 * time.Second})
+
+			cut.Arm(1)
+			res, err := svc.Create(ctx, payments.Request{Tenant: tenant, Key: "k1", Body: []byte(article)})
+			if !cut.Cut() {
+				t.Fatal("no COMMIT lost its answer; the test injected nothing")
+			}
+			if err != nil || res.Response.Status != 201 || res.Replayed {
+				t.Fatalf("Create with its claim's COMMIT answer lost = %d %s replayed=%v, %v; want its own 201",
+					res.Response.Status, res.Response.Body, res.Replayed, err)
+			}
+			charges, err := prov.Charges(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if charges.Total != 1 {
+				t.Errorf("provider charges = %+v, want one", charges)
+			}
+			if n := storetest.Count(t, direct, `SELECT count(*) FROM payments WHERE tenant_id = $1`, tenant); n != 1 {
+				t.Errorf("payments = %d, want 1", n)
+			}
+			rec, err := direct.Get(ctx, idem.Scope{Tenant: tenant, Operation: payments.Operation, Key: "k1"})
+			if err != nil || rec.Status != idem.StatusCompleted || rec.Attempts != 1 || rec.FencingToken != 1 {
+				t.Fatalf("record = %+v, %v; want COMPLETED by its first claim (attempt 1, token 1)", rec, err)
+			}
+			again, err := svc.Create(ctx, payments.Request{Tenant: tenant, Key: "k1", Body: []byte(article)})
+			if err != nil || !again.Replayed || !bytes.Equal(again.Response.Body, res.Response.Body) {
+				t.Errorf("retry = %+v, %v; want the answer given replayed", again, err)
+			}
+		})
 	}
 }
