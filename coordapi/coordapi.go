@@ -73,6 +73,13 @@ type BeginRequest struct {
 	LockTimeoutSeconds *int64         `json:"lockTimeoutSeconds,omitempty"`
 	WindowSeconds      *int64         `json:"windowSeconds,omitempty"`
 	Owner              *string        `json:"owner,omitempty"`
+	// ClaimID names the caller's claim across its attempts: a begin whose
+	// answer was lost, sent again with the same claimId, is answered with
+	// the record it claimed and its fencing token (an open record this
+	// claim inserted or took over), where another caller would find the
+	// key in progress. 16 to 64 visible ASCII characters, drawn at random
+	// once per request (128 bits or more); never shared by two requests.
+	ClaimID *string `json:"claimId,omitempty"`
 }
 
 // BeginAnswer is the answer to begin. FencingToken is set when the caller

@@ -26,8 +26,12 @@
 //     the engine. A request that did not get an answer from the node (network
 //     failure, cancelled context, a proxy's non-JSON 5xx) is
 //     *idem.Error{Code: idem.ECodeUnavailable} wrapping the cause; after such an
-//     error on Begin the node may have granted a lease the caller never saw,
-//     which a later Begin reports as in progress until the lock times out.
+//     error on Begin the node may have granted a lease the caller never saw.
+//     BeginRequest.ClaimID travels as claimId: a Begin sent again with the
+//     same one is handed that lease (the engine draws one per request, so
+//     engine.Request.RetryOn reporting ECodeUnavailable gets it back);
+//     without one, a later Begin reports the key in progress until the lock
+//     times out. The node refuses a claim id shorter than 16 characters.
 package coordclient
 
 import (
@@ -92,6 +96,11 @@ func (c *Client) Begin(ctx context.Context, req idem.BeginRequest) (idem.Decisio
 	}
 	if req.Owner != "" {
 		in.Owner = &req.Owner
+	}
+	if req.ClaimID != "" {
+		// The engine draws one per request (26 characters); the node
+		// refuses one shorter than 16.
+		in.ClaimID = &req.ClaimID
 	}
 	err := c.call(ctx, http.MethodPost, req.Scope, "/begin", in, &ans)
 	if err != nil {

@@ -171,6 +171,27 @@ func testCoordinator(t *testing.T, c idem.Coordinator, st *store.Store) {
 		}
 	})
 
+	t.Run("a claim id gets its own open record back", func(t *testing.T) {
+		// The answer to a Begin may be lost (the node unreachable after it
+		// claimed): sent again with the same ClaimID, the Begin is handed
+		// the record that claim inserted, with its token.
+		claim := func(id string) idem.Decision {
+			t.Helper()
+			d, err := c.Begin(ctx, idem.BeginRequest{
+				Scope: scope("claimed"), RequestHashes: []string{h1}, HashVersion: 1, Owner: "worker-1",
+				LockFor: time.Minute, Window: time.Hour, ClaimID: id,
+			})
+			if err != nil {
+				t.Fatalf("Begin with claim id %q: %v", id, err)
+			}
+			return d
+		}
+		expectOwned(t, claim("claim-0123456789abcdef"), idem.OutcomeExecute, 1)
+		expectOwned(t, claim("claim-0123456789abcdef"), idem.OutcomeExecute, 1)
+		expectNotOwned(t, claim("claim-of-another-request"), idem.OutcomeInProgress)
+		expectNotOwned(t, begin(t, "claimed", h1), idem.OutcomeInProgress)
+	})
+
 	t.Run("dot segments are not keys", func(t *testing.T) {
 		// "." and ".." would be resolved away by a path cleaner on the way to
 		// a node; every implementation refuses them, so switching from the

@@ -23,7 +23,12 @@ import (
 
 // Limits of the coordination API.
 const (
-	maxOwnerLen         = 128 // characters
+	maxOwnerLen = 128 // characters
+	// A claim id is drawn at random per request: at least 16 characters,
+	// so that two requests do not share one by accident (see
+	// coordapi.BeginRequest.ClaimID).
+	minClaimIDLen       = 16
+	maxClaimIDLen       = 64
 	maxRequestHashLen   = 256
 	maxCheckpointLen    = 64
 	maxErrorCodeLen     = 128

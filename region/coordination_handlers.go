@@ -88,6 +88,13 @@ func (s *Server) coordBegin(w http.ResponseWriter, r *http.Request, scope idem.S
 		}
 		req.Owner = *in.Owner
 	}
+	if in.ClaimID != nil {
+		if c := *in.ClaimID; len(c) < minClaimIDLen || len(c) > maxClaimIDLen || !visibleASCII(c) {
+			return idem.Decision{}, idem.Errorf(idem.ECodeValidationFailed,
+				"Field \"claimId\" must be %d to %d visible ASCII characters.", minClaimIDLen, maxClaimIDLen)
+		}
+		req.ClaimID = *in.ClaimID
+	}
 	return s.begin(r.Context(), req)
 }
 

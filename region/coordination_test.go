@@ -243,6 +243,9 @@ func TestCoordinationRejects(t *testing.T) {
 		{"window over 30 days", "tok-a", "op", "k", `{"requestHash":"v1:abc","windowSeconds":2592001}`, 422, idem.ECodeValidationFailed},
 		{"fractional window", "tok-a", "op", "k", `{"requestHash":"v1:abc","windowSeconds":1.5}`, 422, idem.ECodeValidationFailed},
 		{"owner too long", "tok-a", "op", "k", `{"requestHash":"v1:abc","owner":"` + strings.Repeat("o", 129) + `"}`, 422, idem.ECodeValidationFailed},
+		{"claim id too short", "tok-a", "op", "k", `{"requestHash":"v1:abc","claimId":"` + strings.Repeat("c", 15) + `"}`, 422, idem.ECodeValidationFailed},
+		{"claim id too long", "tok-a", "op", "k", `{"requestHash":"v1:abc","claimId":"` + strings.Repeat("c", 65) + `"}`, 422, idem.ECodeValidationFailed},
+		{"claim id with a space", "tok-a", "op", "k", `{"requestHash":"v1:abc","claimId":"0123456789 abcdef"}`, 422, idem.ECodeValidationFailed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := n.coord(http.MethodPost, tc.token, tc.op, tc.key, "begin", tc.body)
@@ -264,11 +267,48 @@ func TestCoordinationRejects(t *testing.T) {
 	// The boundaries themselves are accepted.
 	ok := []string{
 		`{"requestHash":"v1:abc","lockTimeoutSeconds":3600,"windowSeconds":2592000,"owner":"` + strings.Repeat("ö", 128) + `"}`,
+		`{"requestHash":"v1:abc","claimId":"` + strings.Repeat("c", 16) + `"}`,
+		`{"requestHash":"v1:abc","claimId":"` + strings.Repeat("c", 64) + `"}`,
 	}
 	for i, body := range ok {
 		if a, d := n.begin("tok-a", strings.Repeat("o", 64), "edge-"+string(rune('a'+i)), body); a.status != 200 || d.Outcome != "execute" {
 			t.Errorf("begin %s = %d %s", body, a.status, a.body)
 		}
+	}
+}
+
+// TestCoordinationClaimIDAfterALostAnswer: a begin sent again with the
+// claimId of one whose answer the caller never saw is handed the record
+// that claim inserted, with its fencing token, while the record is open;
+// a begin with another claimId (or none) finds the key in progress; once
+// the record is settled, the same claimId is answered as any retry.
+func TestCoordinationClaimIDAfterALostAnswer(t *testing.T) {
+	n := newNode(t)
+	const claim = `{"requestHash":"v1:abc","claimId":"claim-0123456789abcdef"}`
+	first, d := n.begin("tok-a", "op", "k-lost", claim)
+	if first.status != http.StatusOK || d.Outcome != "execute" || d.FencingToken != 1 {
+		t.Fatalf("begin = %d %s", first.status, first.body)
+	}
+	// The caller never saw that answer and sends the begin again.
+	a, d := n.begin("tok-a", "op", "k-lost", claim)
+	if a.status != http.StatusOK || d.Outcome != "execute" || d.FencingToken != 1 {
+		t.Errorf("begin again with its claim id = %d %s, want execute with token 1", a.status, a.body)
+	}
+	for _, other := range []string{`{"requestHash":"v1:abc","claimId":"claim-another-request-0"}`, `{"requestHash":"v1:abc"}`} {
+		if a, d := n.begin("tok-a", "op", "k-lost", other); a.status != http.StatusOK || d.Outcome != "in_progress" || d.FencingToken != 0 {
+			t.Errorf("begin %s = %d %s, want in progress", other, a.status, a.body)
+		}
+	}
+	// Another tenant's claim id does not reach the key (tenants do not share keys).
+	if a, d := n.begin("tok-b", "op", "k-lost", claim); a.status != http.StatusOK || d.Outcome != "execute" {
+		t.Errorf("tenant b's begin = %d %s, want a claim of its own key", a.status, a.body)
+	}
+	if a := n.coord(http.MethodPost, "tok-a", "op", "k-lost", "complete", `{"fencingToken":1,"response":{"status":201,"body":"b2s="}}`); a.status != http.StatusNoContent {
+		t.Fatalf("complete = %d %s", a.status, a.body)
+	}
+	if a, d := n.begin("tok-a", "op", "k-lost", claim); a.status != http.StatusOK || d.Outcome != "replay" || d.FencingToken != 0 ||
+		d.Response == nil || string(d.Response.Body) != "ok" {
+		t.Errorf("begin with its claim id after completion = %d %s, want the replay", a.status, a.body)
 	}
 }
 

@@ -404,6 +404,15 @@ func (h *harness) coordination(t *testing.T) {
 	h.do(t, exchange{name: "fail unknown", method: "POST", path: base + "c-2/fail", token: tenantToken, conforms: true, status: 204,
 		body: fmt.Sprintf(`{"fencingToken":%d,"status":"UNKNOWN_REQUIRES_RECOVERY","errorCode":"PROVIDER_TIMEOUT"}`, begun.FencingToken)})
 
+	// A begin sent again with its claim id after a lost answer: the
+	// record it claimed, with its token.
+	withClaim := `{"command":{"accountId":"acc_1"},"claimId":"claim-0123456789abcdef"}`
+	h.do(t, exchange{name: "begin with a claim id", method: "POST", path: base + "c-4/begin", token: tenantToken, body: withClaim, conforms: true, status: 200})
+	if a := h.do(t, exchange{name: "begin again with its claim id", method: "POST", path: base + "c-4/begin", token: tenantToken, body: withClaim, conforms: true, status: 200}); !bytes.Contains(a.body, []byte(`"execute"`)) {
+		t.Errorf("begin again with its claim id: %s, want execute", a.body)
+	}
+	h.do(t, exchange{name: "short claim id", method: "POST", path: base + "c-4/begin", token: tenantToken, body: `{"command":{},"claimId":"short"}`, status: 422, code: idem.ECodeValidationFailed})
+
 	// An operation the node does not serve: 404 on every route.
 	for _, r := range []struct{ method, path, body string }{
 		{"POST", "/v1/coordination/refund/c-1/begin", command},
