@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
@@ -13,10 +12,10 @@ import (
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/internal/pgtest"
+	"github.com/idemcoord/idem/internal/providertest"
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/provider"
-	"github.com/idemcoord/idem/provider/simulator"
 	"github.com/idemcoord/idem/store"
 )
 
@@ -36,13 +35,7 @@ type fixture struct {
 func newFixture(t *testing.T, cfg payments.Config) *fixture {
 	t.Helper()
 	st, _ := storetest.New(t)
-	sim, err := simulator.NewServer(simulator.Config{DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(sim.Handler())
-	t.Cleanup(func() { hs.Close(); _ = sim.Close() })
-	client := &provider.Client{BaseURL: hs.URL}
+	client := providertest.Start(t)
 	cfg.Provider = client
 	if cfg.LockFor == 0 {
 		cfg.LockFor = 30 * time.Second

@@ -3,7 +3,6 @@ package region_test
 import (
 	"context"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -11,10 +10,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/internal/providertest"
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/provider"
-	"github.com/idemcoord/idem/provider/simulator"
 	"github.com/idemcoord/idem/region"
 )
 
@@ -23,13 +22,7 @@ import (
 func newProviderNode(t *testing.T) (*node, *provider.Client) {
 	t.Helper()
 	st, _ := storetest.New(t)
-	sim, err := simulator.NewServer(simulator.Config{DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(sim.Handler())
-	t.Cleanup(func() { hs.Close(); _ = sim.Close() })
-	client := &provider.Client{BaseURL: hs.URL}
+	client := providertest.Start(t)
 	pay := payments.NewService(st, payments.Config{Region: "test", Window: time.Hour, LockFor: 30 * time.Second, Provider: client})
 	return startNode(t, st, pay, region.Config{}), client
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/internal/etcdtest"
+	"github.com/idemcoord/idem/internal/providertest"
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/routing"
@@ -19,7 +20,7 @@ func TestFailoverWithPartitionedRegion(t *testing.T) {
 	ctx := context.Background()
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
-	prov := startProvider(t)
+	prov := providertest.Start(t)
 	if _, err := routing.SetPlacement(ctx, cli, "tenant-a", "eu-west"); err != nil {
 		t.Fatal(err)
 	}

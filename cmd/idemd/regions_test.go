@@ -8,7 +8,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"syscall"
@@ -18,10 +17,10 @@ import (
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/internal/etcdtest"
 	"github.com/idemcoord/idem/internal/pgtest"
+	"github.com/idemcoord/idem/internal/providertest"
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/provider"
-	"github.com/idemcoord/idem/provider/simulator"
 	"github.com/idemcoord/idem/routing"
 	"github.com/idemcoord/idem/store"
 )
@@ -32,17 +31,6 @@ type testRegion struct {
 	db    string
 	store *store.Store
 	nodes []*proc
-}
-
-func startProvider(t *testing.T) *provider.Client {
-	t.Helper()
-	sim, err := simulator.NewServer(simulator.Config{DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(sim.Handler())
-	t.Cleanup(func() { hs.Close(); _ = sim.Close() })
-	return &provider.Client{BaseURL: hs.URL}
 }
 
 // startRegion starts n nodes of region name on a fresh database, joined
@@ -159,7 +147,7 @@ func TestPausedRecoveryOwnerIsFenced(t *testing.T) {
 func testPausedOwner(t *testing.T, fp string) {
 	ctx := context.Background()
 	etcd := etcdtest.Start(t)
-	prov := startProvider(t)
+	prov := providertest.Start(t)
 	ep := strings.Join(etcd.Endpoints, ",")
 	db := pgtest.NewDatabase(t)
 	st := openStore(t, db)
@@ -270,7 +258,7 @@ func TestPlacementEpochBumpDuringTraffic(t *testing.T) {
 	ctx := context.Background()
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
-	prov := startProvider(t)
+	prov := providertest.Start(t)
 	if _, err := routing.SetPlacement(ctx, cli, "tenant-a", "eu-west"); err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -13,10 +12,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/internal/providertest"
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/payments"
-	"github.com/idemcoord/idem/provider"
-	"github.com/idemcoord/idem/provider/simulator"
 	"github.com/idemcoord/idem/store"
 	"github.com/idemcoord/idem/tests/commitcut"
 )
@@ -180,13 +178,7 @@ func TestCreateContinuesItsOwnClaim(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(st.Close)
-			sim, err := simulator.NewServer(simulator.Config{DataDir: t.TempDir()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			hs := httptest.NewServer(sim.Handler())
-			t.Cleanup(func() { hs.Close(); _ = sim.Close() })
-			prov := &provider.Client{BaseURL: hs.URL}
+			prov := providertest.Start(t)
 			svc := payments.NewService(st, payments.Config{ClaimOrder: cfg.order, Provider: prov, LockFor: 30 * time.Second})
 
 			cut.Arm(1)

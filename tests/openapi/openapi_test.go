@@ -19,11 +19,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/internal/providertest"
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/payments/paymentsnode"
 	"github.com/idemcoord/idem/provider"
-	"github.com/idemcoord/idem/provider/simulator"
 	"github.com/idemcoord/idem/region"
 	"github.com/idemcoord/idem/sidecar"
 )
@@ -139,13 +139,7 @@ func newHarness(t *testing.T) *harness {
 	proxied := validator.NewValidatorFromV3Model(&model.Model)
 
 	st, _ := storetest.New(t)
-	sim, err := simulator.NewServer(simulator.Config{DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	simServer := httptest.NewServer(sim.Handler())
-	t.Cleanup(func() { simServer.Close(); _ = sim.Close() })
-	prov := &provider.Client{BaseURL: simServer.URL}
+	prov := providertest.Start(t)
 	pay := payments.NewService(st, payments.Config{Region: "test", Window: time.Hour, LockFor: 30 * time.Second, Provider: prov})
 	up := newUpstream(t)
 	routes, err := sidecar.ParseRoutes("POST /transfers=create_transfer@" + up.URL + ";timeout=5s, POST /dead=dead_end@http://127.0.0.1:1")
