@@ -40,9 +40,16 @@ want() { # want <what> <status> [text the body must contain]
 field() { sed -n "s/.*\"$1\":\"\{0,1\}\([^\",}]*\).*/\1/p" <<<"$body"; }
 
 echo "== 1. begin: the first caller owns the key (outcome execute) and gets a fencing token"
-call POST "$base/begin" "{\"command\":$command}"
+# claimId: drawn at random once per request, so that the begin can be sent
+# again if its answer is lost.
+claim=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')
+call POST "$base/begin" "{\"command\":$command,\"claimId\":\"$claim\"}"
 want "begin" 200 '"outcome":"execute"'
 token=$(field fencingToken)
+
+echo "== 1b. the begin's answer was lost: the same begin, same claimId, gets the claim back"
+call POST "$base/begin" "{\"command\":$command,\"claimId\":\"$claim\"}"
+want "begin again" 200 "\"fencingToken\":$token"
 
 echo "== 2. a concurrent duplicate begins: in progress, with Retry-After"
 call POST "$base/begin" "{\"command\":$command}"
