@@ -219,3 +219,59 @@ func checkCancelled(e *env) {
 		e.t.Errorf("record after a cancelled Complete: %s, want IN_PROGRESS", rec.Status)
 	}
 }
+
+// checkClaimSentAgain: a Begin sent again under its ClaimID (its first
+// answer lost) gets its own lease back while the record is open, the
+// record unchanged: Execute while the record is as that claim inserted
+// it, Recover once its owner has checkpointed. Another claim id, or none,
+// finds the key in progress, and a settled record answers a replay to the
+// claim as to anyone. A takeover's claim id is the record's from then on.
+func checkClaimSentAgain(e *env) {
+	const mine, other = "coordtest-claim-00000001", "coordtest-claim-00000002"
+	s := e.scope("k")
+	req := request(s, "command", "owner-1")
+	req.ClaimID = mine
+	first := e.expect(req, idem.OutcomeExecute)
+	e.fresh(first.Record, req, idem.CheckpointReceived)
+	again := e.expect(req, idem.OutcomeExecute)
+	e.sameLease(again, first, "the claim sent again")
+	e.same(again.Record, first.Record, "the record of the claim sent again")
+
+	stranger := request(s, "command", "owner-2")
+	stranger.ClaimID = other
+	e.expect(stranger, idem.OutcomeInProgress)
+	e.expect(request(s, "command", "owner-3"), idem.OutcomeInProgress)
+
+	e.do("Checkpoint", e.c.Checkpoint(e.ctx, first.Lease, "coordtest.sent"))
+	resumed := e.expect(req, idem.OutcomeRecover)
+	e.sameLease(resumed, first, "the claim sent again after a checkpoint")
+	if resumed.Record.Checkpoint != "coordtest.sent" || resumed.Record.Attempts != 1 {
+		e.t.Errorf("the claim sent again after a checkpoint: record at %s, attempts %d; want coordtest.sent, 1",
+			resumed.Record.Checkpoint, resumed.Record.Attempts)
+	}
+	e.do("Complete", e.c.Complete(e.ctx, first.Lease, idem.Completion{Response: idem.Response{Status: 201, Body: []byte("once")}}))
+	if d := e.expect(req, idem.OutcomeReplay); d.Record.Response == nil || string(d.Record.Response.Body) != "once" {
+		e.t.Errorf("the claim sent again after it completed: response %+v, want the stored one", d.Record.Response)
+	}
+
+	// A record taken over under a claim id is that claim's: sent again, it
+	// gets the takeover's lease, not another one.
+	u := e.scope("taken")
+	d := e.claim(u, "command", "owner-1")
+	e.do("Fail", e.c.Fail(e.ctx, d.Lease, idem.Failure{Status: idem.StatusFailedRetryable, ErrorCode: "DOWNSTREAM_BUSY"}))
+	take := request(u, "command", "owner-2")
+	take.ClaimID = other
+	taken := e.expect(take, idem.OutcomeRecover)
+	e.sameLease(e.expect(take, idem.OutcomeRecover), taken, "the takeover sent again")
+	mineAgain := request(u, "command", "owner-1")
+	mineAgain.ClaimID = mine
+	e.expect(mineAgain, idem.OutcomeInProgress)
+}
+
+// sameLease fails the check unless got hands back want's lease.
+func (e *env) sameLease(got, want idem.Decision, what string) {
+	e.t.Helper()
+	if got.Lease.Scope != want.Lease.Scope || got.Lease.Token != want.Lease.Token {
+		e.t.Errorf("%s: lease %+v, want %+v", what, got.Lease, want.Lease)
+	}
+}

@@ -20,7 +20,8 @@
 // What the suite holds an implementation to, one subtest each: a free key
 // is claimed by one request (OutcomeExecute, fencing token above zero,
 // IN_PROGRESS at RECEIVED or at BeginRequest.StartAt), even when many
-// claim it at once; an existing record answers as [idem.Decide] says
+// claim it at once; a claim sent again under its BeginRequest.ClaimID gets
+// its own lease back while its record is open; an existing record answers as [idem.Decide] says
 // (in progress, conflict, replay with the stored response, under any hash
 // version the request carries); Checkpoint, Complete and Fail write only
 // under the record's current token and while it is open, and fail with
@@ -85,6 +86,10 @@ type Target struct {
 	// allows: the check accepts either checkpoint, and a StartAt the store
 	// would refuse is not checked.
 	IgnoresStartAt bool
+	// IgnoresClaimID says that the coordinator ignores
+	// BeginRequest.ClaimID, as one without unknown commits may: the check
+	// that a claim sent again gets its lease back is skipped.
+	IgnoresClaimID bool
 }
 
 // Suite durations: every Begin of the suite asks for them.
@@ -113,6 +118,7 @@ const (
 	needAge
 	needExternalFencing
 	needTenants
+	needClaimID
 )
 
 // checks are Run's subtests, in order.
@@ -121,6 +127,7 @@ var checks = []check{
 	{"claim starts at StartAt", needNothing, checkStartAt},
 	{"held key answers in progress or conflict", needNothing, checkInProgress},
 	{"concurrent claims grant one", needNothing, checkConcurrentClaims},
+	{"a claim sent again gets its lease back", needClaimID, checkClaimSentAgain},
 	{"complete and replay", needNothing, checkCompleteReplay},
 	{"replay under an older hash version", needNothing, checkHashVersions},
 	{"checkpoint", needNothing, checkCheckpoint},
@@ -159,6 +166,8 @@ func Run(t *testing.T, open func(t *testing.T) Target) {
 				t.Skip("coordtest: the Target takes no external fencing token")
 			case c.needs == needTenants && tg.OneTenant:
 				t.Skip("coordtest: the Target serves one tenant")
+			case c.needs == needClaimID && tg.IgnoresClaimID:
+				t.Skip("coordtest: the Target ignores BeginRequest.ClaimID")
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			t.Cleanup(cancel)

@@ -5,7 +5,9 @@
 //
 // It keeps the contract of the PostgreSQL store (package store) and passes
 // the same contract suite (package coordtest): a free key is claimed by
-// one atomic insert and starts at BeginRequest.StartAt; an existing record
+// one atomic insert and starts at BeginRequest.StartAt; a claim sent again
+// under its BeginRequest.ClaimID gets its lease back while its record is
+// open (so a test can lose a Begin's answer on purpose); an existing record
 // answers as [idem.Decide] says at the coordinator's time; a stale,
 // retryable or unknown record is taken over with a higher fencing token
 // (the record's own counter, or BeginRequest.FencingToken when the caller
@@ -46,6 +48,9 @@ type Coordinator struct {
 
 	mu      sync.Mutex
 	records map[idem.Scope]*idem.Record
+	// claims holds the BeginRequest.ClaimID of the claim that inserted or
+	// last took over each record (the store's claim_id column).
+	claims map[idem.Scope]string
 }
 
 var _ idem.Coordinator = (*Coordinator)(nil)
@@ -63,7 +68,7 @@ func WithClock(now func() time.Time) Option {
 
 // New returns a Coordinator with no records.
 func New(opts ...Option) *Coordinator {
-	c := &Coordinator{now: time.Now, records: make(map[idem.Scope]*idem.Record)}
+	c := &Coordinator{now: time.Now, records: make(map[idem.Scope]*idem.Record), claims: make(map[idem.Scope]string)}
 	for _, opt := range opts {
 		opt(c)
 	}
@@ -100,7 +105,18 @@ func (c *Coordinator) Begin(ctx context.Context, req idem.BeginRequest) (idem.De
 			CreatedAt: now, UpdatedAt: now, ExpiresAt: now.Add(req.Window),
 		}
 		c.records[req.Scope] = rec
+		c.claims[req.Scope] = req.ClaimID
 		return idem.Decision{Outcome: idem.OutcomeExecute, Lease: leaseOf(rec), Record: clone(rec)}, nil
+	}
+	if req.ClaimID != "" && c.claims[req.Scope] == req.ClaimID && rec.Status == idem.StatusInProgress {
+		// The request's own claim, sent again (its caller never heard the
+		// answer): its lease back, as the store hands it back. It is an
+		// Execute while the record is as that claim inserted it.
+		outcome := idem.OutcomeRecover
+		if rec.Attempts == 1 && rec.Checkpoint == req.StartCheckpoint() {
+			outcome = idem.OutcomeExecute
+		}
+		return idem.Decision{Outcome: outcome, Lease: leaseOf(rec), Record: clone(rec)}, nil
 	}
 	outcome := idem.Decide(rec, req.RequestHashes, now)
 	switch outcome {
@@ -134,6 +150,7 @@ func (c *Coordinator) Begin(ctx context.Context, req idem.BeginRequest) (idem.De
 	default:
 		return idem.Decision{Outcome: outcome, Record: clone(rec)}, nil
 	}
+	c.claims[req.Scope] = req.ClaimID
 	return idem.Decision{Outcome: outcome, Lease: leaseOf(rec), Record: clone(rec), ExpiredRetry: outcome == idem.OutcomeExpired}, nil
 }
 

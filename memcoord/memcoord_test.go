@@ -3,11 +3,13 @@ package memcoord_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/coordtest"
+	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/internal/fakeclock"
 	"github.com/idemcoord/idem/memcoord"
 )
@@ -168,5 +170,58 @@ func TestCancelled(t *testing.T) {
 	}
 	if _, err := c.ListStale(ctx, "op", 1); !errors.Is(err, context.Canceled) {
 		t.Errorf("ListStale = %v", err)
+	}
+}
+
+// lossy is a Coordinator whose first Begin's answer is lost after the
+// claim is made, as a COMMIT whose answer never arrives.
+type lossy struct {
+	*memcoord.Coordinator
+	lost atomic.Bool
+}
+
+var errAnswerLost = errors.New("the answer of Begin was lost")
+
+func (l *lossy) Begin(ctx context.Context, req idem.BeginRequest) (idem.Decision, error) {
+	d, err := l.Coordinator.Begin(ctx, req)
+	if err == nil && l.lost.CompareAndSwap(false, true) {
+		return idem.Decision{}, errAnswerLost
+	}
+	return d, err
+}
+
+// TestEngineAfterALostAnswer: the engine attempts a request again after a
+// Begin whose answer was lost (Request.RetryOn) under the same claim id,
+// and memcoord hands that claim its record back: the operation executes
+// once and the request is answered by it, not told its own key is in
+// progress.
+func TestEngineAfterALostAnswer(t *testing.T) {
+	coord := &lossy{Coordinator: memcoord.New()}
+	eng := engine.New(coord, engine.Options{})
+	var executions atomic.Int32
+	if err := eng.Register(engine.Operation{
+		Name: "create_transfer",
+		Execute: func(context.Context, *engine.Attempt) (engine.Result, error) {
+			executions.Add(1)
+			return engine.Result{Response: idem.Response{Status: 201, Body: []byte(`{"transferId":"tr_1"}`)}}, nil
+		},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	req := engine.Request{Operation: "create_transfer", Tenant: "acme", Key: "order-42", RequestHashes: []string{"v2:5e1f"},
+		RetryOn: func(err error) bool { return errors.Is(err, errAnswerLost) }}
+	ans, err := eng.Do(t.Context(), req)
+	if err != nil || ans.Outcome != idem.OutcomeExecute || ans.Response.Status != 201 || ans.Replayed {
+		t.Fatalf("Do after a lost answer = %+v, %v; want the request's own execution", ans, err)
+	}
+	if !coord.lost.Load() {
+		t.Fatal("no answer was lost")
+	}
+	if n := executions.Load(); n != 1 {
+		t.Errorf("executions = %d, want 1", n)
+	}
+	ans, err = eng.Do(t.Context(), req)
+	if err != nil || !ans.Replayed || executions.Load() != 1 {
+		t.Errorf("the client's retry = %+v, %v (executions %d); want a replay", ans, err, executions.Load())
 	}
 }
