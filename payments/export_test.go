@@ -10,3 +10,6 @@ func (c *Call) Request(req Request) engine.Request { return c.request(req) }
 
 // ClaimsQueued reports how many of s's claims wait for a batch.
 func ClaimsQueued(s *Service) int { return s.claims.Queued() }
+
+// ClaimBatchesInFlight reports how many of s's claim batches are in flight.
+func ClaimBatchesInFlight(s *Service) int { return s.claims.InFlight() }

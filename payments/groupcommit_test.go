@@ -42,7 +42,8 @@ func runBatched(t *testing.T, st *store.Store, svc *payments.Service, round stri
 	}
 	defer func() { _ = blocker.Rollback(ctx) }()
 	var wg sync.WaitGroup
-	blocked := make([]*createJob, 2)
+	// More records than a second batch waits for before it starts.
+	blocked := make([]*createJob, 9)
 	for i := range blocked {
 		key := fmt.Sprintf("%s-blocked-%d", round, i)
 		if _, err := blocker.Exec(ctx, `INSERT INTO idempotency_records (tenant_id, operation_name, idempotency_key, request_hash,
@@ -57,16 +58,29 @@ func runBatched(t *testing.T, st *store.Store, svc *payments.Service, round stri
 			j.res, j.err = svc.Create(ctx, payments.Request{Tenant: "tenant-a", Key: j.key, Body: j.body})
 		})
 	}
-	// The two claims wait on the uncommitted records: both batches are in
-	// flight. The second starts once the first waits, so that they are two
-	// statements, not one batch.
-	for i, j := range blocked {
-		wg.Go(func() { create(j) })
-		waitFor(t, func() bool {
+	lockWaits := func(n int) func() bool {
+		return func() bool {
 			return storetest.Count(t, st, `SELECT count(*) FROM pg_stat_activity
-				WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'WITH%'`) == i+1
-		}, "a claim waiting on an uncommitted record")
+				WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'WITH%'`) == n
+		}
 	}
+	// The first claim goes alone and waits on its uncommitted record: one
+	// batch in flight. Claims queue behind it, one at a time, until enough
+	// wait for a second batch, which takes them all and waits too.
+	wg.Go(func() { create(blocked[0]) })
+	waitFor(t, lockWaits(1), "a claim waiting on an uncommitted record")
+	used := 1
+	for ; payments.ClaimBatchesInFlight(svc) < 2; used++ {
+		if used == len(blocked) {
+			t.Fatalf("%d claims wait and no second batch started", used-1)
+		}
+		wg.Go(func() { create(blocked[used]) })
+		waitFor(t, func() bool {
+			return payments.ClaimBatchesInFlight(svc) == 2 || payments.ClaimsQueued(svc) == used
+		}, "a claim queued")
+	}
+	blocked = blocked[:used]
+	waitFor(t, func() bool { return lockWaits(2)() && payments.ClaimsQueued(svc) == 0 }, "a second batch waiting on uncommitted records")
 	for _, j := range jobs {
 		wg.Go(func() { create(j) })
 	}
@@ -142,11 +156,11 @@ func TestClaimsGroupCommit(t *testing.T) {
 		}
 	}
 	// Every payment once, with its event; nothing for the refused key.
-	if n := storetest.Count(t, st, `SELECT count(*) FROM payments`); n != 2+6+2 {
-		t.Errorf("%d payments, want 10 (two before, six fresh, two that waited)", n)
+	if n := storetest.Count(t, st, `SELECT count(*) FROM payments WHERE merchant_reference NOT LIKE 'r1-blocked-%'`); n != 2+6 {
+		t.Errorf("%d payments besides those that waited, want 8 (two before, six fresh)", n)
 	}
-	if n := storetest.Count(t, st, `SELECT count(*) FROM outbox_events`); n != 10 {
-		t.Errorf("%d outbox events, want one per payment", n)
+	if n, m := storetest.Count(t, st, `SELECT count(*) FROM outbox_events`), storetest.Count(t, st, `SELECT count(*) FROM payments`); n != m {
+		t.Errorf("%d outbox events for %d payments, want one per payment", n, m)
 	}
 	// And a retry of each fresh key, alone, replays what the batch answered.
 	for _, j := range jobs[2:] {

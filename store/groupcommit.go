@@ -17,14 +17,16 @@ const maxGroup = 32
 // completions) of concurrent requests that queue while batches are in
 // flight go to the store together, in one statement that is one implicit
 // transaction, so that N requests pay one statement and one commit
-// instead of N. There is no added wait: a batch is what queued while the
-// batches before it were in flight, and a write that finds fewer than
-// inFlight batches in flight goes at once; how many may be in flight is
-// the group's (writesInFlight, claimsInFlight). The callers run the
-// batches (no goroutine of their own): a caller is handed the lead when a
-// batch may start, runs one batch of the queue's head (its own write or
-// others'), and hands the lead on when its batch is done. A batch never
-// holds two writes of one scope.
+// instead of N. A write that finds no batch in flight goes at once; one
+// that finds batches in flight waits for them, unless fewer than inFlight
+// are and at least extraAt writes wait, when it starts another batch. A
+// batch is what queued while the batches before it were in flight. How
+// many batches may be in flight, and when another starts beside them, are
+// the group's (writesInFlight; claimsInFlight, claimsExtraAt). The
+// callers run the batches (no goroutine of their own): a caller is handed
+// the lead when a batch may start, runs one batch of the queue's head (its
+// own write or others'), and hands the lead on when its batch is done. A
+// batch never holds two writes of one scope.
 type group[In, Out any] struct {
 	mu    sync.Mutex
 	queue []*groupItem[In, Out]
@@ -33,6 +35,11 @@ type group[In, Out any] struct {
 	// while the group batches, or any number while adapt has it send every
 	// write alone.
 	running, inFlight int
+	// extraAt is how many writes must wait (the queued ones included)
+	// before a batch starts beside one in flight while the group batches;
+	// 0 or 1: at once. A finished batch hands its lead on to the first
+	// write waiting whatever their number (handOn).
+	extraAt int
 	// adapt, when set, chooses between batching and sending every write
 	// alone by measuring both (see adaptive). A group without it batches.
 	adapt *adaptive
@@ -73,8 +80,19 @@ const writesInFlight = 1
 // provider is claimed, written and completed by it), so one batch at a
 // time would leave the store idle while the batch's answer travels back
 // and the next batch's requests are prepared: the store suite at
-// concurrency 8 measured a tenth less with one.
-const claimsInFlight = 2
+// concurrency 8 measured a tenth less with one. But a second batch
+// started for the first claim to find one in flight was most often a
+// claim alone (6,681 of 15,000 batches at concurrency 8), a transaction
+// and a commit of its own for one claim: claimsExtraAt holds it back until
+// four claims wait, which took the store suite at concurrency 8 from 0.67
+// to 0.73 of the baseline write on a machine with a cheap flush, and from
+// 0.77 to 0.89 on one with a dear flush (docs/benchmarks.md, "Issue 34's
+// targets and what was tried" and "A second batch once three claims
+// wait"). A claim that finds no batch in flight still goes at once.
+const (
+	claimsInFlight = 2
+	claimsExtraAt  = 4
+)
 
 // groupItem is one caller's write in a group's queue.
 type groupItem[In, Out any] struct {
@@ -103,7 +121,7 @@ func (g *group[In, Out]) do(ctx context.Context, in In) (Out, error) {
 		it.epoch = g.adapt.epoch
 	}
 	g.queue = append(g.queue, it)
-	if g.running < g.limit() {
+	if g.mayStart() {
 		g.running++
 		g.handLead(it)
 	}
@@ -131,6 +149,20 @@ func (g *group[In, Out]) do(ctx context.Context, in In) (Out, error) {
 		g.mu.Unlock()
 	}
 	return it.out, it.err
+}
+
+// mayStart reports whether a write just queued starts a batch: while the
+// regime allows another lead out, at once when no batch is in flight, and
+// beside batches in flight only once extraAt writes wait (the queued ones
+// included). The group's lock is held.
+func (g *group[In, Out]) mayStart() bool {
+	switch {
+	case g.running >= g.limit():
+		return false
+	case g.running == 0 || g.adapt != nil && g.adapt.alone:
+		return true
+	}
+	return len(g.queue) >= g.extraAt
 }
 
 // handLead hands it the lead. The group's lock is held.

@@ -74,6 +74,7 @@ func (s *Store) NewClaimOrReadGroup(single ClaimOrReadWith, own string, types []
 		// The store groups its writes (Options.NoGroupCommit not set).
 		g.g = &group[groupClaimIn, ClaimOrRead]{
 			inFlight: claimsInFlight,
+			extraAt:  claimsExtraAt,
 			adapt:    newAdaptive(),
 			scope:    func(in groupClaimIn) idem.Scope { return in.req.Scope },
 			write:    g.write,
@@ -277,4 +278,14 @@ func (g *ClaimOrReadGroup) Queued() int {
 		return 0
 	}
 	return g.g.queued()
+}
+
+// InFlight reports how many batches are in flight or about to start.
+func (g *ClaimOrReadGroup) InFlight() int {
+	if g.g == nil {
+		return 0
+	}
+	g.g.mu.Lock()
+	defer g.g.mu.Unlock()
+	return g.g.running
 }
