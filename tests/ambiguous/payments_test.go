@@ -63,9 +63,10 @@ func testCreateResolvesAnAmbiguousCommit(t *testing.T, order payments.ClaimOrder
 // each payment exists once.
 //
 // Both of the group's batches in flight are claims that wait on records
-// another transaction holds (b-0, b-1); the payments queued meanwhile go
-// as one batch once b-0's transaction rolls back and its claim commits, so
-// the batch's commit is the second.
+// other transactions hold: b-0's claim alone, then b-1 to b-4 together (a
+// second batch starts beside one in flight once four claims wait); the
+// payments queued meanwhile go as one batch once b-0's transaction rolls
+// back and its claim commits, so the batch's commit is the second.
 func TestCreateResolvesAnAmbiguousBatchCommit(t *testing.T) {
 	ctx := context.Background()
 	direct, dbURL := storetest.New(t)
@@ -83,9 +84,9 @@ func TestCreateResolvesAnAmbiguousBatchCommit(t *testing.T) {
 		j.res, j.err = svc.Create(ctx, payments.Request{Tenant: "tenant-a", Key: j.key, Body: body(j.key)})
 	}
 
-	// Two transactions each hold a record the store's claims will wait on.
-	var holders [2]pgx.Tx
-	var blocked [2]*job
+	// Five transactions each hold a record the store's claims will wait on.
+	var holders [5]pgx.Tx
+	var blocked [5]*job
 	for i := range holders {
 		tx, err := direct.Pool().Begin(ctx)
 		if err != nil {
@@ -101,23 +102,29 @@ func TestCreateResolvesAnAmbiguousBatchCommit(t *testing.T) {
 		holders[i], blocked[i] = tx, &job{key: key}
 	}
 	var wg sync.WaitGroup
-	// The second claim starts once the first waits, so that they are two
-	// statements, not one batch.
-	for i, j := range blocked {
-		wg.Go(func() { create(j) })
+	waiting := func(n int, what string) {
 		for deadline := time.Now().Add(30 * time.Second); storetest.Count(t, direct, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'WITH%'`) != i+1; time.Sleep(time.Millisecond) {
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'WITH%'`) != n; time.Sleep(time.Millisecond) {
 			if time.Now().After(deadline) {
-				t.Fatalf("claim %d never waited on its held record", i)
+				t.Fatalf("%s never waited on a held record", what)
 			}
 		}
 	}
+	// b-0's claim goes alone and waits; b-1 to b-4 then queue beside it
+	// until the fourth starts the second batch, which waits too: two
+	// statements in flight.
+	wg.Go(func() { create(blocked[0]) })
+	waiting(1, "the first claim")
+	for _, j := range blocked[1:] {
+		wg.Go(func() { create(j) })
+	}
+	waiting(2, "the second batch")
 	jobs := make([]*job, 6)
 	for i := range jobs {
 		jobs[i] = &job{key: fmt.Sprintf("k-%d", i)}
 		wg.Go(func() { create(jobs[i]) })
 	}
-	// The jobs queue behind the two claims in flight (the group runs no
+	// The jobs queue behind the two batches in flight (the group runs no
 	// more); give their goroutines time to get there.
 	time.Sleep(time.Second)
 	done := cut.Arm(2)
@@ -125,8 +132,10 @@ func TestCreateResolvesAnAmbiguousBatchCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-done
-	if err := holders[1].Rollback(ctx); err != nil {
-		t.Fatal(err)
+	for _, h := range holders[1:] {
+		if err := h.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 	wg.Wait()
 
