@@ -21,10 +21,11 @@
 // is claimed by one request (OutcomeExecute, fencing token above zero,
 // IN_PROGRESS at RECEIVED or at BeginRequest.StartAt), even when many
 // claim it at once; a claim sent again under its BeginRequest.ClaimID gets
-// its own lease back while its record is open; an existing record answers as [idem.Decide] says
-// (in progress, conflict, replay with the stored response, under any hash
-// version the request carries); Checkpoint, Complete and Fail write only
-// under the record's current token and while it is open, and fail with
+// its own lease back while its record is open; an existing record answers
+// as [idem.Decide] says (in progress, conflict, replay with the stored
+// response, under any hash version the request carries); Checkpoint,
+// Complete and Fail write only under the record's current token and while
+// it is open, and fail with
 // [idem.ErrFenced] otherwise; a FAILED_RETRYABLE, UNKNOWN or stale record
 // is taken over once, under a higher token, keeping its checkpoint; with
 // BeginRequest.ExternalFencing a takeover waits for the caller's external
