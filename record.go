@@ -237,6 +237,26 @@ func Decide(rec *Record, requestHashes []string, now time.Time) Outcome {
 	return OutcomeConflict
 }
 
+// DecideOwnClaim says what a request may do with rec when rec is its own
+// claim's record: holder is the claim id rec was last claimed under (empty
+// for none) and claim the request's. A claim whose commit went unanswered
+// and is sent again finds the record it wrote; it gets its lease back
+// rather than a refusal as "in progress". ok is false unless claim is set,
+// equals holder and rec is still IN_PROGRESS; then the outcome is
+// OutcomeExecute while rec is as an insert for start left it (its first
+// attempt at that checkpoint), or OutcomeRecover (a takeover's record, or
+// one its owner has moved on). Every Coordinator that keeps claim ids
+// decides a claim sent again by it, before Decide.
+func DecideOwnClaim(rec *Record, claim, holder string, start Checkpoint) (outcome Outcome, ok bool) {
+	if claim == "" || claim != holder || rec.Status != StatusInProgress {
+		return 0, false
+	}
+	if rec.Attempts == 1 && rec.Checkpoint == start {
+		return OutcomeExecute, true
+	}
+	return OutcomeRecover, true
+}
+
 // MaxOperationLen is the longest operation name.
 const MaxOperationLen = 64
 

@@ -44,6 +44,37 @@ func TestDecide(t *testing.T) {
 	}
 }
 
+func TestDecideOwnClaim(t *testing.T) {
+	rec := func(status idem.Status, attempts int, cp idem.Checkpoint) *idem.Record {
+		return &idem.Record{Status: status, Attempts: attempts, Checkpoint: cp}
+	}
+	for _, tc := range []struct {
+		name          string
+		rec           *idem.Record
+		claim, holder string
+		start         idem.Checkpoint
+		want          idem.Outcome
+		ok            bool
+	}{
+		{"as its insert left it", rec(idem.StatusInProgress, 1, idem.CheckpointReceived), "c1", "c1", idem.CheckpointReceived, idem.OutcomeExecute, true},
+		{"inserted at another start", rec(idem.StatusInProgress, 1, "provider-called"), "c1", "c1", "provider-called", idem.OutcomeExecute, true},
+		{"its owner moved on", rec(idem.StatusInProgress, 1, "provider-called"), "c1", "c1", idem.CheckpointReceived, idem.OutcomeRecover, true},
+		{"a takeover's record", rec(idem.StatusInProgress, 2, idem.CheckpointReceived), "c1", "c1", idem.CheckpointReceived, idem.OutcomeRecover, true},
+		{"another claim's record", rec(idem.StatusInProgress, 1, idem.CheckpointReceived), "c1", "c2", idem.CheckpointReceived, 0, false},
+		{"a request without a claim id", rec(idem.StatusInProgress, 1, idem.CheckpointReceived), "", "", idem.CheckpointReceived, 0, false},
+		{"a record without one", rec(idem.StatusInProgress, 1, idem.CheckpointReceived), "c1", "", idem.CheckpointReceived, 0, false},
+		{"settled since", rec(idem.StatusCompleted, 1, idem.CheckpointCompleted), "c1", "c1", idem.CheckpointReceived, 0, false},
+		{"handed to recovery since", rec(idem.StatusUnknown, 1, idem.CheckpointReceived), "c1", "c1", idem.CheckpointReceived, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := idem.DecideOwnClaim(tc.rec, tc.claim, tc.holder, tc.start)
+			if got != tc.want || ok != tc.ok {
+				t.Fatalf("DecideOwnClaim = %v, %v; want %v, %v", got, ok, tc.want, tc.ok)
+			}
+		})
+	}
+}
+
 func TestValidKey(t *testing.T) {
 	for key, want := range map[string]bool{
 		"abc-123": true, "a": true, string(make([]byte, 0)): false, "with space": false,

@@ -108,14 +108,9 @@ func (c *Coordinator) Begin(ctx context.Context, req idem.BeginRequest) (idem.De
 		c.claims[req.Scope] = req.ClaimID
 		return idem.Decision{Outcome: idem.OutcomeExecute, Lease: leaseOf(rec), Record: clone(rec)}, nil
 	}
-	if req.ClaimID != "" && c.claims[req.Scope] == req.ClaimID && rec.Status == idem.StatusInProgress {
+	if outcome, ok := idem.DecideOwnClaim(rec, req.ClaimID, c.claims[req.Scope], req.StartCheckpoint()); ok {
 		// The request's own claim, sent again (its caller never heard the
-		// answer): its lease back, as the store hands it back. It is an
-		// Execute while the record is as that claim inserted it.
-		outcome := idem.OutcomeRecover
-		if rec.Attempts == 1 && rec.Checkpoint == req.StartCheckpoint() {
-			outcome = idem.OutcomeExecute
-		}
+		// answer): its lease back, as the store hands it back.
 		return idem.Decision{Outcome: outcome, Lease: leaseOf(rec), Record: clone(rec)}, nil
 	}
 	outcome := idem.Decide(rec, req.RequestHashes, now)

@@ -384,14 +384,12 @@ func decideExisting(ctx context.Context, tx Querier, req idem.BeginRequest, clai
 		// (cleanup); the serializable retry sorts it out.
 		return idem.Decision{}, fmt.Errorf("read existing record: %w", err)
 	}
-	if claim != "" && holder != nil && *holder == claim && rec.Status == idem.StatusInProgress {
-		// This claim's own earlier run committed. It was an insert (the
-		// record's first attempt, still at the checkpoint it was inserted
-		// at) or a takeover.
-		outcome := idem.OutcomeRecover
-		if rec.Attempts == 1 && rec.Checkpoint == req.StartCheckpoint() {
-			outcome = idem.OutcomeExecute
-		}
+	var held string
+	if holder != nil {
+		held = *holder
+	}
+	if outcome, ok := idem.DecideOwnClaim(rec, claim, held, req.StartCheckpoint()); ok {
+		// This claim's own earlier run committed: an insert or a takeover.
 		return idem.Decision{Outcome: outcome, Lease: leaseOf(rec), Record: rec}, nil
 	}
 	outcome := idem.Decide(rec, req.RequestHashes, now)
