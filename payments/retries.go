@@ -1,6 +1,6 @@
 package payments
 
-import "sync/atomic"
+import "github.com/idemcoord/idem/internal/share"
 
 // retryShare estimates which share of a node's recent create_payment
 // claims found their key settled (a retry of a request that was answered,
@@ -16,56 +16,41 @@ import "sync/atomic"
 // the read is the cheaper of the two (docs/benchmarks.md, "Claim or
 // replay").
 //
-// The estimate is an exponentially weighted moving average over about the
-// last retryShareSpan claims, in units of 1/retryShareOne. The zero value
-// starts from no retries.
+// The estimate is internal/share's, over about its last share.Span
+// claims. The zero value starts from no retries.
 type retryShare struct {
-	v atomic.Int64
+	share.Share
 }
 
+// readFirstAbove is the share of retries above which a claim reads first:
+// where the two orders cost the same in the store and replay suites at
+// concurrency 8 (0.59: a replay through the claim costs 1.8 reads, a read
+// before a fresh claim a third of the claim; docs/benchmarks.md, "Claim or
+// replay"). readInClaimAbove is the share of retries above which a claim
+// that goes alone reads the record of a key it finds taken in the same
+// statement (claimOrReplayPayment). At or below it, the claim is the plain
+// one (store.ClaimOrReadGroup.ExecExpectFree): a fresh key's claim costs
+// the server about a fifth less (the read's plan is not started), and a
+// key found taken is read after it by the fast path's read, a round trip
+// more. A tenth keeps the second round trip for the traffic of normal
+// times, when retries are few, and goes back to the one statement well
+// before they are many (docs/benchmarks.md, "A plain claim while retries
+// are rare").
 const (
-	retryShareOne  = 1 << 16
-	retryShareSpan = 64 // the weight of one observation is 1/retryShareSpan
-	// readFirstAbove is the share of retries above which a claim reads
-	// first: where the two orders cost the same in the store and replay
-	// suites at concurrency 8 (0.59: a replay through the claim costs 1.8
-	// reads, a read before a fresh claim a third of the claim;
-	// docs/benchmarks.md, "Claim or replay").
-	readFirstAbove = retryShareOne * 6 / 10
-	// readInClaimAbove is the share of retries above which a claim that
-	// goes alone reads the record of a key it finds taken in the same
-	// statement (claimOrReplayPayment). At or below it, the claim is the
-	// plain one (store.ClaimOrReadGroup.ExecExpectFree): a fresh key's
-	// claim costs the server about a fifth less (the read's plan is not
-	// started), and a key found taken is read after it by the fast path's
-	// read, a round trip more. A tenth keeps the second round trip for
-	// the traffic of normal times, when retries are few, and goes back to
-	// the one statement well before they are many (docs/benchmarks.md, "A
-	// plain claim while retries are rare").
-	readInClaimAbove = retryShareOne / 10
+	readFirstAbove   = 0.6
+	readInClaimAbove = 0.1
 )
 
 // observe records one claim's outcome: settled says its key had a settled
 // record.
-func (r *retryShare) observe(settled bool) {
-	x := int64(0)
-	if settled {
-		x = retryShareOne
-	}
-	for {
-		old := r.v.Load()
-		if r.v.CompareAndSwap(old, old+(x-old)/retryShareSpan) {
-			return
-		}
-	}
-}
+func (r *retryShare) observe(settled bool) { r.Observe(settled) }
 
 // readFirst reports whether the next claim should read first.
-func (r *retryShare) readFirst() bool { return r.v.Load() > readFirstAbove }
+func (r *retryShare) readFirst() bool { return r.Above(readFirstAbove) }
 
 // readInClaim reports whether the next claim that goes alone should read
 // a key it finds taken in the same statement.
-func (r *retryShare) readInClaim() bool { return r.v.Load() > readInClaimAbove }
+func (r *retryShare) readInClaim() bool { return r.Above(readInClaimAbove) }
 
 // share is the estimate, between 0 and 1.
-func (r *retryShare) share() float64 { return float64(r.v.Load()) / retryShareOne }
+func (r *retryShare) share() float64 { return r.Value() }
