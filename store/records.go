@@ -126,6 +126,9 @@ func (s *Store) Begin(ctx context.Context, req idem.BeginRequest) (idem.Decision
 	} else {
 		err = alone()
 	}
+	if err == nil {
+		s.taken.Observe(!settled || d.Outcome != idem.OutcomeExecute)
+	}
 	if err == nil && !settled {
 		err = s.ExecTx(ctx, run)
 	}
@@ -294,17 +297,22 @@ func decideOrClaim(ctx context.Context, tx Querier, req idem.BeginRequest, claim
 	return d, err
 }
 
-// claimOrReadSQL is the insert-first claim and, when the key is taken, a
-// read of the record that took it (as of the statement's snapshot: a record
-// committed concurrently is not seen, and the caller decides in a
-// transaction), with the store's time. The first column says which.
-const claimOrReadSQL = `WITH ins AS (INSERT INTO idempotency_records
+// claimInsert is the insert-first claim's statement up to its RETURNING
+// list: the record of a free key, in progress under a fencing token of 1;
+// a key with a record inserts nothing.
+const claimInsert = `INSERT INTO idempotency_records
 		(tenant_id, operation_name, idempotency_key, request_hash, hash_version, status, checkpoint,
 		 owner, fencing_token, locked_until, home_region, created_at, updated_at, expires_at, claim_id, raw_hash)
 		VALUES ($1, $2, $3, $4, $5, 'IN_PROGRESS', $11, $6, 1,
 		 now() + $7::INT8 * INTERVAL '1 millisecond', $8, now(), now(), now() + $9::INT8 * INTERVAL '1 millisecond', $10, $12)
 		ON CONFLICT DO NOTHING
-		RETURNING ` + recordColumns + `)
+		RETURNING `
+
+// claimOrReadSQL is the insert-first claim and, when the key is taken, a
+// read of the record that took it (as of the statement's snapshot: a record
+// committed concurrently is not seen, and the caller decides in a
+// transaction), with the store's time. The first column says which.
+const claimOrReadSQL = `WITH ins AS (` + claimInsert + recordColumns + `)
 	SELECT ` + recordColumns + `, now(), true FROM ins
 	UNION ALL
 	SELECT ` + recordColumns + `, now(), false FROM idempotency_records
@@ -315,8 +323,14 @@ const claimOrReadSQL = `WITH ins AS (INSERT INTO idempotency_records
 // conflict, idem.Decide at the store's time). done is false when the
 // decision needs a transaction: the key's record is open, retryable,
 // expired or not yet visible, or the store's replay fast path is off.
+//
+// While few of the store's recent claims found their key taken
+// (readInClaimAbove), the claim is the plain insert instead (insertClaim),
+// and a key it finds taken is decided in that transaction: a fresh key's
+// claim then costs the server less (no read's plan started, no record's
+// row prepared), and a retry a round trip more.
 func (s *Store) claimOrRead(ctx context.Context, q Querier, req idem.BeginRequest, claim string) (d idem.Decision, done bool, err error) {
-	if !s.replayRead {
+	if !s.replayRead || !s.taken.Above(readInClaimAbove) {
 		d, inserted, err := insertClaim(ctx, q, req, claim)
 		return d, inserted, err
 	}
@@ -337,28 +351,48 @@ func (s *Store) claimOrRead(ctx context.Context, q Querier, req idem.BeginReques
 	return idem.Decision{}, false, fmt.Errorf("claim: %w", err)
 }
 
-// insertClaim is the insert-first claim alone, one statement: ok reports
-// that it inserted the record (the key was free), and the decision is to
-// execute.
-func insertClaim(ctx context.Context, tx Querier, req idem.BeginRequest, claim string) (d idem.Decision, ok bool, err error) {
-	row := tx.QueryRow(ctx, `INSERT INTO idempotency_records
-		(tenant_id, operation_name, idempotency_key, request_hash, hash_version, status, checkpoint,
-		 owner, fencing_token, locked_until, home_region, created_at, updated_at, expires_at, claim_id, raw_hash)
-		VALUES ($1, $2, $3, $4, $5, 'IN_PROGRESS', $11, $6, 1,
-		 now() + $7::INT8 * INTERVAL '1 millisecond', $8, now(), now(), now() + $9::INT8 * INTERVAL '1 millisecond', $10, $12)
-		ON CONFLICT DO NOTHING
-		RETURNING `+recordColumns,
+// readInClaimAbove is the share of the store's recent claims that found
+// their key taken above which a claim alone reads the record that took it
+// in the same statement (claimOrReadSQL); at or below it the claim is the
+// plain insert (insertClaim), and the record is read after it. A tenth, as
+// payments' claims choose (docs/benchmarks.md, "A plain claim while
+// retries are rare").
+const readInClaimAbove = 0.1
+
+// insertClaimSQL is the insert-first claim alone. It returns the
+// statement's time, not the record: the record it inserted is what its
+// arguments and that time make (claimedRecord), and the server prepares no
+// row of the record's columns.
+const insertClaimSQL = claimInsert + `created_at`
+
+// insertClaim is the insert-first claim alone, one statement that reads
+// nothing: ok reports that it inserted the record (the key was free), and
+// the decision is to execute.
+func insertClaim(ctx context.Context, q Querier, req idem.BeginRequest, claim string) (d idem.Decision, ok bool, err error) {
+	var at time.Time
+	err = q.QueryRow(ctx, insertClaimSQL,
 		req.Tenant, req.Operation, req.Key, req.RequestHashes[0], req.HashVersion,
 		req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds(), nullable(claim), string(req.StartCheckpoint()),
-		nullable(req.RawHash))
-	rec, err := scanRecord(row)
+		nullable(req.RawHash)).Scan(&at)
 	switch {
 	case err == nil:
+		rec := claimedRecord(req, at)
 		return idem.Decision{Outcome: idem.OutcomeExecute, Lease: leaseOf(rec), Record: rec}, true, nil
 	case errors.Is(err, pgx.ErrNoRows):
 		return idem.Decision{}, false, nil
 	}
 	return idem.Decision{}, false, fmt.Errorf("claim: %w", err)
+}
+
+// claimedRecord is the record an insert-first claim of req inserted at the
+// store's time at, as the insert writes it.
+func claimedRecord(req idem.BeginRequest, at time.Time) *idem.Record {
+	ms := func(d time.Duration) time.Duration { return time.Duration(d.Milliseconds()) * time.Millisecond }
+	locked := at.Add(ms(req.LockFor))
+	return &idem.Record{Scope: req.Scope, RequestHash: req.RequestHashes[0], RawHash: req.RawHash, HashVersion: req.HashVersion,
+		Status: idem.StatusInProgress, Checkpoint: req.StartCheckpoint(), Owner: req.Owner, FencingToken: 1,
+		LockedUntil: &locked, Attempts: 1, HomeRegion: req.HomeRegion,
+		CreatedAt: at, UpdatedAt: at, ExpiresAt: at.Add(ms(req.Window))}
 }
 
 // DecideExisting reads the existing record of req's scope and applies

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -250,6 +251,72 @@ func TestTimesComeFromTheStore(t *testing.T) {
 	if got := r.LockedUntil.Sub(r.CreatedAt); got != time.Minute {
 		t.Errorf("locked_until - created_at = %v, want the 1m lock", got)
 	}
+}
+
+// TestAClaimsRecordIsTheStoredOne: the record a fresh claim answers with
+// is the record the store holds, field for field, whether the claim was
+// the plain insert (which returns only the statement's time, the record
+// built from it) or the insert that also reads; durations that are not
+// whole milliseconds are stored truncated, and the answer says so too.
+func TestAClaimsRecordIsTheStoredOne(t *testing.T) {
+	ctx := context.Background()
+	st, _ := storetest.New(t)
+	utc := func(r *idem.Record) idem.Record {
+		c := *r
+		c.CreatedAt, c.UpdatedAt, c.ExpiresAt = c.CreatedAt.UTC(), c.UpdatedAt.UTC(), c.ExpiresAt.UTC()
+		if c.LockedUntil != nil {
+			l := c.LockedUntil.UTC()
+			c.LockedUntil = &l
+		}
+		return c
+	}
+	check := func(name string, req idem.BeginRequest) {
+		t.Helper()
+		d, err := st.Begin(ctx, req)
+		if err != nil || d.Outcome != idem.OutcomeExecute {
+			t.Fatalf("%s: Begin = %v, %v; want execute", name, d.Outcome, err)
+		}
+		stored, err := st.Get(ctx, req.Scope)
+		if err != nil {
+			t.Fatalf("%s: Get: %v", name, err)
+		}
+		if got, want := utc(d.Record), utc(stored); !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: Begin answered\n%+v\nthe store holds\n%+v", name, got, want)
+		}
+		if d.Lease != (idem.Lease{Scope: req.Scope, Token: stored.FencingToken, Owner: stored.Owner}) {
+			t.Errorf("%s: lease %+v for the stored record %+v", name, d.Lease, stored)
+		}
+	}
+	shapes := func(regime string) {
+		plain := beginReq(regime+"-plain", "v1:a")
+		check(regime+", plain", plain)
+		full := beginReq(regime+"-full", "v2:b")
+		full.HashVersion, full.RawHash, full.StartAt, full.HomeRegion = 2, "r1:c", "STARTED", "eu-west"
+		full.LockFor, full.Window = 1500*time.Millisecond+700*time.Microsecond, 36*time.Hour+time.Millisecond/3
+		full.ClaimID = "claim-" + regime
+		check(regime+", every field", full)
+	}
+	shapes("rare")
+	// More than a tenth of the claims finding their key taken: the claim
+	// reads in its statement from then on.
+	taken := beginReq("taken", "v1:a")
+	if _, err := st.Begin(ctx, taken); err != nil {
+		t.Fatal(err)
+	}
+	var sent []string
+	for range 10 {
+		sent = statements(t, func(ctx context.Context) {
+			if d, err := st.Begin(ctx, taken); err != nil || d.Outcome != idem.OutcomeInProgress {
+				t.Fatalf("Begin of a taken key = %v, %v; want in progress", d.Outcome, err)
+			}
+		})
+	}
+	// The key's record is open, so a transaction decides it after the
+	// claim's statement, whichever that was.
+	if len(sent) == 0 || sent[0] != "WITH" {
+		t.Fatalf("a claim after ten of a taken key sent %v, want the statement that reads (WITH) first", sent)
+	}
+	shapes("many")
 }
 
 func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {

@@ -23,12 +23,15 @@ func completeKey(t *testing.T, st *store.Store, key, hash string) {
 	}
 }
 
-// TestReplayReadWritesNothing: a retry of a completed key, and a different
+// TestReplayReadWritesNothing: once more than a tenth of the store's
+// claims find their key taken, a retry of a completed key, and a different
 // command under it, are answered from the claim's one statement, whose
 // insert the key's record turns away (ON CONFLICT DO NOTHING): no
-// transaction, and the record is not written (its row version stays). The
-// record's hash is compared against every hash version the request
-// carries, and another tenant's identical key is still a new claim.
+// transaction, and the record is not written (its row version stays).
+// While they are fewer, the plain insert is turned away and a transaction
+// reads the record, writing nothing either. The record's hash is compared
+// against every hash version the request carries, and another tenant's
+// identical key is still a new claim.
 func TestReplayReadWritesNothing(t *testing.T) {
 	ctx := context.Background()
 	st, _ := storetest.New(t)
@@ -55,6 +58,17 @@ func TestReplayReadWritesNothing(t *testing.T) {
 			t.Errorf("%s = %v, %v, sent %v; want %v from one statement", what, got.Outcome, err, sent, want)
 		}
 		return got.Record
+	}
+	var rare idem.Decision
+	sent := statements(t, func(ctx context.Context) { rare, _ = st.Begin(ctx, beginReq("done", "v1:a")) })
+	if rare.Outcome != idem.OutcomeReplay || rare.Record == nil || string(rare.Record.Response.Body) != `{"id":"done"}` ||
+		!slices.Equal(sent, []string{"INSERT", "BEGIN", "SELECT", "COMMIT"}) {
+		t.Errorf("retry while retries are rare = %+v, sent %v; want the stored answer after the plain insert and a read", rare, sent)
+	}
+	for range 6 {
+		if d, err := st.Begin(ctx, beginReq("done", "v1:a")); err != nil || d.Outcome != idem.OutcomeReplay {
+			t.Fatalf("retry = %v, %v; want replay", d.Outcome, err)
+		}
 	}
 	if rec := one("retry", beginReq("done", "v1:a"), idem.OutcomeReplay); rec == nil || string(rec.Response.Body) != `{"id":"done"}` {
 		t.Fatalf("retry's record %+v; want the stored body", rec)

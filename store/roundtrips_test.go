@@ -17,15 +17,23 @@ import (
 var statements = storetest.Statements
 
 // TestRoundTrips pins the statements of the hot path on PostgreSQL: a
-// fresh key's claim is one statement (the insert, which also reads a
-// settled record), a replay of a settled key is that same statement, a
-// checkpoint or a
-// completion is its update alone (each an implicit transaction), and a
-// transaction is BEGIN, its statements and COMMIT, without CockroachDB's
-// savepoint.
+// fresh key's claim is one statement (the plain insert while few claims
+// find their key taken; the insert that also reads a settled record once
+// more than a tenth do), a replay of a settled key is the plain insert and
+// a transaction that reads the record while they are few, that same one
+// statement once they are many, a checkpoint or a completion is its update
+// alone (each an implicit transaction), and a transaction is BEGIN, its
+// statements and COMMIT, without CockroachDB's savepoint.
 func TestRoundTrips(t *testing.T) {
 	st, _ := storetest.New(t)
 	var d idem.Decision
+	replay := func(ctx context.Context) error {
+		r, err := st.Begin(ctx, beginReq("rt-1", "v1:a"))
+		if err == nil && r.Outcome != idem.OutcomeReplay {
+			err = errors.New("not a replay: " + r.Outcome.String())
+		}
+		return err
+	}
 	for _, tc := range []struct {
 		name string
 		fn   func(ctx context.Context) error
@@ -34,14 +42,21 @@ func TestRoundTrips(t *testing.T) {
 		{"claim of a fresh key", func(ctx context.Context) (err error) {
 			d, err = st.Begin(ctx, beginReq("rt-1", "v1:a"))
 			return err
-		}, []string{"WITH"}},
+		}, []string{"INSERT"}},
 		{"checkpoint", func(ctx context.Context) error { return st.Checkpoint(ctx, d.Lease, cpCreated) }, []string{"UPDATE"}},
 		{"completion", func(ctx context.Context) error { return st.Complete(ctx, d.Lease, completion(`{"ok":1}`)) }, []string{"UPDATE"}},
-		{"replay", func(ctx context.Context) error {
-			r, err := st.Begin(ctx, beginReq("rt-1", "v1:a"))
-			if err == nil && r.Outcome != idem.OutcomeReplay {
-				err = errors.New("not a replay: " + r.Outcome.String())
+		{"replay while retries are rare", replay, []string{"INSERT", "BEGIN", "SELECT", "COMMIT"}},
+		{"replays until more than a tenth of claims found their key taken", func(ctx context.Context) error {
+			for range 6 {
+				if err := replay(ctx); err != nil {
+					return err
+				}
 			}
+			return nil
+		}, slices.Repeat([]string{"INSERT", "BEGIN", "SELECT", "COMMIT"}, 6)},
+		{"replay once retries are many", replay, []string{"WITH"}},
+		{"claim of a fresh key once retries are many", func(ctx context.Context) error {
+			_, err := st.Begin(ctx, beginReq("rt-2", "v1:a"))
 			return err
 		}, []string{"WITH"}},
 		{"transaction", func(ctx context.Context) error {

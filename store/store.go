@@ -21,6 +21,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemcoord/idem/internal/share"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -102,6 +103,9 @@ type Store struct {
 	claims      *group[claimIn, claimOut]
 	checkpoints *group[checkpointIn, struct{}]
 	completions *group[completionIn, struct{}]
+	// taken is the share of recent claims (Begin's) that found their key
+	// taken; claimOrRead chooses its statement by it.
+	taken share.Share
 	// server is what the pool's connections talk to: Options.Server, or
 	// learnt from the first connection (ServerDetect until then).
 	server atomic.Int32
