@@ -14,16 +14,19 @@ import (
 // metrics are the node's Prometheus metrics, registered on an injected
 // registerer (several nodes may run in one process).
 type metrics struct {
-	requests          *prometheus.CounterVec
-	replays           *prometheus.CounterVec
-	conflicts         *prometheus.CounterVec
-	inProgress        *prometheus.CounterVec
-	expiredRetries    *prometheus.CounterVec
-	unknownStates     *prometheus.CounterVec
-	latency           *prometheus.HistogramVec
-	httpDuration      *prometheus.HistogramVec
-	forwarded         *prometheus.CounterVec
-	fenced            prometheus.Counter
+	requests       *prometheus.CounterVec
+	replays        *prometheus.CounterVec
+	conflicts      *prometheus.CounterVec
+	inProgress     *prometheus.CounterVec
+	expiredRetries *prometheus.CounterVec
+	unknownStates  *prometheus.CounterVec
+	latency        *prometheus.HistogramVec
+	httpDuration   *prometheus.HistogramVec
+	forwarded      *prometheus.CounterVec
+	fenced         prometheus.Counter
+	// takenShare is the store's share of recent claims that found their key
+	// taken (store.Store.TakenShare).
+	takenShare        prometheus.GaugeFunc
 	inProgressAgeDesc *prometheus.Desc
 	store             *store.Store
 }
@@ -93,12 +96,16 @@ func newMetrics(reg prometheus.Registerer, st *store.Store, operations []string)
 		fenced: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "idempotency_fenced_total", Help: "Writes or provider calls of this node rejected because a newer owner held the record.",
 		}),
+		takenShare: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idempotency_claim_taken_share",
+			Help: "Share of the store's recent claims (Begin's) that found their key taken; above 0.1 a claim reads the record that took it in its own statement.",
+		}, st.TakenShare),
 		inProgressAgeDesc: prometheus.NewDesc("idempotency_in_progress_age_max_seconds",
 			"Age of the oldest record in IN_PROGRESS, by the store's clock (0 when none).", nil, nil),
 		store: st,
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.replays, m.conflicts, m.inProgress, m.expiredRetries,
-		m.unknownStates, m.latency, m.httpDuration, m.forwarded, m.fenced, m} {
+		m.unknownStates, m.latency, m.httpDuration, m.forwarded, m.fenced, m.takenShare, m} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

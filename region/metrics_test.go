@@ -113,7 +113,7 @@ func TestMetricsExistAtZero(t *testing.T) {
 	for _, w := range []string{"recovery", "cleanup", "outbox-publish", "outbox-ledger", "outbox-receipt-email", "outbox-send"} {
 		want = append(want, fmt.Sprintf(`idempotency_worker_errors_total{worker=%q}`, w))
 	}
-	want = append(want, "idempotency_provider_key_conflicts_total", "idempotency_fenced_total")
+	want = append(want, "idempotency_provider_key_conflicts_total", "idempotency_fenced_total", "idempotency_claim_taken_share")
 	body := string(n.do(http.MethodGet, "/metrics", "", nil, "").body)
 	for _, s := range want {
 		if !got[s] {

@@ -326,9 +326,9 @@ const claimOrReadSQL = `WITH ins AS (` + claimInsert + recordColumns + `)
 //
 // While few of the store's recent claims found their key taken
 // (readInClaimAbove), the claim is the plain insert instead (insertClaim),
-// and a key it finds taken is decided in that transaction: a fresh key's
-// claim then costs the server less (no read's plan started, no record's
-// row prepared), and a retry a round trip more.
+// and a key it finds taken is decided by the transaction after it (done
+// false): a fresh key's claim then costs the server less (no read's plan
+// started, no record's row prepared), and a retry a round trip more.
 func (s *Store) claimOrRead(ctx context.Context, q Querier, req idem.BeginRequest, claim string) (d idem.Decision, done bool, err error) {
 	if !s.replayRead || !s.taken.Above(readInClaimAbove) {
 		d, inserted, err := insertClaim(ctx, q, req, claim)

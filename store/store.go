@@ -158,6 +158,11 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 // Close closes every connection of the pool.
 func (s *Store) Close() { s.pool.Close() }
 
+// TakenShare is the share of the store's recent claims (Begin's, about
+// the last 64) that found their key taken: above a tenth a claim alone
+// reads the record that took it in its own statement.
+func (s *Store) TakenShare() float64 { return s.taken.Value() }
+
 // ReplayRead reports whether the replay fast path is on (not
 // Options.NoReplayRead): whether ReadSettled and the claims read a settled
 // record instead of deciding only in a transaction.
