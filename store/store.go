@@ -21,7 +21,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/idemcoord/idem/internal/share"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -36,6 +35,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemcoord/idem"
+	"github.com/idemcoord/idem/internal/share"
 	"github.com/idemcoord/idem/internal/telemetry"
 )
 
