@@ -144,6 +144,12 @@ func TestClaimsGroupCommit(t *testing.T) {
 	if claims := runBatched(t, st, svc, "r1", jobs); claims != 1 {
 		t.Errorf("claim statements of %d queued payments = %d, want one batch", len(jobs), claims)
 	}
+	// The store counts the batch among its operation claims.
+	for _, g := range st.GroupStats() {
+		if g.Kind == store.GroupOperationClaims && (g.Batches < 1 || g.Batched < uint64(len(jobs))) {
+			t.Errorf("operation claims' group stats = %+v, want the batch of %d counted", g, len(jobs))
+		}
+	}
 	if j := jobs[0]; j.err != nil || !j.res.Replayed || j.res.Response.Status != 201 || !bytes.Equal(j.res.Response.Body, first.Response.Body) {
 		t.Errorf("retry of g-done = %+v, %v; want a replay of %s", j.res, j.err, first.Response.Body)
 	}

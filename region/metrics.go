@@ -28,7 +28,10 @@ type metrics struct {
 	// taken (store.Store.TakenShare).
 	takenShare        prometheus.GaugeFunc
 	inProgressAgeDesc *prometheus.Desc
-	store             *store.Store
+	// groupWritesDesc and groupBatchesDesc are the store's group commits'
+	// counts (store.Store.GroupStats).
+	groupWritesDesc, groupBatchesDesc *prometheus.Desc
+	store                             *store.Store
 }
 
 // requestOutcomes are every outcome label of the keyed-request metrics
@@ -102,6 +105,11 @@ func newMetrics(reg prometheus.Registerer, st *store.Store, operations []string)
 		}, st.TakenShare),
 		inProgressAgeDesc: prometheus.NewDesc("idempotency_in_progress_age_max_seconds",
 			"Age of the oldest record in IN_PROGRESS, by the store's clock (0 when none).", nil, nil),
+		groupWritesDesc: prometheus.NewDesc("idempotency_store_group_writes_total",
+			"Writes of the store's group commits, by kind (claim, operation_claim, checkpoint, completion) and statement: own (a statement of their own) or batch (a batch of two or more).",
+			[]string{"kind", "statement"}, nil),
+		groupBatchesDesc: prometheus.NewDesc("idempotency_store_group_batches_total",
+			"Batches of two or more writes the store's group commits sent, by kind.", []string{"kind"}, nil),
 		store: st,
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.replays, m.conflicts, m.inProgress, m.expiredRetries,
@@ -121,12 +129,22 @@ func newMetrics(reg prometheus.Registerer, st *store.Store, operations []string)
 	return m, nil
 }
 
-// Describe implements prometheus.Collector for the store-derived gauges.
-func (m *metrics) Describe(ch chan<- *prometheus.Desc) { ch <- m.inProgressAgeDesc }
+// Describe implements prometheus.Collector for the store-derived metrics.
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
+	ch <- m.inProgressAgeDesc
+	ch <- m.groupWritesDesc
+	ch <- m.groupBatchesDesc
+}
 
-// Collect implements prometheus.Collector: it asks the store, with a short
-// timeout, for the age of the oldest in-progress record.
+// Collect implements prometheus.Collector: the store's group commit counts,
+// and the age of the oldest in-progress record, asked of the store with a
+// short timeout.
 func (m *metrics) Collect(ch chan<- prometheus.Metric) {
+	for _, g := range m.store.GroupStats() {
+		ch <- prometheus.MustNewConstMetric(m.groupWritesDesc, prometheus.CounterValue, float64(g.Own), g.Kind, "own")
+		ch <- prometheus.MustNewConstMetric(m.groupWritesDesc, prometheus.CounterValue, float64(g.Batched), g.Kind, "batch")
+		ch <- prometheus.MustNewConstMetric(m.groupBatchesDesc, prometheus.CounterValue, float64(g.Batches), g.Kind)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	age, err := store.InProgressAgeMax(ctx, m.store.Pool())

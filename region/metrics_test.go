@@ -114,12 +114,35 @@ func TestMetricsExistAtZero(t *testing.T) {
 		want = append(want, fmt.Sprintf(`idempotency_worker_errors_total{worker=%q}`, w))
 	}
 	want = append(want, "idempotency_provider_key_conflicts_total", "idempotency_fenced_total", "idempotency_claim_taken_share")
+	for _, kind := range []string{"claim", "operation_claim", "checkpoint", "completion"} {
+		want = append(want, fmt.Sprintf(`idempotency_store_group_batches_total{kind=%q}`, kind))
+		for _, st := range []string{"own", "batch"} {
+			want = append(want, fmt.Sprintf(`idempotency_store_group_writes_total{kind=%q,statement=%q}`, kind, st))
+		}
+	}
 	body := string(n.do(http.MethodGet, "/metrics", "", nil, "").body)
 	for _, s := range want {
 		if !got[s] {
 			t.Errorf("fresh node has no series %s", s)
 		} else if !strings.Contains(body, s+" 0\n") {
 			t.Errorf("fresh node's %s is not 0", s)
+		}
+	}
+}
+
+// TestMetricsCountGroupCommits: a payment's claim, sent alone (nothing
+// else in flight), counts as an operation claim in a statement of its own.
+func TestMetricsCountGroupCommits(t *testing.T) {
+	n := newNode(t)
+	if a := n.do(http.MethodPost, "/payments", "tok-a", map[string]string{"Idempotency-Key": "group-1"}, article); a.status != http.StatusCreated {
+		t.Fatalf("payment = %d %s", a.status, a.body)
+	}
+	body := string(n.do(http.MethodGet, "/metrics", "", nil, "").body)
+	for _, s := range []string{`idempotency_store_group_writes_total{kind="operation_claim",statement="own"} 1`,
+		`idempotency_store_group_writes_total{kind="operation_claim",statement="batch"} 0`,
+		`idempotency_store_group_batches_total{kind="operation_claim"} 0`} {
+		if !strings.Contains(body, s+"\n") {
+			t.Errorf("after one payment, /metrics lacks %s", s)
 		}
 	}
 }

@@ -49,6 +49,8 @@ type group[In, Out any] struct {
 	scope func(In) idem.Scope
 	// write writes a batch and sets each item's out and err.
 	write func(ctx context.Context, batch []*groupItem[In, Out])
+	// stats counts the batches written (nil: not counted).
+	stats *groupCounters
 }
 
 // anyInFlight is limit() while every write goes alone: more than the
@@ -209,6 +211,7 @@ func (g *group[In, Out]) runBatch(ctx context.Context) {
 	g.mu.Unlock()
 
 	if len(batch) > 0 {
+		g.stats.count(len(batch))
 		g.write(ctx, batch)
 		for _, it := range batch {
 			close(it.done)

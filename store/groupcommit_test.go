@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -183,6 +184,18 @@ func TestGroupClaims(t *testing.T) {
 	}
 	if claims != 2 {
 		t.Errorf("claim statements sent %d (%v), want 2 for %d claims", claims, sent, len(jobs))
+	}
+	// The group's counts say the same: the three claims and two
+	// completions before the batch each alone, the batch of six, the
+	// repeated key alone.
+	want := []store.GroupStats{
+		{Kind: store.GroupClaims, Own: 4, Batched: 6, Batches: 1},
+		{Kind: store.GroupOperationClaims},
+		{Kind: store.GroupCheckpoints},
+		{Kind: store.GroupCompletions, Own: 2},
+	}
+	if got := st.GroupStats(); !slices.Equal(got, want) {
+		t.Errorf("GroupStats = %+v, want %+v", got, want)
 	}
 }
 

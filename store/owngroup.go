@@ -78,6 +78,7 @@ func (s *Store) NewClaimOrReadGroup(single ClaimOrReadWith, own string, types []
 			adapt:    newAdaptive(),
 			scope:    func(in groupClaimIn) idem.Scope { return in.req.Scope },
 			write:    g.write,
+			stats:    s.groupCounters(GroupOperationClaims),
 		}
 	}
 	return g

@@ -103,6 +103,9 @@ type Store struct {
 	claims      *group[claimIn, claimOut]
 	checkpoints *group[checkpointIn, struct{}]
 	completions *group[completionIn, struct{}]
+	// groups count what each kind of group commit sent (GroupStats), in
+	// groupKinds' order.
+	groups [len(groupKinds)]groupCounters
 	// taken is the share of recent claims (Begin's) that found their key
 	// taken; claimOrRead chooses its statement by it.
 	taken share.Share
@@ -145,6 +148,8 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 	s.pool = pool
 	if !opts.NoGroupCommit {
 		s.claims, s.checkpoints, s.completions = s.newClaims(), s.newCheckpoints(), s.newCompletions()
+		s.claims.stats, s.checkpoints.stats = s.groupCounters(GroupClaims), s.groupCounters(GroupCheckpoints)
+		s.completions.stats = s.groupCounters(GroupCompletions)
 	}
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
