@@ -96,6 +96,9 @@ type Config struct {
 
 	// sample reads CPU times around every phase (set by Run).
 	sample func() cpuSample
+	// groups reads the group commits' counts of the suites' stores
+	// around every phase (set by Run).
+	groups func() groupSample
 }
 
 func (c Config) withDefaults() Config {
@@ -150,6 +153,49 @@ type Result struct {
 	// on another machine, or not Linux).
 	ClientCPUPerOp float64 `json:"clientCpuUsPerOp"`
 	DBCPUPerOp     float64 `json:"dbCpuUsPerOp"`
+	// GroupOwn, GroupBatched and GroupBatches are what the store's group
+	// commits sent during the operation's phases (store.GroupStats, every
+	// kind): writes in a statement of their own, writes in batches of two
+	// or more, and those batches. All 0 for an operation that writes
+	// through no group (the baselines, a store without group commit).
+	GroupOwn     uint64 `json:"groupWritesOwn"`
+	GroupBatched uint64 `json:"groupWritesBatched"`
+	GroupBatches uint64 `json:"groupBatches"`
+}
+
+// groupSample sums store.GroupStats over kinds (and stores).
+type groupSample struct {
+	own, batched, batches uint64
+}
+
+// sampleGroups sums what the group commits of stores sent so far.
+func sampleGroups(stores ...*store.Store) groupSample {
+	var g groupSample
+	for _, st := range stores {
+		if st == nil {
+			continue
+		}
+		for _, k := range st.GroupStats() {
+			g.own += k.Own
+			g.batched += k.Batched
+			g.batches += k.Batches
+		}
+	}
+	return g
+}
+
+// batchedShare renders the share of r's group writes that went in batches
+// and the batches' mean size, or dashes when it wrote through no group.
+func (r Result) batchedShare() (share, size string) {
+	if r.GroupOwn+r.GroupBatched == 0 {
+		return "-", "-"
+	}
+	share = fmt.Sprintf("%.0f%%", 100*float64(r.GroupBatched)/float64(r.GroupOwn+r.GroupBatched))
+	size = "-"
+	if r.GroupBatches > 0 {
+		size = fmt.Sprintf("%.1f", float64(r.GroupBatched)/float64(r.GroupBatches))
+	}
+	return share, size
 }
 
 // Ratio compares the throughput of two results of a suite.
@@ -226,6 +272,7 @@ func (r Report) Suite(name string) SuiteReport {
 func Run(ctx context.Context, st *store.Store, cfg Config, suites ...string) (Report, error) {
 	cfg = cfg.withDefaults()
 	cfg.sample = func() cpuSample { return sampleCPU(ctx, st) }
+	cfg.groups = func() groupSample { return sampleGroups(st, cfg.ClaimFirst) }
 	if len(suites) == 0 {
 		suites = []string{SuiteStore}
 	}
@@ -315,6 +362,8 @@ type phaseStats struct {
 	// could be measured, phases all of them.
 	cpu               cpuSample
 	cpuPhases, phases int
+	// groups are the group commits' counts of the phases.
+	groups groupSample
 }
 
 func (p *phaseStats) add(o phaseStats) {
@@ -326,11 +375,15 @@ func (p *phaseStats) add(o phaseStats) {
 	p.cpu.server += o.cpu.server
 	p.cpuPhases += o.cpuPhases
 	p.phases += o.phases
+	p.groups.own += o.groups.own
+	p.groups.batched += o.groups.batched
+	p.groups.batches += o.groups.batches
 }
 
 func (p *phaseStats) result(name string) Result {
 	slices.Sort(p.latencies)
-	r := Result{Name: name, Ops: p.ops, Elapsed: p.elapsed, Errors: p.errors}
+	r := Result{Name: name, Ops: p.ops, Elapsed: p.elapsed, Errors: p.errors,
+		GroupOwn: p.groups.own, GroupBatched: p.groups.batched, GroupBatches: p.groups.batches}
 	if p.elapsed > 0 {
 		r.OpsPerS = float64(p.ops) / p.elapsed.Seconds()
 	}
@@ -363,9 +416,15 @@ func phase(ctx context.Context, cfg Config, fn func(context.Context) error) (pha
 		wg    sync.WaitGroup
 		first error
 	)
-	var before cpuSample
+	var (
+		before       cpuSample
+		groupsBefore groupSample
+	)
 	if cfg.sample != nil {
 		before = cfg.sample()
+	}
+	if cfg.groups != nil {
+		groupsBefore = cfg.groups()
 	}
 	start := time.Now()
 	deadline := start.Add(cfg.PhaseDuration)
@@ -400,6 +459,11 @@ func phase(ctx context.Context, cfg Config, fn func(context.Context) error) (pha
 			total.cpu = cpuSample{client: after.client - before.client, server: after.server - before.server, ok: true}
 			total.cpuPhases = 1
 		}
+	}
+	if cfg.groups != nil {
+		after := cfg.groups()
+		total.groups = groupSample{own: after.own - groupsBefore.own, batched: after.batched - groupsBefore.batched,
+			batches: after.batches - groupsBefore.batches}
 	}
 	if err := ctx.Err(); err != nil {
 		return total, fmt.Errorf("bench: %w", err)
@@ -441,10 +505,11 @@ func (r Report) Markdown() string {
 			b.WriteString("\n")
 		}
 		fmt.Fprintf(&b, "suite %s, concurrency %d:\n\n", s.Suite, s.Concurrency)
-		b.WriteString("| operation | ops | ops/s | p50 ms | p99 ms | errors | client CPU µs/op | db CPU µs/op |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+		b.WriteString("| operation | ops | ops/s | p50 ms | p99 ms | errors | client CPU µs/op | db CPU µs/op | writes in batches | mean batch |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, x := range s.Results {
-			fmt.Fprintf(&b, "| %s | %d | %.0f | %.2f | %.2f | %d | %.0f | %.0f |\n", x.Name, x.Ops, x.OpsPerS, x.P50Ms, x.P99Ms, x.Errors,
-				x.ClientCPUPerOp, x.DBCPUPerOp)
+			share, size := x.batchedShare()
+			fmt.Fprintf(&b, "| %s | %d | %.0f | %.2f | %.2f | %d | %.0f | %.0f | %s | %s |\n", x.Name, x.Ops, x.OpsPerS, x.P50Ms, x.P99Ms, x.Errors,
+				x.ClientCPUPerOp, x.DBCPUPerOp, share, size)
 		}
 		b.WriteString("\n")
 		for _, x := range s.Ratios {

@@ -89,6 +89,26 @@ func TestRunCountsWhatItWrote(t *testing.T) {
 				tc.suite, s.Payments, s.Records, tc.wantPay, tc.wantRecs)
 		}
 	}
+	// Each phase reports what the group commits sent in it: nothing for the
+	// baseline (no record), at least a claim a payment for the layer's
+	// write, at least a claim and a completion a request through the
+	// sidecar, nothing for the sidecar without group commit.
+	groupWrites := func(r bench.Result) uint64 { return r.GroupOwn + r.GroupBatched }
+	st8, sc := rep.Suite(bench.SuiteStore), rep.Suite(bench.SuiteSidecar)
+	for _, c := range []struct {
+		r        bench.Result
+		min, max uint64
+	}{
+		{st8.Result(bench.OpBaseline), 0, 0},
+		{st8.Result(bench.OpIdempotent), uint64(st8.Result(bench.OpIdempotent).Ops), 1 << 62},
+		{st8.Result(bench.OpIdempotentStoredBody), uint64(st8.Result(bench.OpIdempotentStoredBody).Ops), 1 << 62},
+		{sc.Result(bench.OpSidecar), 2 * uint64(sc.Result(bench.OpSidecar).Ops), 1 << 62},
+		{sc.Result(bench.OpSidecarNoGroupCommit), 0, 0},
+	} {
+		if n := groupWrites(c.r); n < c.min || n > c.max || c.r.GroupBatched < c.r.GroupBatches {
+			t.Errorf("%s: %d group writes (%d own, %d in %d batches), want %d to %d", c.r.Name, n, c.r.GroupOwn, c.r.GroupBatched, c.r.GroupBatches, c.min, c.max)
+		}
+	}
 	if r := rep.Suite(bench.SuiteReplay); r.Result(bench.OpReplay).Ops == 0 || r.Result(bench.OpReplayClaimFirst).Ops == 0 || r.Result(bench.OpReplayInClaim).Ops == 0 || r.Result(bench.OpReplayFromMemory).Ops == 0 {
 		t.Errorf("replay suite without replays: %+v", r)
 	}
