@@ -161,6 +161,9 @@ type Result struct {
 	GroupOwn     uint64 `json:"groupWritesOwn"`
 	GroupBatched uint64 `json:"groupWritesBatched"`
 	GroupBatches uint64 `json:"groupBatches"`
+	// RoundOpsPerS is each round's ops/s, in the rounds' order: how much
+	// the operation moved between its phases.
+	RoundOpsPerS []float64 `json:"roundOpsPerSecond,omitempty"`
 }
 
 // groupSample sums store.GroupStats over kinds (and stores).
@@ -203,6 +206,20 @@ type Ratio struct {
 	// Name reads "a/b": a's ops/s divided by b's.
 	Name  string  `json:"name"`
 	Value float64 `json:"value"`
+	// Rounds is the ratio of each round's phases (a's ops/s in round i
+	// divided by b's in round i), in the rounds' order: a ratio whose
+	// rounds straddle a target has not settled it. Empty when the results
+	// have no rounds of their own.
+	Rounds []float64 `json:"rounds,omitempty"`
+}
+
+// Spread is the least and the greatest of r's rounds (0 and 0 without
+// rounds).
+func (r Ratio) Spread() (lo, hi float64) {
+	if len(r.Rounds) == 0 {
+		return 0, 0
+	}
+	return slices.Min(r.Rounds), slices.Max(r.Rounds)
 }
 
 // SuiteReport is the outcome of one suite.
@@ -337,18 +354,27 @@ func alternate(ctx context.Context, cfg Config, suite string, ops []op) ([]Resul
 }
 
 func ratio(results []Result, a, b string) Ratio {
-	var x, y float64
+	var x, y Result
 	for _, r := range results {
 		switch r.Name {
 		case a:
-			x = r.OpsPerS
+			x = r
 		case b:
-			y = r.OpsPerS
+			y = r
 		}
 	}
 	r := Ratio{Name: a + "/" + b}
-	if y > 0 {
-		r.Value = x / y
+	if y.OpsPerS > 0 {
+		r.Value = x.OpsPerS / y.OpsPerS
+	}
+	if len(x.RoundOpsPerS) == len(y.RoundOpsPerS) && len(x.RoundOpsPerS) > 1 {
+		for i, yi := range y.RoundOpsPerS {
+			q := 0.0
+			if yi > 0 {
+				q = x.RoundOpsPerS[i] / yi
+			}
+			r.Rounds = append(r.Rounds, q)
+		}
 	}
 	return r
 }
@@ -364,6 +390,8 @@ type phaseStats struct {
 	cpuPhases, phases int
 	// groups are the group commits' counts of the phases.
 	groups groupSample
+	// rounds are the phases' ops/s, one per phase added.
+	rounds []float64
 }
 
 func (p *phaseStats) add(o phaseStats) {
@@ -378,12 +406,13 @@ func (p *phaseStats) add(o phaseStats) {
 	p.groups.own += o.groups.own
 	p.groups.batched += o.groups.batched
 	p.groups.batches += o.groups.batches
+	p.rounds = append(p.rounds, o.rounds...)
 }
 
 func (p *phaseStats) result(name string) Result {
 	slices.Sort(p.latencies)
 	r := Result{Name: name, Ops: p.ops, Elapsed: p.elapsed, Errors: p.errors,
-		GroupOwn: p.groups.own, GroupBatched: p.groups.batched, GroupBatches: p.groups.batches}
+		GroupOwn: p.groups.own, GroupBatched: p.groups.batched, GroupBatches: p.groups.batches, RoundOpsPerS: p.rounds}
 	if p.elapsed > 0 {
 		r.OpsPerS = float64(p.ops) / p.elapsed.Seconds()
 	}
@@ -454,6 +483,9 @@ func phase(ctx context.Context, cfg Config, fn func(context.Context) error) (pha
 	wg.Wait()
 	total.elapsed = time.Since(start)
 	total.phases = 1
+	if total.elapsed > 0 {
+		total.rounds = []float64{float64(total.ops) / total.elapsed.Seconds()}
+	}
 	if cfg.sample != nil {
 		if after := cfg.sample(); before.ok && after.ok {
 			total.cpu = cpuSample{client: after.client - before.client, server: after.server - before.server, ok: true}
@@ -513,7 +545,12 @@ func (r Report) Markdown() string {
 		}
 		b.WriteString("\n")
 		for _, x := range s.Ratios {
-			fmt.Fprintf(&b, "ratio %s: **%.3f**\n", x.Name, x.Value)
+			fmt.Fprintf(&b, "ratio %s: **%.3f**", x.Name, x.Value)
+			if len(x.Rounds) > 0 {
+				lo, hi := x.Spread()
+				fmt.Fprintf(&b, " (rounds %.3f to %.3f)", lo, hi)
+			}
+			b.WriteString("\n")
 		}
 		for _, z := range s.Sizes {
 			fmt.Fprintf(&b, "records table at %d rows: %.0f MiB table, %.0f MiB indexes\n", z.Rows, float64(z.TableBytes)/(1<<20), float64(z.IndexBytes)/(1<<20))

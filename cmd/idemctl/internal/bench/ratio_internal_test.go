@@ -1,0 +1,79 @@
+package bench
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestRatioHasEachRoundsRatio: a ratio carries each round's ratio, the
+// rounds' ops/s divided pairwise, and the report prints their spread.
+func TestRatioHasEachRoundsRatio(t *testing.T) {
+	results := []Result{
+		{Name: "a", OpsPerS: 300, RoundOpsPerS: []float64{200, 300, 400}},
+		{Name: "b", OpsPerS: 400, RoundOpsPerS: []float64{400, 400, 400}},
+	}
+	r := ratio(results, "a", "b")
+	if r.Value != 0.75 {
+		t.Errorf("value %v, want 0.75", r.Value)
+	}
+	want := []float64{0.5, 0.75, 1}
+	if len(r.Rounds) != len(want) {
+		t.Fatalf("rounds %v, want %v", r.Rounds, want)
+	}
+	for i := range want {
+		if r.Rounds[i] != want[i] {
+			t.Errorf("round %d: %v, want %v", i+1, r.Rounds[i], want[i])
+		}
+	}
+	if lo, hi := r.Spread(); lo != 0.5 || hi != 1 {
+		t.Errorf("spread %v to %v, want 0.5 to 1", lo, hi)
+	}
+	md := Report{Suites: []SuiteReport{{Suite: "s", Ratios: []Ratio{r}}}}.Markdown()
+	if !strings.Contains(md, "ratio a/b: **0.750** (rounds 0.500 to 1.000)") {
+		t.Errorf("report does not show the rounds' spread:\n%s", md)
+	}
+
+	// One round, or results without rounds: no spread to show.
+	one := ratio([]Result{{Name: "a", OpsPerS: 1, RoundOpsPerS: []float64{1}}, {Name: "b", OpsPerS: 2, RoundOpsPerS: []float64{2}}}, "a", "b")
+	if len(one.Rounds) != 0 {
+		t.Errorf("one round: rounds %v, want none", one.Rounds)
+	}
+	md = Report{Suites: []SuiteReport{{Suite: "s", Ratios: []Ratio{one}}}}.Markdown()
+	if strings.Contains(md, "rounds") {
+		t.Errorf("one round printed a spread:\n%s", md)
+	}
+}
+
+// TestAlternateKeepsEachRound: each operation's result holds one ops/s
+// per round, and its ops/s over all rounds lies within them.
+func TestAlternateKeepsEachRound(t *testing.T) {
+	tick := func(d time.Duration) func(context.Context) error {
+		return func(context.Context) error { time.Sleep(d); return nil }
+	}
+	cfg := Config{Concurrency: 2, PhaseDuration: 30 * time.Millisecond, Rounds: 3}
+	results, err := alternate(context.Background(), cfg, "t", []op{{"fast", tick(time.Millisecond)}, {"slow", tick(3 * time.Millisecond)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range results {
+		if len(r.RoundOpsPerS) != cfg.Rounds {
+			t.Fatalf("%s: %d rounds' ops/s, want %d", r.Name, len(r.RoundOpsPerS), cfg.Rounds)
+		}
+		lo, hi := r.RoundOpsPerS[0], r.RoundOpsPerS[0]
+		for _, x := range r.RoundOpsPerS {
+			if x <= 0 {
+				t.Errorf("%s: a round of %v ops/s", r.Name, x)
+			}
+			lo, hi = min(lo, x), max(hi, x)
+		}
+		// The whole is a weighted mean of the rounds.
+		if r.OpsPerS < lo*0.999 || r.OpsPerS > hi*1.001 {
+			t.Errorf("%s: %v ops/s overall, outside its rounds %v", r.Name, r.OpsPerS, r.RoundOpsPerS)
+		}
+	}
+	if got := ratio(results, "fast", "slow"); len(got.Rounds) != cfg.Rounds {
+		t.Errorf("ratio rounds %v, want %d", got.Rounds, cfg.Rounds)
+	}
+}
