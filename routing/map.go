@@ -38,6 +38,10 @@ type Map struct {
 
 	cancel context.CancelFunc
 	done   chan struct{}
+
+	// steer holds the endpoints the Map took out of cli while they were
+	// silent (steer.go).
+	steer steering
 }
 
 // mapState is the routing keyspace as a Map holds it.
@@ -60,6 +64,9 @@ func newMapState() *mapState {
 
 // NewMap loads the routing state from etcd and starts watching it. The
 // returned Map is current as of the load; cancel ctx or call Close to stop.
+// While its watch runs, the Map steers cli away from endpoints that a
+// partition has silenced (cli.SetEndpoints, see RejoinInterval) and gives
+// them back once they answer, or at Close.
 func NewMap(ctx context.Context, cli *clientv3.Client, logger *slog.Logger) (*Map, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -78,6 +85,7 @@ func NewMap(ctx context.Context, cli *clientv3.Client, logger *slog.Logger) (*Ma
 func (m *Map) Close() {
 	m.cancel()
 	<-m.done
+	m.giveBackAll()
 }
 
 // load reads the keyspace in pages of LoadPageSize, all at the revision of
@@ -134,7 +142,8 @@ func (m *Map) broadcastLocked() {
 // Watch probing: every WatchProbeInterval a Map asks etcd for a progress
 // notification on its watch, and a watch that has delivered nothing for
 // WatchStaleAfter is closed and opened again (on another member, when the
-// client has one). A member that a partition cut off answers nothing and
+// client has one: the client is first steered away from the members that
+// do not answer, steer.go). A member that a partition cut off answers nothing and
 // closes nothing, and gRPC's own keepalive cannot find such a connection
 // dead in less than about 15s (it pings at most every 10s); meanwhile the
 // node would route by a stale map (forwarding to a region that has failed
@@ -199,12 +208,14 @@ func (m *Map) probe(ctx context.Context, cancel context.CancelFunc, heard *atomi
 		}
 		if silent := time.Since(time.Unix(0, heard.Load())); silent > WatchStaleAfter {
 			m.logger.Warn("routing watch silent; opening it again", "silent", silent.Round(time.Millisecond))
+			m.steerAway(ctx)
 			cancel()
 			return
 		}
 		rctx, rcancel := context.WithTimeout(ctx, WatchProbeInterval)
 		_ = m.cli.RequestProgress(rctx)
 		rcancel()
+		m.rejoin(ctx)
 	}
 }
 
