@@ -6,7 +6,6 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -14,6 +13,7 @@ import (
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/engine"
+	"github.com/idemcoord/idem/internal/logtest"
 	"github.com/idemcoord/idem/internal/storetest"
 	"github.com/idemcoord/idem/store"
 	"github.com/idemcoord/idem/tests/commitcut"
@@ -27,40 +27,12 @@ import (
 // the test is about the CockroachDB path: its transactions then run through
 // crdbpgx.ExecuteTx, which PostgreSQL runs too.
 
-// logged collects the messages a store logs.
-type logged struct {
-	mu   sync.Mutex
-	msgs []string
-}
-
-func (l *logged) Enabled(context.Context, slog.Level) bool { return true }
-func (l *logged) Handle(_ context.Context, r slog.Record) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.msgs = append(l.msgs, r.Message)
-	return nil
-}
-func (l *logged) WithAttrs([]slog.Attr) slog.Handler { return l }
-func (l *logged) WithGroup(string) slog.Handler      { return l }
-
-// has reports whether a message containing s was logged.
-func (l *logged) has(s string) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, m := range l.msgs {
-		if strings.Contains(m, s) {
-			return true
-		}
-	}
-	return false
-}
-
 // faultStore opens a store on dbURL's database through a fault proxy,
 // talking to it as server.
-func faultStore(t *testing.T, dbURL string, opts store.Options) (*store.Store, *commitcut.Cut, *logged) {
+func faultStore(t *testing.T, dbURL string, opts store.Options) (*store.Store, *commitcut.Cut, *logtest.Messages) {
 	t.Helper()
 	cut := commitcut.New(t, dbURL)
-	log := &logged{}
+	log := &logtest.Messages{}
 	if opts.MaxConns == 0 {
 		opts.MaxConns = 4
 	}
@@ -137,7 +109,7 @@ func TestClaimCommitAnsweredAmbiguous(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Do with COMMIT %d answered 40003 = %v, want the executed answer", tc.commit, err)
 			}
-			if !log.has(tc.resolve) {
+			if !log.Has(tc.resolve) {
 				t.Errorf("the store never logged %q: the ambiguous commit was not resolved as one", tc.resolve)
 			}
 			executedOnce(ctx, t, e, direct, &c, "k-"+tc.name, h, ans)
@@ -179,7 +151,7 @@ func TestClaimReleaseAmbiguous(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Do with the takeover's RELEASE %s = %v, want the executed answer", f, err)
 			}
-			if !log.has("resolving it by its claim id") {
+			if !log.Has("resolving it by its claim id") {
 				t.Error("the claim was not resolved by its claim id")
 			}
 			if n := c.n.Load(); n != 1 {
@@ -221,7 +193,7 @@ func TestFencedWriteReadsBack(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Complete with its COMMIT answered 40003 = %v, want nil (read back)", err)
 			}
-			if !log.has("reading it back") {
+			if !log.Has("reading it back") {
 				t.Error("the completion was not read back")
 			}
 			if rec := record(t, direct, "k-fenced"); rec.Status != idem.StatusCompleted || rec.FencingToken != d.Lease.Token {

@@ -6,15 +6,16 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/idemcoord/idem/internal/etcdtest"
+	"github.com/idemcoord/idem/internal/logtest"
 	"github.com/idemcoord/idem/routing"
 )
 
@@ -25,32 +26,8 @@ import (
 // probe finds the watch silent and opens it again. Without the probe the
 // watch would wait for TCP to give up (minutes).
 func TestMapWatchSurvivesASilentMember(t *testing.T) {
-	srv := etcdtest.Start(t)
-	direct := srv.Endpoints[0]
-	tp := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
-	p := toxiproxy.NewProxy(tp, "silent->etcd", "127.0.0.1:0", strings.TrimPrefix(direct, "http://"))
-	if err := p.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Stop)
-
-	// The Map's watch opens on the proxy (the only endpoint then); the
-	// direct endpoint is added afterwards.
-	cfg := srv.Config()
-	cfg.Endpoints = []string{"http://" + p.Listen}
-	cli := etcdtest.NewClient(t, cfg)
-	m, err := routing.NewMap(ctxFor(t), cli, slog.New(slog.NewTextHandler(os.Stderr, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(m.Close)
-	cli.SetEndpoints("http://"+p.Listen, direct)
-
-	// Timeout 0: every byte is dropped, nothing is closed.
-	if _, err := p.Toxics.AddToxicJson(strings.NewReader(`{"name":"silence","type":"timeout","stream":"downstream","attributes":{"timeout":0}}`)); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Toxics.RemoveToxic(t.Context(), "silence") })
+	ms := newSilentMember(t, slog.New(slog.NewTextHandler(os.Stderr, nil)))
+	srv, m := ms.srv, ms.m
 
 	writer := srv.Client(t)
 	placed, err := routing.SetPlacement(ctxFor(t), writer, "tenant-x", "ap-south")
@@ -76,30 +53,10 @@ func TestMapWatchSurvivesASilentMember(t *testing.T) {
 // turn, and the Map would learn of a move one WatchStaleAfter later for
 // each time it did); once the member answers again the client gets it back.
 func TestMapSteersAwayFromASilentMember(t *testing.T) {
-	srv := etcdtest.Start(t)
-	direct := srv.Endpoints[0]
-	tp := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
-	p := toxiproxy.NewProxy(tp, "steer->etcd", "127.0.0.1:0", strings.TrimPrefix(direct, "http://"))
-	if err := p.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Stop)
-	silentEP := "http://" + p.Listen
+	logs := &logtest.Messages{}
+	ms := newSilentMember(t, slog.New(logs))
+	srv, m, cli, direct, silentEP := ms.srv, ms.m, ms.cli, ms.direct, ms.silent
 
-	cfg := srv.Config()
-	cfg.Endpoints = []string{silentEP}
-	cli := etcdtest.NewClient(t, cfg)
-	logs := &countingHandler{}
-	m, err := routing.NewMap(ctxFor(t), cli, slog.New(logs))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(m.Close)
-	cli.SetEndpoints(silentEP, direct)
-
-	if _, err := p.Toxics.AddToxicJson(strings.NewReader(`{"name":"silence","type":"timeout","stream":"downstream","attributes":{"timeout":0}}`)); err != nil {
-		t.Fatal(err)
-	}
 	writer := srv.Client(t)
 	placed, err := routing.SetPlacement(ctxFor(t), writer, "tenant-x", "ap-south")
 	if err != nil {
@@ -110,14 +67,14 @@ func TestMapSteersAwayFromASilentMember(t *testing.T) {
 	if err := m.WaitRevision(ctx, placed.Epoch); err != nil {
 		t.Fatalf("the map never saw revision %d after its member went silent: %v", placed.Epoch, err)
 	}
-	if n := logs.count("routing watch silent"); n != 1 {
+	if n := logs.Count("routing watch silent"); n != 1 {
 		t.Errorf("the watch was found silent %d times before the map saw the placement, want 1 (opened again on the silent member)", n)
 	}
 	if got := cli.Endpoints(); !slices.Equal(got, []string{direct}) {
 		t.Errorf("client endpoints while the proxy is silent = %v, want only %s", got, direct)
 	}
 
-	if err := p.Toxics.RemoveToxic(t.Context(), "silence"); err != nil {
+	if err := ms.p.Toxics.RemoveToxic(t.Context(), "silence"); err != nil {
 		t.Fatal(err)
 	}
 	for !slices.Contains(cli.Endpoints(), silentEP) {
@@ -127,36 +84,47 @@ func TestMapSteersAwayFromASilentMember(t *testing.T) {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	if logs.count("etcd endpoints answer again") != 1 {
-		t.Errorf("rejoin not logged once: %d", logs.count("etcd endpoints answer again"))
+	if logs.Count("etcd endpoints answer again") != 1 {
+		t.Errorf("rejoin not logged once: %d", logs.Count("etcd endpoints answer again"))
 	}
 }
 
-// countingHandler is a slog handler that counts messages.
-type countingHandler struct {
-	mu   sync.Mutex
-	msgs []string
+// silentMember is a Map whose watch runs on a toxiproxy in front of a
+// one-member etcd (the client's only endpoint while the Map starts; the
+// member's own endpoint is added afterwards), and the proxy then silenced:
+// every byte dropped, nothing closed, as a partition does.
+type silentMember struct {
+	srv            *etcdtest.Server
+	cli            *clientv3.Client
+	m              *routing.Map
+	p              *toxiproxy.Proxy
+	direct, silent string
 }
 
-func (h *countingHandler) Enabled(context.Context, slog.Level) bool { return true }
-func (h *countingHandler) Handle(_ context.Context, r slog.Record) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.msgs = append(h.msgs, r.Message)
-	return nil
-}
-func (h *countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h *countingHandler) WithGroup(string) slog.Handler      { return h }
-
-// count is how many messages began with prefix.
-func (h *countingHandler) count(prefix string) int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	n := 0
-	for _, m := range h.msgs {
-		if strings.HasPrefix(m, prefix) {
-			n++
-		}
+func newSilentMember(t *testing.T, logger *slog.Logger) *silentMember {
+	t.Helper()
+	ms := &silentMember{srv: etcdtest.Start(t)}
+	ms.direct = ms.srv.Endpoints[0]
+	tp := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
+	ms.p = toxiproxy.NewProxy(tp, "silent->etcd", "127.0.0.1:0", strings.TrimPrefix(ms.direct, "http://"))
+	if err := ms.p.Start(); err != nil {
+		t.Fatal(err)
 	}
-	return n
+	t.Cleanup(ms.p.Stop)
+	ms.silent = "http://" + ms.p.Listen
+	cfg := ms.srv.Config()
+	cfg.Endpoints = []string{ms.silent}
+	ms.cli = etcdtest.NewClient(t, cfg)
+	var err error
+	if ms.m, err = routing.NewMap(ctxFor(t), ms.cli, logger); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ms.m.Close)
+	ms.cli.SetEndpoints(ms.silent, ms.direct)
+	// Timeout 0: every byte is dropped, nothing is closed.
+	if _, err := ms.p.Toxics.AddToxicJson(strings.NewReader(`{"name":"silence","type":"timeout","stream":"downstream","attributes":{"timeout":0}}`)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ms.p.Toxics.RemoveToxic(context.Background(), "silence") })
+	return ms
 }
