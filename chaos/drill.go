@@ -27,9 +27,10 @@ const (
 // outage, not the first answer after the fault), the docker environment's
 // region-failover measured 3.1 to 3.8 s with a 3 s lease when etcd elected
 // no leader meanwhile (5.3 to 6.0 s when it did, under
-// EtcdElectionSlack's bound) over 18 runs, once a node's watch no longer
-// opened again on a cut-off etcd member (before, one run in nine measured
-// 6.8 s and one in about fifteen 7.1 s): 4 s covers it.
+// EtcdElectionSlack's bound) in 18 runs where no node's watch opened
+// again on a cut-off etcd member; the runs where one did measured 6.8 and
+// 7.1 s, which routing.Map's steering (routing/steer.go) now prevents: 4 s
+// covers it.
 const RTOSlack = 4 * time.Second
 
 // EtcdElectionSlack is what the RTO bound allows more when etcd elected a
