@@ -153,6 +153,12 @@ type Result struct {
 	// on another machine, or not Linux).
 	ClientCPUPerOp float64 `json:"clientCpuUsPerOp"`
 	DBCPUPerOp     float64 `json:"dbCpuUsPerOp"`
+	// CoresBusy is both of them over the phases' time: how many of the
+	// machine's cores the process and the backends kept busy. A phase
+	// that leaves cores idle on a machine they share is bounded by
+	// waits (commits' flushes, a batch in flight), not by its CPU per
+	// operation. 0 when the CPU is not measurable.
+	CoresBusy float64 `json:"coresBusy"`
 	// GroupOwn, GroupBatched and GroupBatches are what the store's group
 	// commits sent during the operation's phases (store.GroupStats, every
 	// kind): writes in a statement of their own, writes in batches of two
@@ -424,6 +430,9 @@ func (p *phaseStats) result(name string) Result {
 	if p.ops > 0 && p.phases > 0 && p.cpuPhases == p.phases {
 		r.ClientCPUPerOp = float64(p.cpu.client.Microseconds()) / float64(p.ops)
 		r.DBCPUPerOp = float64(p.cpu.server.Microseconds()) / float64(p.ops)
+		if p.elapsed > 0 {
+			r.CoresBusy = (p.cpu.client + p.cpu.server).Seconds() / p.elapsed.Seconds()
+		}
 	}
 	return r
 }
@@ -537,11 +546,11 @@ func (r Report) Markdown() string {
 			b.WriteString("\n")
 		}
 		fmt.Fprintf(&b, "suite %s, concurrency %d:\n\n", s.Suite, s.Concurrency)
-		b.WriteString("| operation | ops | ops/s | p50 ms | p99 ms | errors | client CPU µs/op | db CPU µs/op | writes in batches | mean batch |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		b.WriteString("| operation | ops | ops/s | p50 ms | p99 ms | errors | client CPU µs/op | db CPU µs/op | cores busy | writes in batches | mean batch |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, x := range s.Results {
 			share, size := x.batchedShare()
-			fmt.Fprintf(&b, "| %s | %d | %.0f | %.2f | %.2f | %d | %.0f | %.0f | %s | %s |\n", x.Name, x.Ops, x.OpsPerS, x.P50Ms, x.P99Ms, x.Errors,
-				x.ClientCPUPerOp, x.DBCPUPerOp, share, size)
+			fmt.Fprintf(&b, "| %s | %d | %.0f | %.2f | %.2f | %d | %.0f | %.0f | %.2f | %s | %s |\n", x.Name, x.Ops, x.OpsPerS, x.P50Ms, x.P99Ms, x.Errors,
+				x.ClientCPUPerOp, x.DBCPUPerOp, x.CoresBusy, share, size)
 		}
 		b.WriteString("\n")
 		for _, x := range s.Ratios {

@@ -77,3 +77,27 @@ func TestAlternateKeepsEachRound(t *testing.T) {
 		t.Errorf("ratio rounds %v, want %d", got.Rounds, cfg.Rounds)
 	}
 }
+
+// TestCoresBusyIsCPUOverTime: a result's cores busy is the process's and
+// the backends' CPU over the phases' time, shown in the report, and 0
+// when a phase's CPU could not be measured.
+func TestCoresBusyIsCPUOverTime(t *testing.T) {
+	p := phaseStats{ops: 1000, elapsed: 4 * time.Second, cpu: cpuSample{client: 3 * time.Second, server: 2 * time.Second},
+		cpuPhases: 2, phases: 2}
+	r := p.result("a")
+	if r.CoresBusy != 1.25 {
+		t.Errorf("cores busy %v, want 1.25", r.CoresBusy)
+	}
+	if r.ClientCPUPerOp != 3000 || r.DBCPUPerOp != 2000 {
+		t.Errorf("CPU per op %v + %v, want 3000 + 2000", r.ClientCPUPerOp, r.DBCPUPerOp)
+	}
+	md := Report{Suites: []SuiteReport{{Suite: "s", Results: []Result{r}}}}.Markdown()
+	if !strings.Contains(md, "| 3000 | 2000 | 1.25 |") {
+		t.Errorf("report does not show the cores busy:\n%s", md)
+	}
+
+	p.cpuPhases = 1
+	if r := p.result("a"); r.CoresBusy != 0 {
+		t.Errorf("a phase not measured: cores busy %v, want 0", r.CoresBusy)
+	}
+}
