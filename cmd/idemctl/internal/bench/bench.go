@@ -155,9 +155,9 @@ type Result struct {
 	DBCPUPerOp     float64 `json:"dbCpuUsPerOp"`
 	// CoresBusy is both of them over the phases' time: how many of the
 	// machine's cores the process and the backends kept busy. A phase
-	// that leaves cores idle on a machine they share is bounded by
-	// waits (commits' flushes, a batch in flight), not by its CPU per
-	// operation. 0 when the CPU is not measurable.
+	// that leaves cores idle on a machine they share is bounded by what
+	// it waits on, not by its CPU per operation alone. 0 when the CPU is
+	// not measurable.
 	CoresBusy float64 `json:"coresBusy"`
 	// GroupOwn, GroupBatched and GroupBatches are what the store's group
 	// commits sent during the operation's phases (store.GroupStats, every
