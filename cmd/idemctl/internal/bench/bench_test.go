@@ -64,9 +64,9 @@ func TestRunCountsWhatItWrote(t *testing.T) {
 		wantPay, wantRecs int
 	}{
 		{suite: bench.SuiteStore,
-			wantPay: ops(rep.Suite(bench.SuiteStore), bench.OpBaseline, bench.OpBaselineSequential, bench.OpIdempotent, bench.OpIdempotentStoredBody,
-				bench.OpIdempotentClaimFirst, bench.OpIdempotentReadFirst),
-			wantRecs: ops(rep.Suite(bench.SuiteStore), bench.OpIdempotent, bench.OpIdempotentStoredBody,
+			wantPay: ops(rep.Suite(bench.SuiteStore), bench.OpBaseline, bench.OpBaselineSequential, bench.OpBaselineRecord,
+				bench.OpIdempotent, bench.OpIdempotentStoredBody, bench.OpIdempotentClaimFirst, bench.OpIdempotentReadFirst),
+			wantRecs: ops(rep.Suite(bench.SuiteStore), bench.OpBaselineRecord, bench.OpIdempotent, bench.OpIdempotentStoredBody,
 				bench.OpIdempotentClaimFirst, bench.OpIdempotentReadFirst)},
 		{suite: bench.SuiteReplay,
 			wantPay:  rep.Suite(bench.SuiteReplay).Seeded + ops(rep.Suite(bench.SuiteReplay), bench.OpWrite),

@@ -2,10 +2,13 @@ package bench
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"sync/atomic"
 
+	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/engine"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/store"
@@ -15,6 +18,7 @@ import (
 const (
 	OpBaseline             = "baseline"
 	OpBaselineSequential   = "baseline sequential ids"
+	OpBaselineRecord       = "baseline and its record"
 	OpIdempotent           = "idempotent"
 	OpIdempotentClaimFirst = "idempotent claim-first"
 	OpIdempotentStoredBody = "idempotent stored-body"
@@ -89,9 +93,19 @@ func (w *writer) baselineSequential(st *store.Store) func(context.Context) error
 // when id is empty, under the id the layer gives the same command
 // (payments.PaymentID).
 func baselineWrite(ctx context.Context, st *store.Store, tenant, id string, b []byte) (payments.Payment, error) {
-	cmd, err := payments.ParseCommand(b, "")
+	p, ev, err := baselinePayment(tenant, id, b)
 	if err != nil {
 		return payments.Payment{}, err
+	}
+	return p, st.ExecOne(ctx, func(q store.Querier) error { return payments.InsertPaymentOnly(ctx, q, p, ev) })
+}
+
+// baselinePayment parses body into the payment and event the baseline
+// writes under id (payments.PaymentID when id is empty).
+func baselinePayment(tenant, id string, b []byte) (payments.Payment, payments.Event, error) {
+	cmd, err := payments.ParseCommand(b, "")
+	if err != nil {
+		return payments.Payment{}, payments.Event{}, err
 	}
 	if id == "" {
 		id = payments.PaymentID(tenant, cmd.AccountID, cmd.MerchantReference)
@@ -103,10 +117,46 @@ func baselineWrite(ctx context.Context, st *store.Store, tenant, id string, b []
 	payload, err := json.Marshal(map[string]string{"eventId": "evt_" + p.ID + "_created", "type": "PaymentCreated",
 		"paymentId": p.ID, "accountId": p.AccountID, "amount": cmd.Amount(), "currency": p.Currency})
 	if err != nil {
-		return payments.Payment{}, err
+		return payments.Payment{}, payments.Event{}, err
 	}
 	ev := payments.Event{ID: "evt_" + p.ID + "_created", Tenant: p.Tenant, AggregateID: p.ID, Type: "PaymentCreated", Payload: payload}
-	return p, st.ExecOne(ctx, func(q store.Querier) error { return payments.InsertPaymentOnly(ctx, q, p, ev) })
+	return p, ev, nil
+}
+
+// baselineRecord is the baseline with the layer's record written beside
+// it, and none of the layer's work around the record: the layer's own
+// claim statement (payments.ClaimWithPayment: the record, COMPLETED and
+// referencing its payment, then the payment and its event), alone in its
+// SERIALIZABLE transaction in one round trip, with a request hash and a
+// raw hash of the body's bytes (one SHA-256) in place of the fingerprint,
+// and no engine, group commit or rendered answer. It is the idempotent
+// write's floor: what the record's row costs the store, so that the
+// layer's code is measured against it (idempotent/baseline and its
+// record) and the row against the business write (baseline and its
+// record/baseline).
+func (w *writer) baselineRecord(st *store.Store) func(context.Context) error {
+	return func(ctx context.Context) error {
+		n := w.seq.Add(1)
+		b := body(w.run, n)
+		p, ev, err := baselinePayment(w.tenant, "", b)
+		if err != nil {
+			return err
+		}
+		sum := sha256.Sum256(b)
+		h := hex.EncodeToString(sum[:])
+		req := idem.BeginRequest{Scope: idem.Scope{Tenant: w.tenant, Operation: payments.Operation, Key: w.key("r", n)},
+			RequestHashes: []string{"v2:" + h}, HashVersion: 2, RawHash: h, Owner: "bench", HomeRegion: "bench",
+			LockFor: engine.DefaultLockFor, Window: engine.DefaultWindow}
+		completion := idem.Completion{Response: idem.Response{Status: 201, ByReference: true},
+			ResourceType: payments.ResourceType, ResourceID: p.ID}
+		return st.ExecOne(ctx, func(q store.Querier) error {
+			inserted, _, err := payments.ClaimWithPayment(ctx, q, req, idem.StatusCompleted, idem.CheckpointCompleted, &completion, p, ev)
+			if err == nil && !inserted {
+				err = fmt.Errorf("%w: key %d was taken", errUnexpected, n)
+			}
+			return err
+		})
+	}
 }
 
 // idempotent is payments.Service.Create with a fresh key each time.
@@ -126,6 +176,7 @@ func runStore(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, er
 	ops := []op{
 		{OpBaseline, w.baseline(st)},
 		{OpBaselineSequential, w.baselineSequential(st)},
+		{OpBaselineRecord, w.baselineRecord(st)},
 		{OpIdempotent, w.idempotent(payments.NewService(st, payments.Config{Region: "bench"}))},
 		{OpIdempotentStoredBody, w.idempotent(payments.NewService(st, storedBodies))},
 		{OpIdempotentReadFirst, w.idempotent(payments.NewService(st, payments.Config{Region: "bench", ClaimOrder: payments.ReadFirst}))},
@@ -139,6 +190,7 @@ func runStore(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, er
 	}
 	rep := SuiteReport{Suite: SuiteStore, Concurrency: cfg.Concurrency, Results: results,
 		Ratios: []Ratio{ratio(results, OpIdempotent, OpBaseline), ratio(results, OpIdempotent, OpBaselineSequential),
+			ratio(results, OpIdempotent, OpBaselineRecord), ratio(results, OpBaselineRecord, OpBaseline),
 			ratio(results, OpIdempotentStoredBody, OpBaseline),
 			ratio(results, OpIdempotentReadFirst, OpBaseline)}}
 	if cfg.ClaimFirst != nil {
