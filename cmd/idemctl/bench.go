@@ -96,6 +96,12 @@ func runBench(ctx context.Context, args []string, env *Env) error {
 		return err
 	}
 	defer noGroupCommit.Close()
+	// And a pool of the sidecar's own, as idemd has beside its upstream.
+	sidecarStore, err := store.Open(ctx, *url, store.Options{MaxConns: int32(*maxConns)})
+	if err != nil {
+		return err
+	}
+	defer sidecarStore.Close()
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err != nil {
@@ -109,7 +115,7 @@ func runBench(ctx context.Context, args []string, env *Env) error {
 	}
 	fmt.Fprintf(env.Stderr, "GOMAXPROCS %d, CPUs %d\n", runtime.GOMAXPROCS(0), runtime.NumCPU())
 	rep, err := bench.Run(ctx, st, bench.Config{Concurrency: *concurrency, PhaseDuration: *duration, Rounds: *rounds,
-		ReplayKeys: *replayKeys, Keys: *keys, ScaleRows: rows, CleanupExpired: *cleanupExpired, ExpiredMetadata: *expiredMetadata, ClaimFirst: claimFirst, NoGroupCommit: noGroupCommit, Progress: env.Stderr}, suites...)
+		ReplayKeys: *replayKeys, Keys: *keys, ScaleRows: rows, CleanupExpired: *cleanupExpired, ExpiredMetadata: *expiredMetadata, ClaimFirst: claimFirst, NoGroupCommit: noGroupCommit, Sidecar: sidecarStore, Progress: env.Stderr}, suites...)
 	if err != nil {
 		return err
 	}

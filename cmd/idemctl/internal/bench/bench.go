@@ -91,6 +91,13 @@ type Config struct {
 	// sidecar whose claims and completions each go in a statement of their
 	// own, side by side.
 	NoGroupCommit *store.Store
+	// Sidecar, if set, is a store on the same database for the sidecar
+	// suite's node and its floor's commits: a pool of their own, as
+	// idemd's is beside the service it fronts, whose writes go through the
+	// suite's store. The suite then also runs the node on the suite's
+	// store, sharing the upstream's pool, side by side. Without it the
+	// node shares the upstream's pool.
+	Sidecar *store.Store
 	// Progress, if set, receives one line per finished phase.
 	Progress io.Writer
 
@@ -295,7 +302,7 @@ func (r Report) Suite(name string) SuiteReport {
 func Run(ctx context.Context, st *store.Store, cfg Config, suites ...string) (Report, error) {
 	cfg = cfg.withDefaults()
 	cfg.sample = func() cpuSample { return sampleCPU(ctx, st) }
-	cfg.groups = func() groupSample { return sampleGroups(st, cfg.ClaimFirst) }
+	cfg.groups = func() groupSample { return sampleGroups(st, cfg.ClaimFirst, cfg.Sidecar) }
 	if len(suites) == 0 {
 		suites = []string{SuiteStore}
 	}

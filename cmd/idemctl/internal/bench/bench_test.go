@@ -31,8 +31,13 @@ func TestRunCountsWhatItWrote(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer noGroupCommit.Close()
+	sidecarStore, err := store.Open(ctx, url, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sidecarStore.Close()
 	rep, err := bench.Run(ctx, st, bench.Config{Concurrency: 2, PhaseDuration: 200 * time.Millisecond, Rounds: 1, ReplayKeys: 20,
-		ClaimFirst: claimFirst, NoGroupCommit: noGroupCommit, ScaleRows: []int{1000, 5000}, CleanupExpired: 3000, ExpiredMetadata: 4000}, "all")
+		ClaimFirst: claimFirst, NoGroupCommit: noGroupCommit, Sidecar: sidecarStore, ScaleRows: []int{1000, 5000}, CleanupExpired: 3000, ExpiredMetadata: 4000}, "all")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,8 +83,9 @@ func TestRunCountsWhatItWrote(t *testing.T) {
 			wantPay:  ops(rep.Suite(bench.SuiteForward), bench.OpServedAtHome, bench.OpForwarded),
 			wantRecs: ops(rep.Suite(bench.SuiteForward), bench.OpServedAtHome, bench.OpForwarded)},
 		{suite: bench.SuiteSidecar,
-			wantPay:  ops(rep.Suite(bench.SuiteSidecar), bench.OpUpstreamDirect, bench.OpPlainProxy, bench.OpProxyTwoCommits, bench.OpSidecar, bench.OpSidecarNoGroupCommit),
-			wantRecs: ops(rep.Suite(bench.SuiteSidecar), bench.OpSidecar, bench.OpSidecarNoGroupCommit)},
+			wantPay: ops(rep.Suite(bench.SuiteSidecar), bench.OpUpstreamDirect, bench.OpPlainProxy, bench.OpProxyTwoCommits, bench.OpSidecar, bench.OpSidecarNoGroupCommit,
+				bench.OpSidecarSharedPool),
+			wantRecs: ops(rep.Suite(bench.SuiteSidecar), bench.OpSidecar, bench.OpSidecarNoGroupCommit, bench.OpSidecarSharedPool)},
 		{suite: bench.SuiteScale, wantPay: 0,
 			wantRecs: rep.Suite(bench.SuiteScale).Seeded - rep.Suite(bench.SuiteScale).Deleted + allOps(rep.Suite(bench.SuiteScale))},
 	} {
@@ -92,7 +98,8 @@ func TestRunCountsWhatItWrote(t *testing.T) {
 	// Each phase reports what the group commits sent in it: nothing for the
 	// baseline (no record), at least a claim a payment for the layer's
 	// write, at least a claim and a completion a request through the
-	// sidecar, nothing for the sidecar without group commit.
+	// sidecar (on its own pool or the upstream's), nothing for the sidecar
+	// without group commit.
 	groupWrites := func(r bench.Result) uint64 { return r.GroupOwn + r.GroupBatched }
 	st8, sc := rep.Suite(bench.SuiteStore), rep.Suite(bench.SuiteSidecar)
 	for _, c := range []struct {
@@ -104,6 +111,7 @@ func TestRunCountsWhatItWrote(t *testing.T) {
 		{st8.Result(bench.OpIdempotentStoredBody), uint64(st8.Result(bench.OpIdempotentStoredBody).Ops), 1 << 62},
 		{sc.Result(bench.OpSidecar), 2 * uint64(sc.Result(bench.OpSidecar).Ops), 1 << 62},
 		{sc.Result(bench.OpSidecarNoGroupCommit), 0, 0},
+		{sc.Result(bench.OpSidecarSharedPool), 2 * uint64(sc.Result(bench.OpSidecarSharedPool).Ops), 1 << 62},
 	} {
 		if n := groupWrites(c.r); n < c.min || n > c.max || c.r.GroupBatched < c.r.GroupBatches {
 			t.Errorf("%s: %d group writes (%d own, %d in %d batches), want %d to %d", c.r.Name, n, c.r.GroupOwn, c.r.GroupBatched, c.r.GroupBatches, c.min, c.max)

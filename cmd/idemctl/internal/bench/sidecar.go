@@ -34,6 +34,10 @@ const (
 	OpSidecar         = "through the sidecar"
 	// OpSidecarNoGroupCommit is OpSidecar over Config.NoGroupCommit.
 	OpSidecarNoGroupCommit = "sidecar, no group commit"
+	// OpSidecarSharedPool is the sidecar's route on a node whose store is
+	// the upstream's (one pool for both), beside the sidecar on a store of
+	// its own (Config.Sidecar).
+	OpSidecarSharedPool = "sidecar on the upstream's pool"
 )
 
 // upstreamHandler is the service a sidecar fronts, written as a good
@@ -93,7 +97,13 @@ func runSidecar(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, 
 	if err != nil {
 		return SuiteReport{}, err
 	}
-	node, stopNode, err := sidecarNode(ctx, st, w, routes)
+	// The node and the floor's commits write through a pool of their own
+	// (Config.Sidecar), the upstream through the suite's store.
+	own := st
+	if cfg.Sidecar != nil {
+		own = cfg.Sidecar
+	}
+	node, stopNode, err := sidecarNode(ctx, own, w, routes)
 	if err != nil {
 		return SuiteReport{}, err
 	}
@@ -103,7 +113,7 @@ func runSidecar(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, 
 		return SuiteReport{}, err
 	}
 	defer stopProxy(context.WithoutCancel(ctx))
-	floorURL, stopFloor, err := proxyWithCommits(st, upURL, cfg)
+	floorURL, stopFloor, err := proxyWithCommits(own, upURL, cfg)
 	if err != nil {
 		return SuiteReport{}, err
 	}
@@ -125,6 +135,14 @@ func runSidecar(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, 
 		defer stopPlain()
 		ops = append(ops, op{OpSidecarNoGroupCommit, post(client, plain.URL()+"/transfers", benchToken, w, "n")})
 	}
+	if cfg.Sidecar != nil {
+		shared, stopShared, err := sidecarNode(ctx, st, w, routes)
+		if err != nil {
+			return SuiteReport{}, err
+		}
+		defer stopShared()
+		ops = append(ops, op{OpSidecarSharedPool, post(client, shared.URL()+"/transfers", benchToken, w, "u")})
+	}
 	results, err := alternate(ctx, cfg, SuiteSidecar, ops)
 	if err != nil {
 		return SuiteReport{}, err
@@ -135,6 +153,9 @@ func runSidecar(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, 
 			ratio(results, OpSidecar, OpProxyTwoCommits)}}
 	if cfg.NoGroupCommit != nil {
 		rep.Ratios = append(rep.Ratios, ratio(results, OpSidecar, OpSidecarNoGroupCommit))
+	}
+	if cfg.Sidecar != nil {
+		rep.Ratios = append(rep.Ratios, ratio(results, OpSidecar, OpSidecarSharedPool))
 	}
 	rep.Payments, rep.Records, err = countRows(ctx, st, w.tenant)
 	return rep, err
