@@ -133,6 +133,15 @@ func SetSyncStandbys(t testing.TB, st *store.Store, names string) {
 			if seen++; seen < 5 {
 				continue
 			}
+			// Whether a commit waits for synchronous standbys is not the
+			// sessions' setting but a flag in shared memory that the
+			// checkpointer sets when it reloads (sync_standbys_defined),
+			// and a checkpointer in a checkpoint behind its schedule
+			// reloads only once that checkpoint is done. A CHECKPOINT
+			// returns after the checkpointer has handled the reload.
+			if _, err := st.Pool().Exec(ctx, `CHECKPOINT`); err != nil {
+				t.Fatal(err)
+			}
 			// Connections read the setting when they are made (and again
 			// after half a minute): start new ones.
 			st.Pool().Reset()
