@@ -2,14 +2,13 @@ package bench
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"sync/atomic"
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/engine"
+	"github.com/idemcoord/idem/fingerprint"
 	"github.com/idemcoord/idem/payments"
 	"github.com/idemcoord/idem/store"
 )
@@ -127,8 +126,8 @@ func baselinePayment(tenant, id string, b []byte) (payments.Payment, payments.Ev
 // it, and none of the layer's work around the record: the layer's own
 // claim statement (payments.ClaimWithPayment: the record, COMPLETED and
 // referencing its payment, then the payment and its event), alone in its
-// SERIALIZABLE transaction in one round trip, with a request hash and a
-// raw hash of the body's bytes (one SHA-256) in place of the fingerprint,
+// SERIALIZABLE transaction in one round trip, with the request's raw hash
+// (fingerprint.RawHash, one SHA-256) in place of the fingerprint too,
 // and no engine, group commit or rendered answer. It is the idempotent
 // write's floor: what the record's row costs the store, so that the
 // layer's code is measured against it (idempotent/baseline and its
@@ -142,10 +141,11 @@ func (w *writer) baselineRecord(st *store.Store) func(context.Context) error {
 		if err != nil {
 			return err
 		}
-		sum := sha256.Sum256(b)
-		h := hex.EncodeToString(sum[:])
+		// The request's raw hash, as the layer stores it, stands in for
+		// the fingerprint too: a string of the same length, no parse.
+		raw := fingerprint.RawHash(payments.Operation, b, "Api-Version", "")
 		req := idem.BeginRequest{Scope: idem.Scope{Tenant: w.tenant, Operation: payments.Operation, Key: w.key("r", n)},
-			RequestHashes: []string{"v2:" + h}, HashVersion: 2, RawHash: h, Owner: "bench", HomeRegion: "bench",
+			RequestHashes: []string{raw}, HashVersion: fingerprint.Version, RawHash: raw, Owner: "bench", HomeRegion: "bench",
 			LockFor: engine.DefaultLockFor, Window: engine.DefaultWindow}
 		completion := idem.Completion{Response: idem.Response{Status: 201, ByReference: true},
 			ResourceType: payments.ResourceType, ResourceID: p.ID}
