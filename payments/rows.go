@@ -130,21 +130,6 @@ func ClaimWithPayment(ctx context.Context, q store.Querier, req idem.BeginReques
 	return inserted, at, nil
 }
 
-// ClaimWithPaymentAlone is ClaimWithPayment as a transaction of its own
-// on st, with the claim's insert strict (store.ClaimWith.ExecAlone): the
-// statement the service sends alone for a fresh key while it sees few
-// retries, without the read it would not need.
-func ClaimWithPaymentAlone(ctx context.Context, st *store.Store, req idem.BeginRequest, status idem.Status, cp idem.Checkpoint,
-	completion *idem.Completion, p Payment, ev Event) (inserted bool, at time.Time, err error) {
-	inserted, at, err = claimWithPayment.ExecAlone(ctx, st, req, status, cp, completion, ResourceType, p.ID,
-		req.Tenant, p.ID, p.AccountID, p.AmountMinor, p.Currency, p.MerchantReference, p.Channel, p.Status, p.ProviderKey,
-		ev.ID, ev.Type, string(ev.Payload))
-	if err != nil {
-		return false, time.Time{}, classify(err)
-	}
-	return inserted, at, nil
-}
-
 // settledWithPayment is the replay fast path's read joined with the
 // payment a referencing record renders its answer from.
 var settledWithPayment = store.NewReferenceRead(ResourceType,

@@ -30,10 +30,8 @@ import (
 // same statement, writes only FROM claim, so that its rows exist exactly
 // when the claim inserted the record. Make one with NewClaimWith, once.
 type ClaimWith struct {
-	sql string
-	// strict is sql without ON CONFLICT, for ExecAlone.
-	strict string
-	nArgs  int
+	sql   string
+	nArgs int
 }
 
 // NewClaimWith prepares a claim with an operation's own writes. own follows
@@ -43,19 +41,13 @@ type ClaimWith struct {
 // (RETURNING now()), when it wrote. Its placeholders are $1 to $nArgs, the
 // arguments Exec is given.
 func NewClaimWith(own string, nArgs int) ClaimWith {
-	return ClaimWith{sql: claimCTE(nArgs, "1 AS n", onConflictDoNothing) + "\n" + own,
-		strict: claimCTE(nArgs, "1 AS n", "") + "\n" + own, nArgs: nArgs}
+	return ClaimWith{sql: claimCTE(nArgs, "1 AS n") + "\n" + own, nArgs: nArgs}
 }
 
-// onConflictDoNothing makes a claim statement insert nothing when the key
-// is taken; without it (a strict claim, see ClaimOrReadWith.strict) the
-// statement fails with the key's unique violation instead (keyTaken).
-const onConflictDoNothing = "ON CONFLICT DO NOTHING"
-
 // claimCTE is the common table expression claim: the record's insert
-// (followed by onConflict: onConflictDoNothing, or "" for a strict claim)
-// with its placeholders after the operation's nArgs, returning returning.
-func claimCTE(nArgs int, returning, onConflict string) string {
+// (ON CONFLICT DO NOTHING) with its placeholders after the operation's
+// nArgs, returning returning.
+func claimCTE(nArgs int, returning string) string {
 	p := func(i int) string { return fmt.Sprintf("$%d", nArgs+i) }
 	return `WITH claim AS (
 		INSERT INTO idempotency_records
@@ -67,7 +59,7 @@ func claimCTE(nArgs int, returning, onConflict string) string {
 			CASE WHEN ` + p(6) + ` = 'IN_PROGRESS' THEN now() + ` + p(9) + `::INT8 * INTERVAL '1 millisecond' END,
 			` + p(10) + `, now(), now(), now() + ` + p(11) + `::INT8 * INTERVAL '1 millisecond',
 			` + strings.Join([]string{p(12), p(13), p(14), p(15), p(16), p(17), p(18), p(19), p(20)}, ", ") + `)
-		` + onConflict + `
+		ON CONFLICT DO NOTHING
 		RETURNING ` + returning + `
 	)`
 }
@@ -96,29 +88,6 @@ func (c ClaimWith) Exec(ctx context.Context, q Querier, req idem.BeginRequest, s
 	case errors.Is(err, pgx.ErrNoRows):
 		// The key has a record: the claim inserted nothing, so neither
 		// did the writes that follow from it.
-		return false, time.Time{}, nil
-	case err != nil:
-		return false, time.Time{}, err
-	}
-	return true, at, nil
-}
-
-// ExecAlone is Exec as a transaction of its own on st (Store.ExecOne),
-// with the claim's insert strict (without ON CONFLICT), as an operation's
-// claim is sent alone for a key it expects free (ClaimOrReadGroup's
-// ExecExpectFree): a taken key fails the statement, which is rolled back,
-// and is reported as Exec reports it, not inserted and no error.
-func (c ClaimWith) ExecAlone(ctx context.Context, st *Store, req idem.BeginRequest, status idem.Status, cp idem.Checkpoint,
-	completion *idem.Completion, resourceType, resourceID string, args ...any) (inserted bool, at time.Time, err error) {
-	all, err := claimArgs(c.nArgs, req, status, cp, completion, resourceType, resourceID, args)
-	if err != nil {
-		return false, time.Time{}, err
-	}
-	ctx, span := telemetry.Start(ctx, "idem.claim", trace.SpanKindInternal)
-	defer span.End()
-	err = st.ExecOne(ctx, func(q Querier) error { return q.QueryRow(ctx, c.strict, all...).Scan(&at) })
-	switch {
-	case keyTaken(err):
 		return false, time.Time{}, nil
 	case err != nil:
 		return false, time.Time{}, err
@@ -233,17 +202,10 @@ func quoteLiteral(s string) string {
 // nothing written. Make one with NewClaimOrReadWith, once.
 type ClaimOrReadWith struct {
 	sql string
-	// strict is the claim and the operation's writes without the read and
-	// without ON CONFLICT: a taken key fails the statement with the
-	// record's unique violation (keyTaken), which aborts its transaction.
-	// It is sent only as a transaction of its own (ClaimOrReadGroup's
-	// claims alone, see ExecExpectFree), where that aborts nothing else.
-	// A fresh key's claim costs the server less than with ON CONFLICT:
-	// no probe of the key before the insert (under SERIALIZABLE, a
-	// predicate lock) and no speculative insertion to confirm
-	// (docs/benchmarks.md, "A claim without ON CONFLICT").
-	strict string
-	nArgs  int
+	// plain is the claim and the operation's writes without the read:
+	// see ClaimOrReadGroup.ExecExpectFree.
+	plain string
+	nArgs int
 }
 
 // NewClaimOrReadWith prepares a claim with an operation's own writes that
@@ -255,7 +217,7 @@ type ClaimOrReadWith struct {
 // row, the query of the operation's table as NewReferenceRead takes it,
 // is keyed on it. columns are row's columns Exec scans, in order.
 func NewClaimOrReadWith(own string, nArgs int, resourceType, row string, columns ...string) ClaimOrReadWith {
-	claim := claimCTE(nArgs, "1 AS n", onConflictDoNothing) + "\n" + own
+	claim := claimCTE(nArgs, "1 AS n") + "\n" + own
 	p := func(i int) string { return fmt.Sprintf("$%d", nArgs+i) }
 	// A fresh key's row is the statement's time, true and its writes' time,
 	// and NULL for every column of the record and the row: the caller has
@@ -280,9 +242,9 @@ func NewClaimOrReadWith(own string, nArgs int, resourceType, row string, columns
 		FROM idempotency_records r ` + referenceJoin(resourceType, row) + `
 		WHERE r.tenant_id = ` + p(1) + ` AND r.operation_name = ` + p(2) + ` AND r.idempotency_key = ` + p(3) + `
 		AND NOT EXISTS (SELECT 1 FROM claim)`
-	strict := claimCTE(nArgs, "1 AS n", "") + "\n" + own + `
+	plain := claim + `
 	SELECT now(), true, (SELECT at FROM written) FROM claim`
-	return ClaimOrReadWith{sql: sql, strict: strict, nArgs: nArgs}
+	return ClaimOrReadWith{sql: sql, plain: plain, nArgs: nArgs}
 }
 
 // ClaimOrRead is what one ClaimOrReadWith.Exec found.
@@ -316,8 +278,7 @@ func (c ClaimOrReadWith) Exec(ctx context.Context, q Querier, req idem.BeginRequ
 }
 
 // exec sends the statement with all, the arguments claimArgs made; without
-// read, the strict one, which fails when the key is taken: q must then run
-// it as a transaction of its own (Store.ExecOne).
+// read, the plain one, which returns no row when the key is taken.
 func (c ClaimOrReadWith) exec(ctx context.Context, q Querier, req idem.BeginRequest, read bool, all []any, dest []any) (ClaimOrRead, error) {
 	var (
 		out ClaimOrRead
@@ -327,14 +288,10 @@ func (c ClaimOrReadWith) exec(ctx context.Context, q Querier, req idem.BeginRequ
 	)
 	sql := c.sql
 	if !read {
-		sql = c.strict
+		sql = c.plain
 	}
 	rows, err := q.Query(ctx, sql, all...)
 	if err != nil {
-		if !read && keyTaken(err) {
-			// The strict claim's taken key (see below).
-			return ClaimOrRead{}, nil
-		}
 		return ClaimOrRead{}, err
 	}
 	if rows.Next() {
@@ -347,10 +304,6 @@ func (c ClaimOrReadWith) exec(ctx context.Context, q Querier, req idem.BeginRequ
 	}
 	rows.Close()
 	switch rerr := rows.Err(); {
-	case !read && keyTaken(rerr):
-		// The strict claim's taken key: nothing was written, and the
-		// caller decides in a transaction.
-		return ClaimOrRead{}, nil
 	case rerr != nil:
 		return ClaimOrRead{}, rerr
 	case err != nil:

@@ -94,14 +94,12 @@ func (g *ClaimOrReadGroup) Exec(ctx context.Context, req idem.BeginRequest, stat
 
 // ExecExpectFree is Exec for a claim whose key is most likely free, as
 // while a caller sees few retries: a claim that goes alone (not in a
-// batch) is single's claim and writes without the read, and without ON
-// CONFLICT (ClaimOrReadWith.strict). An unexecuted read still costs a
-// fresh key at every execution: PostgreSQL starts the read's plan and
-// describes its row (the record's and the operation's columns) whether or
-// not the key was free, about a fifth of the claim's time on the server
-// (docs/benchmarks.md, "A plain claim while retries are rare"); ON
-// CONFLICT probes the key before the insert and confirms a speculative
-// insertion after it. A key found taken then reports neither Inserted nor Settled, and
+// batch) is single's claim and writes without the read. An unexecuted
+// read still costs a fresh key at every execution: PostgreSQL starts the
+// read's plan and describes its row (the record's and the operation's
+// columns) whether or not the key was free, about a fifth of the claim's
+// time on the server (docs/benchmarks.md, "A plain claim while retries are
+// rare"). A key found taken then reports neither Inserted nor Settled, and
 // the caller decides in a transaction (DecideExisting), as for a record
 // that is not settled. A claim that joins a batch is read as with Exec:
 // there the read is the batch's, once for all of its claims.
@@ -131,8 +129,7 @@ func (g *ClaimOrReadGroup) exec(ctx context.Context, read bool, req idem.BeginRe
 }
 
 // alone is single's statement for one claim, with all, the arguments
-// claimArgs made; without read, its strict claim, a transaction of its
-// own (Store.ExecOne).
+// claimArgs made; without read, its plain claim.
 func (g *ClaimOrReadGroup) alone(ctx context.Context, req idem.BeginRequest, read bool, all, dest []any) (out ClaimOrRead, err error) {
 	err = g.s.ExecOne(ctx, func(q Querier) (err error) {
 		out, err = g.single.exec(ctx, q, req, read, all, dest)

@@ -300,16 +300,13 @@ func decideOrClaim(ctx context.Context, tx Querier, req idem.BeginRequest, claim
 // claimInsert is the insert-first claim's statement up to its RETURNING
 // list: the record of a free key, in progress under a fencing token of 1;
 // a key with a record inserts nothing.
-const claimInsert = claimValues + `
-		` + onConflictDoNothing + `
-		RETURNING `
-
-// claimValues is claimInsert without what follows its VALUES.
-const claimValues = `INSERT INTO idempotency_records
+const claimInsert = `INSERT INTO idempotency_records
 		(tenant_id, operation_name, idempotency_key, request_hash, hash_version, status, checkpoint,
 		 owner, fencing_token, locked_until, home_region, created_at, updated_at, expires_at, claim_id, raw_hash)
 		VALUES ($1, $2, $3, $4, $5, 'IN_PROGRESS', $11, $6, 1,
-		 now() + $7::INT8 * INTERVAL '1 millisecond', $8, now(), now(), now() + $9::INT8 * INTERVAL '1 millisecond', $10, $12)`
+		 now() + $7::INT8 * INTERVAL '1 millisecond', $8, now(), now(), now() + $9::INT8 * INTERVAL '1 millisecond', $10, $12)
+		ON CONFLICT DO NOTHING
+		RETURNING `
 
 // claimOrReadSQL is the insert-first claim and, when the key is taken, a
 // read of the record that took it (as of the statement's snapshot: a record
@@ -328,16 +325,13 @@ const claimOrReadSQL = `WITH ins AS (` + claimInsert + recordColumns + `)
 // expired or not yet visible, or the store's replay fast path is off.
 //
 // While few of the store's recent claims found their key taken
-// (readInClaimAbove), the claim is the plain insert instead, without ON
-// CONFLICT (strictClaimSQL), and a key it finds taken is decided by the
-// transaction after it (done false): a fresh key's claim then costs the
-// server less (no read's plan started, no record's row prepared, no probe
-// of the key before the insert nor speculative insertion), and a retry a
-// round trip more. q runs the statement as a transaction of its own
-// (Store.ExecOne), which the strict claim's failure aborts.
+// (readInClaimAbove), the claim is the plain insert instead (insertClaim),
+// and a key it finds taken is decided by the transaction after it (done
+// false): a fresh key's claim then costs the server less (no read's plan
+// started, no record's row prepared), and a retry a round trip more.
 func (s *Store) claimOrRead(ctx context.Context, q Querier, req idem.BeginRequest, claim string) (d idem.Decision, done bool, err error) {
 	if !s.replayRead || !s.taken.Above(readInClaimAbove) {
-		d, inserted, err := insertClaimWith(ctx, q, strictClaimSQL, req, claim)
+		d, inserted, err := insertClaim(ctx, q, req, claim)
 		return d, inserted, err
 	}
 	var (
@@ -371,25 +365,12 @@ const readInClaimAbove = 0.1
 // row of the record's columns.
 const insertClaimSQL = claimInsert + `created_at`
 
-// strictClaimSQL is insertClaimSQL without ON CONFLICT: a taken key fails
-// it with the record's unique violation (keyTaken), which aborts the
-// transaction it is in. It is sent only as a transaction of its own.
-const strictClaimSQL = claimValues + `
-		RETURNING created_at`
-
 // insertClaim is the insert-first claim alone, one statement that reads
 // nothing: ok reports that it inserted the record (the key was free), and
 // the decision is to execute.
 func insertClaim(ctx context.Context, q Querier, req idem.BeginRequest, claim string) (d idem.Decision, ok bool, err error) {
-	return insertClaimWith(ctx, q, insertClaimSQL, req, claim)
-}
-
-// insertClaimWith is insertClaim with sql, insertClaimSQL or
-// strictClaimSQL: a key the strict claim finds taken is reported as
-// insertClaimSQL's is, not inserted and no error.
-func insertClaimWith(ctx context.Context, q Querier, sql string, req idem.BeginRequest, claim string) (d idem.Decision, ok bool, err error) {
 	var at time.Time
-	err = q.QueryRow(ctx, sql,
+	err = q.QueryRow(ctx, insertClaimSQL,
 		req.Tenant, req.Operation, req.Key, req.RequestHashes[0], req.HashVersion,
 		req.Owner, req.LockFor.Milliseconds(), req.HomeRegion, req.Window.Milliseconds(), nullable(claim), string(req.StartCheckpoint()),
 		nullable(req.RawHash)).Scan(&at)
@@ -397,20 +378,10 @@ func insertClaimWith(ctx context.Context, q Querier, sql string, req idem.BeginR
 	case err == nil:
 		rec := claimedRecord(req, at)
 		return idem.Decision{Outcome: idem.OutcomeExecute, Lease: leaseOf(rec), Record: rec}, true, nil
-	case errors.Is(err, pgx.ErrNoRows), keyTaken(err):
+	case errors.Is(err, pgx.ErrNoRows):
 		return idem.Decision{}, false, nil
 	}
 	return idem.Decision{}, false, fmt.Errorf("claim: %w", err)
-}
-
-// keyTaken reports whether err is the unique violation of the records'
-// primary key: how a strict claim (without ON CONFLICT) finds its key
-// taken. CockroachDB names a primary key as PostgreSQL does since v22.1
-// (table_pkey), "primary" before.
-func keyTaken(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == codeUniqueViolation &&
-		(pgErr.ConstraintName == "idempotency_records_pkey" || pgErr.ConstraintName == "primary" && pgErr.TableName == "idempotency_records")
 }
 
 // claimedRecord is the record an insert-first claim of req inserted at the

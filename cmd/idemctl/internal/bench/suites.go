@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync/atomic"
-	"time"
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/engine"
@@ -19,7 +18,6 @@ const (
 	OpBaseline             = "baseline"
 	OpBaselineSequential   = "baseline sequential ids"
 	OpBaselineRecord       = "baseline and its record"
-	OpBaselineKey          = "baseline and its key"
 	OpIdempotent           = "idempotent"
 	OpIdempotentClaimFirst = "idempotent claim-first"
 	OpIdempotentStoredBody = "idempotent stored-body"
@@ -126,10 +124,9 @@ func baselinePayment(tenant, id string, b []byte) (payments.Payment, payments.Ev
 
 // baselineRecord is the baseline with the layer's record written beside
 // it, and none of the layer's work around the record: the layer's own
-// claim statement as it sends a fresh key alone
-// (payments.ClaimWithPaymentAlone: the record, COMPLETED and referencing
-// its payment, without ON CONFLICT, then the payment and its event), in
-// its SERIALIZABLE transaction in one round trip, with the request's raw hash
+// claim statement (payments.ClaimWithPayment: the record, COMPLETED and
+// referencing its payment, then the payment and its event), alone in its
+// SERIALIZABLE transaction in one round trip, with the request's raw hash
 // (fingerprint.RawHash, one SHA-256) in place of the fingerprint too,
 // and no engine, group commit or rendered answer. It is the idempotent
 // write's floor: what the record's row costs the store, so that the
@@ -152,62 +149,12 @@ func (w *writer) baselineRecord(st *store.Store) func(context.Context) error {
 			LockFor: engine.DefaultLockFor, Window: engine.DefaultWindow}
 		completion := idem.Completion{Response: idem.Response{Status: 201, ByReference: true},
 			ResourceType: payments.ResourceType, ResourceID: p.ID}
-		inserted, _, err := payments.ClaimWithPaymentAlone(ctx, st, req, idem.StatusCompleted, idem.CheckpointCompleted, &completion, p, ev)
-		if err == nil && !inserted {
-			err = fmt.Errorf("%w: key %d was taken", errUnexpected, n)
-		}
-		return err
-	}
-}
-
-// keyTable holds the keys of baselineKey: an idempotency key's three
-// columns and its primary key, the least a record in a table of its own
-// can be. The suite creates it (createKeyTable); nothing else reads it.
-const keyTable = "idemctl_bench_keys"
-
-const createKeyTable = `CREATE TABLE IF NOT EXISTS ` + keyTable + ` (
-	tenant_id       TEXT NOT NULL,
-	operation_name  TEXT NOT NULL,
-	idempotency_key TEXT NOT NULL,
-	PRIMARY KEY (tenant_id, operation_name, idempotency_key)
-)`
-
-// baselineKeySQL is the claim statement's shape as baselineRecord sends it
-// with the key alone in place of the record: the key inserted (a taken one
-// fails the statement) and then the payment and its event, the baseline's
-// columns and arguments ($1 to $12) with the operation and key after
-// them.
-const baselineKeySQL = `WITH k AS (
-		INSERT INTO ` + keyTable + ` (tenant_id, operation_name, idempotency_key) VALUES ($1, $13, $14)
-		RETURNING 1 AS n
-	), pay AS (
-		INSERT INTO payments (tenant_id, payment_id, account_id, amount_minor, currency, merchant_reference,
-			channel, status, provider_key, created_at, updated_at)
-		SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, now(), now() FROM k
-		RETURNING payment_id
-	)
-	INSERT INTO outbox_events (event_id, tenant_id, aggregate_id, event_type, payload, created_at)
-	SELECT $10, $1, payment_id, $11, $12, now() FROM pay
-	RETURNING now()`
-
-// baselineKey is baselineRecord with the least record there can be in a
-// table of its own: the idempotency key's three columns under a unique
-// key, and nothing else of the record (no hash, state, answer, expiry or
-// partial index). It is the floor of any layer that keeps its keys beside
-// the business rows rather than in them: what a third row and one more
-// unique index on a random key cost the store (baseline and its
-// key/baseline), whatever the record's columns.
-func (w *writer) baselineKey(st *store.Store) func(context.Context) error {
-	return func(ctx context.Context) error {
-		n := w.seq.Add(1)
-		p, ev, err := baselinePayment(w.tenant, "", body(w.run, n))
-		if err != nil {
-			return err
-		}
 		return st.ExecOne(ctx, func(q store.Querier) error {
-			var at time.Time
-			return q.QueryRow(ctx, baselineKeySQL, p.Tenant, p.ID, p.AccountID, p.AmountMinor, p.Currency, p.MerchantReference,
-				p.Channel, p.Status, p.ProviderKey, ev.ID, ev.Type, string(ev.Payload), payments.Operation, w.key("k", n)).Scan(&at)
+			inserted, _, err := payments.ClaimWithPayment(ctx, q, req, idem.StatusCompleted, idem.CheckpointCompleted, &completion, p, ev)
+			if err == nil && !inserted {
+				err = fmt.Errorf("%w: key %d was taken", errUnexpected, n)
+			}
+			return err
 		})
 	}
 }
@@ -226,14 +173,10 @@ func (w *writer) idempotent(svc *payments.Service) func(context.Context) error {
 
 func runStore(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, error) {
 	w := newWriter(SuiteStore, cfg)
-	if _, err := st.Pool().Exec(ctx, createKeyTable); err != nil {
-		return SuiteReport{}, fmt.Errorf("create %s: %w", keyTable, err)
-	}
 	ops := []op{
 		{OpBaseline, w.baseline(st)},
 		{OpBaselineSequential, w.baselineSequential(st)},
 		{OpBaselineRecord, w.baselineRecord(st)},
-		{OpBaselineKey, w.baselineKey(st)},
 		{OpIdempotent, w.idempotent(payments.NewService(st, payments.Config{Region: "bench"}))},
 		{OpIdempotentStoredBody, w.idempotent(payments.NewService(st, storedBodies))},
 		{OpIdempotentReadFirst, w.idempotent(payments.NewService(st, payments.Config{Region: "bench", ClaimOrder: payments.ReadFirst}))},
@@ -248,7 +191,6 @@ func runStore(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, er
 	rep := SuiteReport{Suite: SuiteStore, Concurrency: cfg.Concurrency, Results: results,
 		Ratios: []Ratio{ratio(results, OpIdempotent, OpBaseline), ratio(results, OpIdempotent, OpBaselineSequential),
 			ratio(results, OpIdempotent, OpBaselineRecord), ratio(results, OpBaselineRecord, OpBaseline),
-			ratio(results, OpBaselineKey, OpBaseline),
 			ratio(results, OpIdempotentStoredBody, OpBaseline),
 			ratio(results, OpIdempotentReadFirst, OpBaseline)}}
 	if cfg.ClaimFirst != nil {
