@@ -69,7 +69,7 @@ func TestRunCountsWhatItWrote(t *testing.T) {
 		wantPay, wantRecs int
 	}{
 		{suite: bench.SuiteStore,
-			wantPay: ops(rep.Suite(bench.SuiteStore), bench.OpBaseline, bench.OpBaselineSequential, bench.OpBaselineRecord,
+			wantPay: ops(rep.Suite(bench.SuiteStore), bench.OpBaseline, bench.OpBaselineSequential, bench.OpBaselineRecord, bench.OpBaselineKey,
 				bench.OpIdempotent, bench.OpIdempotentStoredBody, bench.OpIdempotentClaimFirst, bench.OpIdempotentReadFirst),
 			wantRecs: ops(rep.Suite(bench.SuiteStore), bench.OpBaselineRecord, bench.OpIdempotent, bench.OpIdempotentStoredBody,
 				bench.OpIdempotentClaimFirst, bench.OpIdempotentReadFirst)},
@@ -139,6 +139,10 @@ func TestRunCountsWhatItWrote(t *testing.T) {
 	}
 	if total != sum {
 		t.Errorf("%d payments in the store, suites account for %d", total, sum)
+	}
+	// The key-only floor wrote one key for each of its payments.
+	if keys, want := storetest.Count(t, st, `SELECT count(*) FROM idemctl_bench_keys`), ops(rep.Suite(bench.SuiteStore), bench.OpBaselineKey); keys != want {
+		t.Errorf("%d keys in idemctl_bench_keys, the store suite's %q phase reported %d", keys, bench.OpBaselineKey, want)
 	}
 }
 

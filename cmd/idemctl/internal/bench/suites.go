@@ -3,8 +3,12 @@ package bench
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idemcoord/idem"
 	"github.com/idemcoord/idem/engine"
@@ -18,6 +22,7 @@ const (
 	OpBaseline             = "baseline"
 	OpBaselineSequential   = "baseline sequential ids"
 	OpBaselineRecord       = "baseline and its record"
+	OpBaselineKey          = "baseline and its key"
 	OpIdempotent           = "idempotent"
 	OpIdempotentClaimFirst = "idempotent claim-first"
 	OpIdempotentStoredBody = "idempotent stored-body"
@@ -159,6 +164,63 @@ func (w *writer) baselineRecord(st *store.Store) func(context.Context) error {
 	}
 }
 
+// keyTable holds the keys of baselineKey: an idempotency key's three
+// columns and its primary key, the least a record in a table of its own
+// can be. The suite creates it (createKeyTable); nothing else reads it.
+const keyTable = "idemctl_bench_keys"
+
+const createKeyTable = `CREATE TABLE IF NOT EXISTS ` + keyTable + ` (
+	tenant_id       TEXT NOT NULL,
+	operation_name  TEXT NOT NULL,
+	idempotency_key TEXT NOT NULL,
+	PRIMARY KEY (tenant_id, operation_name, idempotency_key)
+)`
+
+// baselineKeySQL is the claim statement's shape (payments.ClaimWithPayment)
+// with the key alone in place of the record: the key inserted ON CONFLICT
+// DO NOTHING and, only if it was, the payment and its event, the
+// baseline's columns and arguments ($1 to $12) with the operation and key
+// after them.
+const baselineKeySQL = `WITH k AS (
+		INSERT INTO ` + keyTable + ` (tenant_id, operation_name, idempotency_key) VALUES ($1, $13, $14)
+		ON CONFLICT DO NOTHING
+		RETURNING 1 AS n
+	), pay AS (
+		INSERT INTO payments (tenant_id, payment_id, account_id, amount_minor, currency, merchant_reference,
+			channel, status, provider_key, created_at, updated_at)
+		SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, now(), now() FROM k
+		RETURNING payment_id
+	)
+	INSERT INTO outbox_events (event_id, tenant_id, aggregate_id, event_type, payload, created_at)
+	SELECT $10, $1, payment_id, $11, $12, now() FROM pay
+	RETURNING now()`
+
+// baselineKey is baselineRecord with the least record there can be in a
+// table of its own: the idempotency key's three columns under a unique
+// key, and nothing else of the record (no hash, state, answer, expiry or
+// partial index). It is the floor of any layer that keeps its keys beside
+// the business rows rather than in them: what a third row and one more
+// unique index on a random key cost the store (baseline and its
+// key/baseline), whatever the record's columns.
+func (w *writer) baselineKey(st *store.Store) func(context.Context) error {
+	return func(ctx context.Context) error {
+		n := w.seq.Add(1)
+		p, ev, err := baselinePayment(w.tenant, "", body(w.run, n))
+		if err != nil {
+			return err
+		}
+		return st.ExecOne(ctx, func(q store.Querier) error {
+			var at time.Time
+			err := q.QueryRow(ctx, baselineKeySQL, p.Tenant, p.ID, p.AccountID, p.AmountMinor, p.Currency, p.MerchantReference,
+				p.Channel, p.Status, p.ProviderKey, ev.ID, ev.Type, string(ev.Payload), payments.Operation, w.key("k", n)).Scan(&at)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return fmt.Errorf("%w: key %d was taken", errUnexpected, n)
+			}
+			return err
+		})
+	}
+}
+
 // idempotent is payments.Service.Create with a fresh key each time.
 func (w *writer) idempotent(svc *payments.Service) func(context.Context) error {
 	return func(ctx context.Context) error {
@@ -173,10 +235,14 @@ func (w *writer) idempotent(svc *payments.Service) func(context.Context) error {
 
 func runStore(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, error) {
 	w := newWriter(SuiteStore, cfg)
+	if _, err := st.Pool().Exec(ctx, createKeyTable); err != nil {
+		return SuiteReport{}, fmt.Errorf("create %s: %w", keyTable, err)
+	}
 	ops := []op{
 		{OpBaseline, w.baseline(st)},
 		{OpBaselineSequential, w.baselineSequential(st)},
 		{OpBaselineRecord, w.baselineRecord(st)},
+		{OpBaselineKey, w.baselineKey(st)},
 		{OpIdempotent, w.idempotent(payments.NewService(st, payments.Config{Region: "bench"}))},
 		{OpIdempotentStoredBody, w.idempotent(payments.NewService(st, storedBodies))},
 		{OpIdempotentReadFirst, w.idempotent(payments.NewService(st, payments.Config{Region: "bench", ClaimOrder: payments.ReadFirst}))},
@@ -191,6 +257,7 @@ func runStore(ctx context.Context, st *store.Store, cfg Config) (SuiteReport, er
 	rep := SuiteReport{Suite: SuiteStore, Concurrency: cfg.Concurrency, Results: results,
 		Ratios: []Ratio{ratio(results, OpIdempotent, OpBaseline), ratio(results, OpIdempotent, OpBaselineSequential),
 			ratio(results, OpIdempotent, OpBaselineRecord), ratio(results, OpBaselineRecord, OpBaseline),
+			ratio(results, OpBaselineKey, OpBaseline),
 			ratio(results, OpIdempotentStoredBody, OpBaseline),
 			ratio(results, OpIdempotentReadFirst, OpBaseline)}}
 	if cfg.ClaimFirst != nil {
