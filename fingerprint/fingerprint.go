@@ -110,7 +110,7 @@ func Hashes(operation string, fields map[string]any) ([]string, error) {
 	out := make([]string, 0, len(Versions()))
 	for _, v := range Versions() {
 		if v == 1 && exactInV1(fields) {
-			out = append(out, Equivalent(out[0])[1])
+			out = append(out, "v1:"+out[0][len("v2:"):])
 			continue
 		}
 		h, err := HashVersion(v, operation, fields)
@@ -176,7 +176,10 @@ func HashVersion(version int, operation string, fields map[string]any) (string, 
 		return "", err
 	}
 	sum := sha256.Sum256(canonical)
-	return fmt.Sprintf("v%d:%s", version, hex.EncodeToString(sum[:])), nil
+	var h [len("vN:") + 2*sha256.Size]byte
+	h[0], h[1], h[2] = 'v', byte('0'+version), ':'
+	hex.Encode(h[3:], sum[:])
+	return string(h[:]), nil
 }
 
 // Canonical returns the bytes Hash hashes (the current version's canonical
@@ -214,16 +217,41 @@ func VersionOf(h string) int {
 	return n
 }
 
+// canonicalV2 writes the document (fields and "operation") as appendValue
+// writes a map, without copying fields into one.
 func canonicalV2(operation string, fields map[string]any) ([]byte, error) {
 	if _, ok := fields["operation"]; ok {
 		return nil, ErrReservedName
 	}
-	doc := make(map[string]any, len(fields)+1)
-	for k, v := range fields {
-		doc[k] = v
+	keys := make([]string, 0, len(fields)+1)
+	for k := range fields {
+		if !utf8.ValidString(k) {
+			return nil, ErrInvalidUTF8
+		}
+		keys = append(keys, k)
 	}
-	doc["operation"] = operation
-	return appendValue(nil, doc)
+	keys = append(keys, "operation")
+	slices.SortFunc(keys, compareUTF16)
+	b := make([]byte, 0, 256)
+	b = append(b, '{')
+	for i, k := range keys {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		var err error
+		if b, err = appendString(b, k); err != nil {
+			return nil, err
+		}
+		b = append(b, ':')
+		var v any = operation
+		if k != "operation" {
+			v = fields[k]
+		}
+		if b, err = appendValue(b, v); err != nil {
+			return nil, err
+		}
+	}
+	return append(b, '}'), nil
 }
 
 func appendValue(b []byte, v any) ([]byte, error) {
@@ -316,6 +344,21 @@ func appendValue(b []byte, v any) ([]byte, error) {
 // differ decide, by their UTF-16 encodings (a rune beyond the BMP is a
 // surrogate pair, which sorts below U+E000..U+FFFF).
 func compareUTF16(a, b string) int {
+	// Valid UTF-8 sorts bytewise as its code points do, which is UTF-16's
+	// order but for a rune beyond the BMP (lead byte 0xF0 to 0xF4) against
+	// one of U+E000..U+FFFF (lead byte 0xEE or 0xEF). At the first byte
+	// that differs both strings start a rune, or both continue runes of
+	// one class: only two such lead bytes need the runes decoded.
+	i := 0
+	for i < len(a) && i < len(b) && a[i] == b[i] {
+		i++
+	}
+	if i == len(a) || i == len(b) {
+		return cmp.Compare(len(a), len(b))
+	}
+	if x, y := a[i], b[i]; x < 0xEE && y < 0xEE {
+		return cmp.Compare(x, y)
+	}
 	for a != "" && b != "" {
 		ra, na := utf8.DecodeRuneInString(a)
 		rb, nb := utf8.DecodeRuneInString(b)

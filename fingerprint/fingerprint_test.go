@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -184,6 +185,30 @@ func TestCompareUTF16(t *testing.T) {
 			if got, want := compareUTF16(a, b), slices.Compare(utf16.Encode([]rune(a)), utf16.Encode([]rune(b))); got != want {
 				t.Errorf("compareUTF16(%q, %q) = %d, but the UTF-16 encodings compare %d", a, b, got, want)
 			}
+		}
+	}
+}
+
+// TestCompareUTF16Random checks compareUTF16's bytewise shortcut against
+// the UTF-16 encodings of strings drawn from the ranges where the orders
+// part: ASCII, two- and three-byte runes below U+E000, U+E000..U+FFFF, and
+// runes beyond the BMP, after common prefixes of every kind.
+func TestCompareUTF16Random(t *testing.T) {
+	pool := []rune{'a', 'b', 0x7f, 0xe9, 0x7ff, 0x800, 0x20ac, 0xd7ff, 0xe000, 0xefff, 0xf000, 0xffff, 0x10000, 0x1f600, 0x10ffff}
+	r := rand.New(rand.NewPCG(1, 2))
+	str := func() string {
+		n := r.IntN(4)
+		rs := make([]rune, n)
+		for i := range rs {
+			rs[i] = pool[r.IntN(len(pool))]
+		}
+		return string(rs)
+	}
+	for range 20000 {
+		prefix := str()
+		a, b := prefix+str(), prefix+str()
+		if got, want := compareUTF16(a, b), slices.Compare(utf16.Encode([]rune(a)), utf16.Encode([]rune(b))); got != want {
+			t.Fatalf("compareUTF16(%q, %q) = %d, but the UTF-16 encodings compare %d", a, b, got, want)
 		}
 	}
 }
