@@ -346,11 +346,17 @@ type op struct {
 }
 
 // alternate runs every op's phase in turn, cfg.Rounds times, and returns one
-// Result per op, in ops' order.
+// Result per op, in ops' order. Odd rounds run the phases in ops' order,
+// even rounds in the reverse order: every phase writes, so the tables grow
+// through a round and each phase finds them larger than the one before it
+// did; in one order the ops listed last (the layer's) would always be
+// measured on larger tables than the ops listed first (the baselines).
+// Over an even number of rounds every op's mean position is the same.
 func alternate(ctx context.Context, cfg Config, suite string, ops []op) ([]Result, error) {
 	stats := make([]phaseStats, len(ops))
 	for round := 1; round <= cfg.Rounds; round++ {
-		for i, o := range ops {
+		for _, i := range roundOrder(round, len(ops)) {
+			o := ops[i]
 			s, err := phase(ctx, cfg, o.fn)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", o.name, err)
@@ -364,6 +370,19 @@ func alternate(ctx context.Context, cfg Config, suite string, ops []op) ([]Resul
 		out[i] = stats[i].result(o.name)
 	}
 	return out, nil
+}
+
+// roundOrder is the order of n phases in round (1-based): 0 to n-1 in odd
+// rounds, n-1 to 0 in even ones.
+func roundOrder(round, n int) []int {
+	order := make([]int, n)
+	for i := range order {
+		order[i] = i
+		if round%2 == 0 {
+			order[i] = n - 1 - i
+		}
+	}
+	return order
 }
 
 func ratio(results []Result, a, b string) Ratio {

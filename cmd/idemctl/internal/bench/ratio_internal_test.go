@@ -2,7 +2,9 @@ package bench
 
 import (
 	"context"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -99,5 +101,41 @@ func TestCoresBusyIsCPUOverTime(t *testing.T) {
 	p.cpuPhases = 1
 	if r := p.result("a"); r.CoresBusy != 0 {
 		t.Errorf("a phase not measured: cores busy %v, want 0", r.CoresBusy)
+	}
+}
+
+// TestAlternateReversesEvenRounds: odd rounds run the phases in the order
+// listed, even rounds in reverse, so that no op is always measured after
+// the others, on the tables they grew.
+func TestAlternateReversesEvenRounds(t *testing.T) {
+	var (
+		mu  sync.Mutex
+		ran []string // the phases in the order they ran, repeats collapsed
+	)
+	mark := func(name string) op {
+		return op{name, func(context.Context) error {
+			mu.Lock()
+			if len(ran) == 0 || ran[len(ran)-1] != name {
+				ran = append(ran, name)
+			}
+			mu.Unlock()
+			time.Sleep(time.Millisecond)
+			return nil
+		}}
+	}
+	cfg := Config{Concurrency: 2, PhaseDuration: 10 * time.Millisecond, Rounds: 4}
+	results, err := alternate(context.Background(), cfg, "t", []op{mark("a"), mark("b"), mark("c")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// a b c | c b a | a b c | c b a, with the repeats at the turns collapsed.
+	if want := []string{"a", "b", "c", "b", "a", "b", "c", "b", "a"}; !slices.Equal(ran, want) {
+		t.Errorf("phases ran %v, want %v", ran, want)
+	}
+	// Results stay in the order listed, each round's ops/s in round order.
+	for i, name := range []string{"a", "b", "c"} {
+		if results[i].Name != name || len(results[i].RoundOpsPerS) != cfg.Rounds {
+			t.Errorf("result %d: %s with %d rounds, want %s with %d", i, results[i].Name, len(results[i].RoundOpsPerS), name, cfg.Rounds)
+		}
 	}
 }
