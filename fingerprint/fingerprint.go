@@ -223,16 +223,25 @@ func canonicalV2(operation string, fields map[string]any) ([]byte, error) {
 	if _, ok := fields["operation"]; ok {
 		return nil, ErrReservedName
 	}
-	keys := make([]string, 0, len(fields)+1)
-	for k := range fields {
+	return appendObject(make([]byte, 0, 256), fields, "operation", operation)
+}
+
+// appendObject writes m as an RFC 8785 object, with one more member (name,
+// value) when name is not empty: canonicalV2's "operation", which m does
+// not hold, written without copying m into a map that does.
+func appendObject(b []byte, m map[string]any, name string, value any) ([]byte, error) {
+	keys := make([]string, 0, len(m)+1)
+	for k := range m {
 		if !utf8.ValidString(k) {
 			return nil, ErrInvalidUTF8
 		}
 		keys = append(keys, k)
 	}
-	keys = append(keys, "operation")
+	if name != "" {
+		keys = append(keys, name)
+	}
+	// RFC 8785 sorts names by their UTF-16 code units.
 	slices.SortFunc(keys, compareUTF16)
-	b := make([]byte, 0, 256)
 	b = append(b, '{')
 	for i, k := range keys {
 		if i > 0 {
@@ -243,9 +252,9 @@ func canonicalV2(operation string, fields map[string]any) ([]byte, error) {
 			return nil, err
 		}
 		b = append(b, ':')
-		var v any = operation
-		if k != "operation" {
-			v = fields[k]
+		v := value
+		if name == "" || k != name {
+			v = m[k]
 		}
 		if b, err = appendValue(b, v); err != nil {
 			return nil, err
@@ -310,30 +319,7 @@ func appendValue(b []byte, v any) ([]byte, error) {
 		}
 		return append(b, ']'), nil
 	case map[string]any:
-		keys := make([]string, 0, len(v))
-		for k := range v {
-			if !utf8.ValidString(k) {
-				return nil, ErrInvalidUTF8
-			}
-			keys = append(keys, k)
-		}
-		// RFC 8785 sorts names by their UTF-16 code units.
-		slices.SortFunc(keys, compareUTF16)
-		b = append(b, '{')
-		for i, k := range keys {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			var err error
-			if b, err = appendString(b, k); err != nil {
-				return nil, err
-			}
-			b = append(b, ':')
-			if b, err = appendValue(b, v[k]); err != nil {
-				return nil, err
-			}
-		}
-		return append(b, '}'), nil
+		return appendObject(b, v, "", nil)
 	default:
 		return nil, fmt.Errorf("%w: %T", ErrUnsupportedType, v)
 	}
