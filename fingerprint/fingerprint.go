@@ -334,7 +334,8 @@ func compareUTF16(a, b string) int {
 	// order but for a rune beyond the BMP (lead byte 0xF0 to 0xF4) against
 	// one of U+E000..U+FFFF (lead byte 0xEE or 0xEF). At the first byte
 	// that differs both strings start a rune, or both continue runes of
-	// one class: only two such lead bytes need the runes decoded.
+	// one class: the runes are decoded only when that byte is 0xEE or
+	// above in either.
 	i := 0
 	for i < len(a) && i < len(b) && a[i] == b[i] {
 		i++
