@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"os"
+	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -46,9 +47,26 @@ func procCPU(pid string) (time.Duration, bool) {
 	return time.Duration(u+k) * time.Second / clockTicks, true
 }
 
+// postgresProcess reports whether pid names, on this machine, a PostgreSQL
+// server process: its title (/proc/<pid>/cmdline) starts "postgres:" (the
+// title a backend sets) or its program is named postgres (a backend with
+// update_process_title off keeps the server's command line).
+// pg_stat_activity gives pids in the server's own pid namespace: a server
+// in a container or on another machine gives pids that here may name any
+// process at all, whose CPU time is not the server's.
+func postgresProcess(pid string) bool {
+	raw, err := os.ReadFile("/proc/" + pid + "/cmdline")
+	if err != nil {
+		return false
+	}
+	arg0, _, _ := strings.Cut(string(raw), "\x00")
+	return strings.HasPrefix(arg0, "postgres:") || path.Base(arg0) == "postgres"
+}
+
 // sampleCPU reads this process's CPU time and that of every backend
-// connected to st's database. It works only when the server runs on this
-// machine under Linux; otherwise ok is false and the figures are left out.
+// connected to st's database. It works only when the server's processes
+// are this machine's (Linux, the same pid namespace); otherwise ok is false
+// and the figures are left out.
 func sampleCPU(ctx context.Context, st *store.Store) cpuSample {
 	self, ok := procCPU("self")
 	if !ok {
@@ -65,7 +83,11 @@ func sampleCPU(ctx context.Context, st *store.Store) cpuSample {
 		if err := rows.Scan(&pid); err != nil {
 			return cpuSample{}
 		}
-		d, ok := procCPU(strconv.Itoa(int(pid)))
+		p := strconv.Itoa(int(pid))
+		if !postgresProcess(p) {
+			return cpuSample{}
+		}
+		d, ok := procCPU(p)
 		if !ok {
 			return cpuSample{}
 		}
