@@ -16,7 +16,10 @@ import (
 func TestPostgresProcess(t *testing.T) {
 	ctx := context.Background()
 	st, _ := storetest.New(t)
-	rows, err := st.Pool().Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database()`)
+	// The pool's own connections: a worker of the database (autovacuum)
+	// may exit between the query and the read of its /proc entry.
+	rows, err := st.Pool().Query(ctx, `SELECT pid FROM pg_stat_activity
+		WHERE datname = current_database() AND backend_type = 'client backend'`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +47,16 @@ func TestPostgresProcess(t *testing.T) {
 			t.Errorf("pid %s taken for a PostgreSQL process", pid)
 		}
 	}
-	if s := sampleCPU(ctx, st); !s.ok || s.client <= 0 {
+	// sampleCPU reads every backend of the database, workers included: a
+	// worker that exits mid-sample fails that sample alone, so a few are
+	// allowed.
+	var s cpuSample
+	for range 5 {
+		if s = sampleCPU(ctx, st); s.ok {
+			break
+		}
+	}
+	if !s.ok || s.client <= 0 {
 		t.Errorf("sampleCPU on a local server = %+v, want ok with this process's CPU", s)
 	}
 }
